@@ -1,0 +1,89 @@
+"""The one interface every engine implements, and the results it returns.
+
+A backend turns (model file, feeds, wanted outputs) into output arrays, or raises
+``BuildError`` (the engine refused the model) / ``EngineUnavailable`` (missing here).
+It runs inside a worker process; it must not catch crashes or enforce timeouts itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from reprokit.errors import ReprokitError
+from reprokit.spec import OptionDoc, TargetSpec
+
+
+class BuildError(ReprokitError):
+    """The engine could not parse or build the model; ``message`` is the engine's own.
+
+    ``detail`` optionally fixes the signature text (otherwise derived from the message).
+    """
+
+    def __init__(self, message: str, hint: str | None = None, *, detail: str | None = None):
+        super().__init__(message, hint)
+        self.detail = detail
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    meta: dict = field(default_factory=dict)  # how the engine was set up (e.g. trt mode)
+    log: str = ""  # the engine's own messages, for reports
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    version: str | None
+    detail: str  # what is there, or what is missing and how to get it
+
+
+class Backend:
+    """Base class. Subclasses set the class attributes and implement ``run``."""
+
+    engine: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    OPTIONS: ClassVar[dict[str, OptionDoc]] = {}
+    install_hint: ClassVar[str] = ""
+    # True when marking intermediate tensors as outputs can change what the engine computes
+    # (layer fusion), so a layerwise divergence may move or vanish.
+    marking_changes_engine: ClassVar[bool] = False
+    # True when two runs of the same model give the same outputs; shrink replays the original
+    # to detect flakiness only for engines that are not.
+    deterministic: ClassVar[bool] = False
+
+    def __init__(self, spec: TargetSpec):
+        self.spec = spec
+
+    @classmethod
+    def validate(cls, spec: TargetSpec) -> None:
+        """Reject option combinations that make no sense (after per-option parsing)."""
+
+    def precision(self) -> str:
+        """The narrowest arithmetic this target uses: fp32, tf32, bf16, fp16, int8 or fp8."""
+        return "fp32"
+
+    @classmethod
+    def probe(cls) -> Availability:
+        """Is the engine importable here? May import it: call only where that is acceptable."""
+        raise NotImplementedError
+
+    def run(
+        self, model_path: str, feeds: dict[str, np.ndarray], output_names: list[str] | None
+    ) -> RunResult:
+        """Run the model; return the requested outputs (all graph outputs when None)."""
+        raise NotImplementedError
+
+
+def module_version(name: str) -> Availability:
+    """Availability of an importable Python module, by importing it."""
+    import importlib
+
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:  # any import failure means "not usable here"
+        return Availability(False, None, f"{name} not importable: {exc.__class__.__name__}: {exc}")
+    return Availability(True, getattr(module, "__version__", "?"), f"{name} {getattr(module, '__version__', '?')}")

@@ -1,0 +1,157 @@
+"""External check command, like polygraphy's ``--check``.
+
+``{model}``, ``{inputs}`` (an .npz of the feeds) and ``{outputs}`` (an .npz path the command may
+write for a numeric comparison) are substituted into each argument. A non-zero exit is a failure
+(with ``--fail-regex``: only when the output matches; a non-matching failure is reported as a
+different finding instead of passing silently). Death by a signal is a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+
+import numpy as np
+
+from reprokit.backends.base import Availability, Backend, BuildError, RunResult
+from reprokit.errors import EngineUnavailable, ReprokitError, UsageError
+from reprokit.spec import TargetSpec
+
+_TAIL_BYTES = 16_384
+_SCAN_CHUNK = 1 << 20
+
+
+class CommandCrash(ReprokitError):
+    """The check command died by a signal; the worker reports it as a crash verdict."""
+
+    def __init__(self, message: str, signal_name: str):
+        super().__init__(message)
+        self.signal_name = signal_name
+
+
+def command_argv(command: str, **paths: str) -> list[str]:
+    """Split the command like a shell would and substitute the placeholders."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise UsageError(f"cannot parse the check command: {exc}", hint="check its quoting") from exc
+    if not argv:
+        raise UsageError("the check command is empty", hint="--target 'cmd:python check.py {model}'")
+    return [_substitute(token, paths) for token in argv]
+
+
+def _substitute(token: str, paths: dict[str, str]) -> str:
+    for key, value in paths.items():
+        token = token.replace("{" + key + "}", value)
+    return token
+
+
+def scan_output(path: str, pattern: re.Pattern | None) -> tuple[str | None, str]:
+    """Stream a (possibly huge) log: first regex match line, and the tail. Memory stays bounded."""
+    match_line = None
+    carry = b""
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_SCAN_CHUNK):
+            block = carry + chunk
+            lines = block.split(b"\n")
+            carry = lines.pop()[-_SCAN_CHUNK:]
+            if pattern is not None and match_line is None:
+                for line in lines:
+                    text = line.decode("utf-8", "replace")
+                    if pattern.search(text):
+                        match_line = text.strip()
+                        break
+        if pattern is not None and match_line is None and carry:
+            text = carry.decode("utf-8", "replace")
+            if pattern.search(text):
+                match_line = text.strip()
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, size - _TAIL_BYTES))
+        tail = handle.read().decode("utf-8", "replace")
+    return match_line, tail
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class CmdBackend(Backend):
+    engine = "cmd"
+    summary = "an external check command; {model} {inputs} {outputs} are substituted"
+    OPTIONS = {}
+    install_hint = "the command itself must be installed and on PATH"
+    marking_changes_engine = True  # unknown engine: assume the worst
+
+    def __init__(self, spec: TargetSpec, fail_regex: str | None = None):
+        super().__init__(spec)
+        self.fail_regex = fail_regex
+
+    @classmethod
+    def validate(cls, spec: TargetSpec) -> None:
+        argv = command_argv(spec.command or "", model="m", inputs="i", outputs="o")
+        if shutil.which(argv[0]) is None and not os.path.exists(argv[0]):
+            raise EngineUnavailable(
+                f"check command not found: {argv[0]!r}",
+                hint="give the full path or install it; the command is run without a shell",
+            )
+
+    def precision(self) -> str:
+        return "fp32"
+
+    @classmethod
+    def probe(cls) -> Availability:
+        return Availability(True, None, "always available: runs the command you give")
+
+    def run(self, model_path, feeds, output_names):
+        pattern = re.compile(self.fail_regex) if self.fail_regex else None
+        with tempfile.TemporaryDirectory(prefix="reprokit-cmd-") as tmp:
+            inputs_path = os.path.join(tmp, "inputs.npz")
+            outputs_path = os.path.join(tmp, "outputs.npz")
+            log_path = os.path.join(tmp, "output.log")
+            np.savez(inputs_path, **feeds)
+            argv = command_argv(
+                self.spec.command, model=model_path, inputs=inputs_path, outputs=outputs_path
+            )
+            try:
+                with open(log_path, "wb") as log:
+                    code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            except FileNotFoundError as exc:
+                raise EngineUnavailable(
+                    f"check command not found: {argv[0]!r}", hint="give the full path or install it"
+                ) from exc
+            except PermissionError as exc:
+                raise EngineUnavailable(
+                    f"check command is not executable: {argv[0]!r}", hint="chmod +x it, or prefix an interpreter"
+                ) from exc
+            match, tail = scan_output(log_path, pattern)
+            meta = {"argv": argv, "exit_code": code}
+            if code < 0:
+                name = signal.Signals(-code).name
+                raise CommandCrash(f"check command killed by {name}\n{tail}", name)
+            if code != 0:
+                if pattern is None:
+                    raise BuildError(f"check command failed (exit code {code}): {last_line(tail)}\n{tail}")
+                if match is not None:
+                    # The signature of a matched failure is the regex itself: stable across candidates.
+                    raise BuildError(
+                        f"check command failed matching /{self.fail_regex}/: {match}\n{tail}",
+                        detail=f"check failed matching /{self.fail_regex}/",
+                    )
+                raise BuildError(
+                    f"check command failed (exit code {code}) WITHOUT matching /{self.fail_regex}/: "
+                    f"{last_line(tail)}\n{tail}"
+                )
+            outputs = {}
+            if os.path.exists(outputs_path):
+                with np.load(outputs_path, allow_pickle=False) as data:
+                    outputs = {k: np.array(data[k]) for k in data.files}
+                if output_names:
+                    outputs = {k: v for k, v in outputs.items() if k in output_names}
+            meta["wrote_outputs"] = bool(outputs)
+            return RunResult(outputs=outputs, meta=meta, log=tail)

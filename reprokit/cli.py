@@ -1,0 +1,218 @@
+"""Command line: click commands and option parsing. The ONE place where errors become
+``Error:``/``Hint:`` lines and exit codes (see README "Exit codes"). Holds no logic.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+
+import click
+
+from reprokit import __version__
+from reprokit.errors import ExitCode, ReprokitError
+
+_DEBUG = False
+
+
+def run_options(func):
+    """Options shared by every command that runs engines on a model."""
+    options = [
+        click.option("--reference", default="ort", show_default=True, help="Reference target spec."),
+        click.option("--inputs", "inputs", default=None, metavar="PATH",
+                     help="Feeds: .npz, polygraphy JSON, or an ONNX test_data_set folder."),
+        click.option("--sample", default=0, show_default=True, help="Which sample of a multi-sample JSON."),
+        click.option("--seed", default=0, show_default=True, help="Seed for random feeds."),
+        click.option("--input-shapes", multiple=True, metavar="NAME:DIMS",
+                     help="Freeze dynamic dims, e.g. x:1x3x320x320 (repeatable)."),
+        click.option("--val-range", multiple=True, metavar="[NAME:][LO,HI]",
+                     help="Range of random feeds, e.g. x:[-1,1] (default [0,1])."),
+        click.option("--metric", type=click.Choice(["rel-l2", "max-abs", "cosine", "allclose"]),
+                     default="rel-l2", show_default=True, help="Error metric per output."),
+        click.option("--tol", type=float, default=None,
+                     help="Bound on the metric (default: by target precision, see README)."),
+        click.option("--atol", type=float, default=None, help="Absolute tolerance for allclose."),
+        click.option("--rtol", type=float, default=None, help="Relative tolerance for allclose."),
+        click.option("--timeout", type=float, default=600.0, show_default=True,
+                     help="Seconds per engine call; a call past it is killed (verdict: timeout)."),
+        click.option("--fail-regex", default=None,
+                     help="cmd targets: a failure counts only if the output matches this."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def make_run_options(kw: dict):
+    from reprokit.inputs import parse_shape_args, parse_val_ranges
+    from reprokit.session import RunOptions
+
+    return RunOptions(
+        reference=kw.pop("reference"), metric=kw.pop("metric"), tolerance=kw.pop("tol"),
+        atol=kw.pop("atol"), rtol=kw.pop("rtol"), timeout=kw.pop("timeout"),
+        fail_regex=kw.pop("fail_regex"), inputs=kw.pop("inputs"), sample=kw.pop("sample"),
+        seed=kw.pop("seed"), input_shapes=parse_shape_args(kw.pop("input_shapes")),
+        val_ranges=parse_val_ranges(kw.pop("val_range")),
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="reprokit")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+def cli(debug):
+    """Find, shrink and package divergences of an inference engine from an ONNX reference."""
+    global _DEBUG
+    _DEBUG = _DEBUG or debug
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--target", "-t", required=True, help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16.")
+@run_options
+@click.option("--layerwise", is_flag=True, help="Compare every intermediate tensor; show where divergence starts.")
+@click.option("--top", default=10, show_default=True, help="Rows of the layerwise table.")
+@click.option("--out", "-o", "out_dir", default=None, metavar="DIR",
+              help="Write inputs.npz, verdict.json and both engines' outputs here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema reprokit.check/1).")
+def check(model, target, layerwise, top, out_dir, as_json, **kw):
+    """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge."""
+    from reprokit import session
+    from reprokit.console import err, print_check
+
+    options = make_run_options(kw)
+    if not as_json:
+        err.print(f"[dim]running {options.reference} and {target} on {model} …[/]")
+    result = session.check(model, target, options=options, layerwise=layerwise)
+    if out_dir:
+        from reprokit.inputs import save_feeds
+
+        os.makedirs(out_dir, exist_ok=True)
+        save_feeds(os.path.join(out_dir, "inputs.npz"), result.prepared.feeds.arrays)
+        save_feeds(os.path.join(out_dir, "reference_outputs.npz"), result.reference_outputs)
+        save_feeds(os.path.join(out_dir, "target_outputs.npz"), result.target_outputs)
+        with open(os.path.join(out_dir, "verdict.json"), "w") as handle:
+            json.dump(result.verdict.to_json(), handle, indent=2)
+    if as_json:
+        payload = {
+            "schema": "reprokit.check/1",
+            "model": model,
+            "verdict": result.verdict.to_json(),
+            "feeds": {"source": result.prepared.feeds.source,
+                      "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                                 for k, v in result.prepared.feeds.arrays.items()}},
+            "notes": result.prepared.notes,
+            "layerwise": result.layerwise.to_json(top) if result.layerwise else None,
+        }
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        print_check(result, model)
+        if out_dir:
+            err.print(f"[dim]wrote inputs, outputs and verdict.json to {out_dir}[/]")
+    sys.exit(ExitCode.DIVERGES if result.verdict.diverges else ExitCode.OK)
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--target", "-t", required=True, help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16.")
+@run_options
+@click.option("--out", "-o", "out_dir", default="reprokit-out", show_default=True, metavar="DIR",
+              help="Where minimal.onnx, inputs.npz and summary.json go (rewritten after every step).")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Evaluate candidates in parallel; the result is the same for every N.")
+@click.option("--replays", default=None, type=click.IntRange(0, 10),
+              help="Extra runs of the original to detect flakiness (default: 0 for deterministic engines, 1 otherwise).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out DIR.")
+@click.option("--no-localize", is_flag=True, help="Skip the layerwise localization; search the unmarked graph only.")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
+def shrink(model, target, out_dir, jobs, replays, resume, no_localize, as_json, **kw):
+    """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
+    import signal
+    import time
+
+    from reprokit import shrink as shrinking
+    from reprokit.console import err, print_shrink
+
+    options = make_run_options(kw)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    start = time.monotonic()
+
+    def progress(text):
+        if not as_json:
+            err.print(f"[dim]{time.monotonic() - start:7.1f}s[/] {text}")
+
+    result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
+                              resume=resume, localize_first=not no_localize, on_event=progress)
+    if as_json:
+        click.echo(json.dumps(result.summary, indent=2, default=str))
+    else:
+        print_shrink(result)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def backends(as_json):
+    """List the engines, whether they work here, and how to get the missing ones."""
+    from reprokit.backends import backend_class, engine_names
+    from reprokit.console import print_backends
+
+    rows = []
+    for engine in engine_names():
+        cls = backend_class(engine)
+        found = cls.probe()
+        rows.append({"engine": engine, "summary": cls.summary, "available": found.available,
+                     "version": found.version, "detail": found.detail, "install": cls.install_hint,
+                     "options": {k: v.help for k, v in cls.OPTIONS.items()}})
+    if as_json:
+        click.echo(json.dumps({"schema": "reprokit.backends/1", "backends": rows}, indent=2))
+    else:
+        print_backends(rows)
+
+
+def _fail(message: str, hint: str | None, code: int) -> None:
+    click.echo(f"Error: {message.strip().splitlines()[0] if message.strip() else message}", err=True)
+    if hint:
+        click.echo(f"Hint: {hint}", err=True)
+    sys.exit(int(code))
+
+
+def main(argv=None) -> None:
+    """Entry point: run the CLI and turn every failure into its exit code."""
+    global _DEBUG
+    args = list(sys.argv[1:] if argv is None else argv)
+    _DEBUG = "--debug" in args or os.environ.get("REPROKIT_DEBUG") == "1"
+    try:
+        cli.main(args=args, prog_name="reprokit", standalone_mode=False)
+    except SystemExit:
+        raise
+    except ReprokitError as exc:
+        if _DEBUG:
+            traceback.print_exc()
+        _fail(exc.message, exc.hint, exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        sys.exit(0)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "reprokit"
+        _fail(exc.format_message(), f"see '{command} --help'", ExitCode.USAGE)
+    except click.exceptions.Abort:
+        _fail("interrupted", None, ExitCode.INTERRUPTED)
+    except KeyboardInterrupt:
+        _fail("interrupted; results written so far are kept", None, ExitCode.INTERRUPTED)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), None, exc.exit_code)
+    except Exception as exc:  # a bug: say so plainly, traceback only with --debug
+        if _DEBUG:
+            traceback.print_exc()
+        _fail(f"internal error: {exc.__class__.__name__}: {exc}",
+              "rerun with --debug and report the traceback", ExitCode.INTERNAL)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Error numbers between a reference and a target array, and the tolerance policy inputs.
+
+Owns metrics (relative L2, max-abs, cosine distance, elementwise allclose) and the default
+tolerance per precision. Must not decide verdict policy: that is ``oracle.py``'s.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+class Metric(str, enum.Enum):
+    REL_L2 = "rel-l2"
+    MAX_ABS = "max-abs"
+    COSINE = "cosine"
+    ALLCLOSE = "allclose"
+
+
+# Default relative-L2 tolerance per target precision. The unit roundoff u of a format bounds the
+# relative error of one rounding; through a network of depth d errors of independent roundings
+# grow roughly like sqrt(d)·u, so the default is ~20-100·u: fp32 u=6e-8 but kernels reorder sums
+# (1e-4); tf32/fp16 u=4.9e-4 (1e-2, NVIDIA's own FP16 parity advice); bf16 u=3.9e-3 (5e-2);
+# int8/fp8 quantization steps of 1/127 to 1/8 of the range (1e-1, 2e-1).
+DEFAULT_TOLERANCE = {
+    "fp32": 1e-4,
+    "tf32": 1e-2,
+    "fp16": 1e-2,
+    "bf16": 5e-2,
+    "int8": 1e-1,
+    "fp8": 2e-1,
+}
+# For max-abs and cosine the same numbers serve as absolute error and 1-cos bounds.
+DEFAULT_ATOL = {"fp32": 1e-5, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2, "int8": 1e-1, "fp8": 2e-1}
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """How outputs are judged: a metric and its bound (atol/rtol for allclose)."""
+
+    metric: Metric = Metric.REL_L2
+    tolerance: float = 1e-2
+    atol: float = 1e-2
+    rtol: float = 1e-2
+
+    @classmethod
+    def for_precision(
+        cls,
+        precision: str,
+        metric: Metric | str = Metric.REL_L2,
+        tolerance: float | None = None,
+        atol: float | None = None,
+        rtol: float | None = None,
+    ) -> Criterion:
+        metric = Metric(metric)
+        default = DEFAULT_TOLERANCE.get(precision, DEFAULT_TOLERANCE["fp32"])
+        default_atol = DEFAULT_ATOL.get(precision, DEFAULT_ATOL["fp32"])
+        return cls(
+            metric=metric,
+            tolerance=tolerance if tolerance is not None else default,
+            atol=atol if atol is not None else default_atol,
+            rtol=rtol if rtol is not None else default_atol,
+        )
+
+    def describe(self) -> str:
+        if self.metric is Metric.ALLCLOSE:
+            return f"allclose(atol={self.atol:g}, rtol={self.rtol:g})"
+        return f"{self.metric.value} <= {self.tolerance:g}"
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """Numbers for one output. ``error`` is the chosen metric's value; ``exceeds`` its verdict."""
+
+    name: str
+    shape: tuple[int, ...]
+    rel_l2: float
+    max_abs: float
+    cosine_distance: float
+    max_abs_reference: float
+    target_nan: int
+    target_inf: int
+    reference_nan: int
+    reference_inf: int
+    mismatched: int  # elements failing allclose(atol, rtol)
+    error: float
+    exceeds: bool
+
+    @property
+    def nonfinite_in_target_only(self) -> bool:
+        return (self.target_nan + self.target_inf) > (self.reference_nan + self.reference_inf)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["shape"] = list(self.shape)
+        for key, value in out.items():
+            if isinstance(value, float) and not np.isfinite(value):
+                out[key] = str(value)  # JSON has no inf/nan; keep them readable
+        return out
+
+
+def compare_arrays(name: str, reference, target, criterion: Criterion) -> OutputError:
+    """All numbers for one output pair. Shapes must match; a mismatch is an error of inf."""
+    ref = np.asarray(reference)
+    tgt = np.asarray(target)
+    ref_nan, ref_inf = _nonfinite(ref)
+    tgt_nan, tgt_inf = _nonfinite(tgt)
+    if ref.shape != tgt.shape:
+        inf = float("inf")
+        return OutputError(name, tuple(ref.shape), inf, inf, inf, _max_abs(ref), tgt_nan, tgt_inf,
+                           ref_nan, ref_inf, int(ref.size), inf, True)
+    if ref.dtype.kind not in "fc" or tgt.dtype.kind not in "fc":
+        ref = ref.astype(np.float64)
+        tgt = tgt.astype(np.float64)
+    r = ref.astype(np.float64, copy=False).ravel()
+    t = tgt.astype(np.float64, copy=False).ravel()
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = t - r
+        same_nonfinite = (~np.isfinite(r)) & ((r == t) | (np.isnan(r) & np.isnan(t)))
+        diff = np.where(same_nonfinite, 0.0, diff)
+        ref_norm = float(np.linalg.norm(np.where(np.isfinite(r), r, 0.0)))
+        diff_norm = float(np.linalg.norm(diff)) if diff.size else 0.0
+        if np.isnan(diff_norm):
+            diff_norm = float("inf")
+        rel_l2 = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else float("inf"))
+        max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
+        if np.isnan(max_abs):
+            max_abs = float("inf")
+        cosine = _cosine_distance(r, t)
+        close = np.isclose(t, r, atol=criterion.atol, rtol=criterion.rtol, equal_nan=True)
+        mismatched = int(close.size - int(np.count_nonzero(close)))
+    error = {
+        Metric.REL_L2: rel_l2,
+        Metric.MAX_ABS: max_abs,
+        Metric.COSINE: cosine,
+        Metric.ALLCLOSE: float(mismatched),
+    }[criterion.metric]
+    exceeds = mismatched > 0 if criterion.metric is Metric.ALLCLOSE else not (error <= criterion.tolerance)
+    return OutputError(
+        name, tuple(ref.shape), rel_l2, max_abs, cosine, _max_abs(ref), tgt_nan, tgt_inf, ref_nan,
+        ref_inf, mismatched, error, bool(exceeds),
+    )
+
+
+def _nonfinite(array: np.ndarray) -> tuple[int, int]:
+    if array.dtype.kind not in "fc":
+        return 0, 0
+    return int(np.count_nonzero(np.isnan(array))), int(np.count_nonzero(np.isinf(array)))
+
+
+def _max_abs(array: np.ndarray) -> float:
+    if array.size == 0 or array.dtype.kind not in "fciub":
+        return 0.0
+    finite = np.asarray(array, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return float(np.max(np.abs(finite))) if finite.size else 0.0
+
+
+def _cosine_distance(r: np.ndarray, t: np.ndarray) -> float:
+    if not (np.all(np.isfinite(r)) and np.all(np.isfinite(t))):
+        return float("inf")
+    nr, nt = np.linalg.norm(r), np.linalg.norm(t)
+    if nr == 0 and nt == 0:
+        return 0.0
+    if nr == 0 or nt == 0:
+        return 1.0
+    return float(max(0.0, 1.0 - float(np.dot(r, t)) / (nr * nt)))

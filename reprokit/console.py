@@ -1,0 +1,126 @@
+"""Human-readable output (rich) for verdicts, layerwise tables and backend lists.
+
+Only the CLI calls this; library code never prints.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+def _console(stderr: bool) -> Console:
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        # Piped output (logs, CI): wide enough that tensor names are never cut.
+        console = Console(stderr=stderr, highlight=False, soft_wrap=True, width=200)
+    return console
+
+
+out = _console(False)
+err = _console(True)
+
+
+def fmt(value: float) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "-"
+    if math.isinf(value) or math.isnan(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    return f"{value:.3g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.2e}"
+
+
+def print_check(result, model_path: str) -> None:
+    verdict = result.verdict
+    feeds = result.prepared.feeds
+    shapes = ", ".join(f"{k}{list(v.shape)} {v.dtype}" for k, v in feeds.arrays.items())
+    out.print(f"[bold]reprokit check[/] {model_path}")
+    out.print(f"  reference  {verdict.reference}")
+    out.print(f"  target     {verdict.target} (precision {verdict.precision}, {verdict.seconds:.2f} s)")
+    mode = verdict.target_meta.get("mode")
+    if mode:
+        out.print(f"  trt mode   {mode}")
+    out.print(f"  feeds      {feeds.source}: {shapes}")
+    out.print(f"  criterion  {verdict.criterion.describe()} per output")
+    for note in result.prepared.notes:
+        out.print(f"  [yellow]note[/]       {note}")
+    if verdict.diverges:
+        out.print(f"[bold red]DIVERGES[/]: {verdict.signature.describe()}")
+    else:
+        out.print("[bold green]AGREES[/]: every output within tolerance")
+    if verdict.message:
+        out.print("  engine message: " + verdict.message.strip().splitlines()[0][:300])
+    if verdict.outputs:
+        out.print(error_table(verdict.outputs, verdict.criterion.metric.value))
+    if result.layerwise is not None:
+        print_layerwise(result.layerwise)
+
+
+def error_table(errors, metric: str, title: str | None = None) -> Table:
+    table = Table(title=title, show_edge=False, pad_edge=False)
+    for col in ("output", "shape", "rel L2", "max abs", "NaN", "Inf", "max |ref|", metric, "ok"):
+        table.add_column(col, justify="left" if col in ("output", "shape") else "right",
+                         overflow="fold")
+    for e in errors:
+        bad = e.exceeds or e.nonfinite_in_target_only
+        table.add_row(
+            e.name, "x".join(map(str, e.shape)) or "scalar", fmt(e.rel_l2), fmt(e.max_abs),
+            str(e.target_nan), str(e.target_inf), fmt(e.max_abs_reference), fmt(e.error),
+            "[red]no[/]" if bad else "[green]yes[/]",
+        )
+    return table
+
+
+def print_layerwise(report, limit: int = 10) -> None:
+    out.print(f"\n[bold]Layerwise[/]: {len(report.rows)} tensors compared, "
+              f"{len(report.diverging)} diverge, {len(report.first)} where divergence starts")
+    if report.marking_changes_engine:
+        out.print("  [yellow]note[/]: this target fuses layers; marking every tensor as an output can "
+                  "change what it computes, so a divergence may move or vanish in this view")
+    if report.missing:
+        out.print(f"  [yellow]note[/]: {len(report.missing)} tensors were not returned by the target "
+                  f"(e.g. {report.missing[0]})")
+    if not report.first:
+        return
+    table = Table(title="first diverging tensors (their inputs still agree)", show_edge=False)
+    for col in ("#", "node", "op", "tensor", "rel L2", "max abs", "max |ref|", "NaN", "Inf"):
+        table.add_column(col, overflow="fold",
+                         justify="left" if col in ("node", "op", "tensor") else "right")
+    for row in report.first[:limit]:
+        e = row.error
+        table.add_row(str(row.index), row.node, row.op, row.tensor, fmt(e.rel_l2), fmt(e.max_abs),
+                      fmt(e.max_abs_reference), str(e.target_nan), str(e.target_inf))
+    out.print(table)
+
+
+def print_backends(rows) -> None:
+    table = Table(show_edge=False)
+    for col in ("engine", "available", "version", "detail / how to get it"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["engine"], "[green]yes[/]" if row["available"] else "[red]no[/]",
+                      row["version"] or "-", row["detail"] if row["available"] else f"{row['detail']}\n  install: {row['install']}")
+    out.print(table)
+
+
+def print_shrink(result) -> None:
+    s = result.summary
+    out.print(f"[bold]reprokit shrink[/] {s['model']} → {result.minimal_path}")
+    out.print(f"  signature  {s['signature']['kind']}"
+              + (f" ({s['signature']['detail']})" if s['signature']['detail'] else ""))
+    out.print(f"  nodes      {s['original']['nodes']} → {s['minimal']['nodes']}  ops: {', '.join(s['minimal']['ops'])}"
+              f"  (1-minimal: {'yes' if s['one_minimal'] else 'not proven'})")
+    out.print(f"  inputs     " + ", ".join(f"{i['name']}{i['shape']}" for i in s['minimal']['inputs']))
+    out.print(f"  outputs    " + ", ".join(o['name'] for o in s['minimal']['outputs']))
+    out.print(f"  calls      target {s['calls']['target']}, reference {s['calls']['reference']}, "
+              f"cached {s['calls']['cached']}; {s['wall_s']:.1f} s")
+    if s.get("other_findings"):
+        out.print("  [yellow]other findings (not followed)[/]: " + "; ".join(f"{k} ×{v}" for k, v in s["other_findings"].items()))
+    verdict = result.verdict
+    if verdict is not None and verdict.outputs:
+        out.print(error_table(verdict.outputs, verdict.criterion.metric.value, title="minimal model"))
+    out.print(f"  wrote      {result.out_dir}/minimal.onnx, inputs.npz, summary.json")

@@ -1,0 +1,66 @@
+"""The ReprokitError hierarchy: a message, a hint and a documented exit code.
+
+Library code raises these; only ``cli.py`` turns them into ``Error:``/``Hint:`` lines and
+exit codes. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes, documented in README.md ("Exit codes")."""
+
+    OK = 0  # check: outputs agree; other commands: success
+    DIVERGES = 1  # check/verify: the target diverges from the reference (reproduces)
+    USAGE = 2  # bad command line: unknown option, malformed target spec or shape
+    INPUT = 3  # bad user input: unreadable model, wrong input names/shapes/dtypes
+    ENVIRONMENT = 4  # an engine or tool is missing or unusable on this machine
+    REFERENCE = 5  # the reference itself fails or is non-finite: nothing to compare against
+    NOTHING_TO_REDUCE = 6  # shrink: the original does not diverge (or is flaky)
+    INTERRUPTED = 130  # Ctrl-C / SIGTERM; best-so-far results are kept on disk
+    INTERNAL = 70  # a bug in reprokit: rerun with --debug and report it
+
+
+class ReprokitError(Exception):
+    """A failure the user can act on; ``hint`` says how."""
+
+    exit_code: ExitCode = ExitCode.INPUT
+
+    def __init__(self, message: str, hint: str | None = None, *, exit_code: ExitCode | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(ReprokitError):
+    """The command line itself is wrong (spec grammar, option values)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class InputError(ReprokitError):
+    """A file or value the user gave cannot be used (model, feeds, shapes)."""
+
+    exit_code = ExitCode.INPUT
+
+
+class EngineUnavailable(ReprokitError):
+    """An engine, library or GPU capability this run needs is not available here."""
+
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class ReferenceFailure(ReprokitError):
+    """The reference engine fails or produces non-finite values on the model."""
+
+    exit_code = ExitCode.REFERENCE
+
+
+class NothingToReduce(ReprokitError):
+    """shrink was asked to reduce a model that does not diverge."""
+
+    exit_code = ExitCode.NOTHING_TO_REDUCE

@@ -1,0 +1,206 @@
+"""Feeds: load (.npz, polygraphy JSON, ONNX test_data_set folders), seeded random data,
+shape parsing, validation against the model, and saving the feeds actually used.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit.errors import InputError, UsageError
+from reprokit.model import InputInfo
+
+DEFAULT_RANGE = (0.0, 1.0)
+
+
+@dataclass
+class Feeds:
+    """The arrays fed to the model plus notes about how they were made (shown to the user)."""
+
+    arrays: dict[str, np.ndarray]
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_shape_args(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
+    """``x:1x3x224x224`` or ``x:[1,3,224,224]``; several per argument, space separated."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in values:
+        for item in re.findall(r"[^\s:]+:(?:\[[^\]]*\]|[0-9x]+)", value) or [value]:
+            name, sep, dims = item.rpartition(":")
+            dims = dims.strip().strip("[]")
+            parts = [p for p in re.split(r"[x,]", dims) if p.strip()] if dims else []
+            if not sep or not name or not all(p.strip().isdigit() for p in parts):
+                raise UsageError(
+                    f"cannot parse input shape {item!r}",
+                    hint="write NAME:1x3x224x224 or NAME:[1,3,224,224]",
+                )
+            shapes[name] = tuple(int(p) for p in parts)
+    return shapes
+
+
+def parse_val_ranges(values: tuple[str, ...] | list[str]) -> dict[str | None, tuple[float, float]]:
+    """``name:[lo,hi]`` or ``[lo,hi]`` (all inputs)."""
+    ranges: dict[str | None, tuple[float, float]] = {}
+    for value in values:
+        match = re.fullmatch(r"\s*(?:(.+?):)?\[\s*([^,\]]+)\s*,\s*([^\]]+)\s*\]\s*", value)
+        try:
+            if not match:
+                raise ValueError
+            lo, hi = float(match.group(2)), float(match.group(3))
+        except ValueError:
+            raise UsageError(f"cannot parse value range {value!r}",
+                             hint="write NAME:[LO,HI] or [LO,HI], e.g. x:[-1,1]") from None
+        if lo > hi:
+            raise UsageError(f"value range {value!r} has lo > hi", hint="write [LO,HI] with LO <= HI")
+        ranges[match.group(1)] = (lo, hi)
+    return ranges
+
+
+def resolved_shape(info: InputInfo, shapes: dict[str, tuple[int, ...]], notes: list[str]) -> tuple[int, ...]:
+    if info.name in shapes:
+        return shapes[info.name]
+    if info.is_static:
+        return tuple(int(d) for d in info.shape)
+    dims = tuple(d if isinstance(d, int) and d > 0 else 1 for d in info.shape)
+    notes.append(f"input {info.name!r} has dynamic dims {list(info.shape)}; using {list(dims)} "
+                 f"(set them with --input-shapes {info.name}:{'x'.join(map(str, dims))})")
+    return dims
+
+
+def random_feeds(
+    infos: list[InputInfo],
+    *,
+    seed: int = 0,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    val_ranges: dict[str | None, tuple[float, float]] | None = None,
+) -> Feeds:
+    """Seeded random data per dtype: floats uniform in [lo, hi) (default [0, 1)), ints in
+    [lo, hi] (default [0, 1]... wide enough to index nothing out of range), bools fair coins."""
+    shapes = shapes or {}
+    val_ranges = val_ranges or {}
+    rng = np.random.default_rng(seed)
+    notes: list[str] = []
+    unknown = [n for n in val_ranges if n is not None and n not in {i.name for i in infos}]
+    if unknown:
+        raise InputError(f"--val-range names {unknown[0]!r}, which is not an input of the model",
+                         hint=f"model inputs: {', '.join(i.name for i in infos)}")
+    arrays = {}
+    for info in infos:
+        shape = resolved_shape(info, shapes, notes)
+        lo, hi = val_ranges.get(info.name, val_ranges.get(None, DEFAULT_RANGE))
+        kind = info.dtype.kind
+        if kind == "b":
+            arrays[info.name] = rng.integers(0, 2, size=shape).astype(bool)
+        elif kind in "iu":
+            arrays[info.name] = rng.integers(int(lo), int(hi) + 1, size=shape).astype(info.dtype)
+        else:
+            arrays[info.name] = rng.uniform(lo, hi, size=shape).astype(info.dtype)
+    return Feeds(arrays, f"random (seed {seed})", notes)
+
+
+def load_feeds(path: str, infos: list[InputInfo], *, sample: int = 0) -> Feeds:
+    """Load feeds from .npz, polygraphy JSON or a test_data_set folder and validate them."""
+    if not os.path.exists(path):
+        raise InputError(f"inputs file not found: {path}", hint="check the path given to --inputs")
+    notes: list[str] = []
+    if os.path.isdir(path):
+        arrays = _load_test_data_set(path, infos)
+    elif path.endswith(".json"):
+        arrays = _load_polygraphy_json(path, sample, notes)
+    else:
+        arrays = _load_npz(path)
+    validate_feeds(arrays, infos)
+    return Feeds(arrays, path, notes)
+
+
+def _load_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: np.array(data[k]) for k in data.files}
+    except ValueError as exc:
+        raise InputError(f"{path} holds arrays that need pickling, which reprokit refuses ({exc})",
+                         hint="save plain numeric arrays with np.savez") from exc
+    except Exception as exc:  # zipfile.BadZipFile, OSError, EOFError ...
+        raise InputError(f"cannot read {path} as .npz: {exc.__class__.__name__}: {exc}",
+                         hint="save the feeds with np.savez(path, name=array, ...)") from exc
+
+
+def _load_polygraphy_json(path: str, sample: int, notes: list[str]) -> dict[str, np.ndarray]:
+    from polygraphy.json import load_json
+
+    try:
+        data = load_json(path)
+    except Exception as exc:
+        raise InputError(f"cannot read {path} as polygraphy JSON: {exc}",
+                         hint="produce it with `polygraphy run ... --save-inputs inputs.json`") from exc
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not data or not all(isinstance(d, dict) for d in data):
+        raise InputError(f"{path} is JSON but not a list of feed dicts", hint="use --save-inputs output")
+    if not 0 <= sample < len(data):
+        raise UsageError(f"--sample {sample} is out of range: {path} has {len(data)} samples",
+                         hint=f"use --sample 0..{len(data) - 1}")
+    if len(data) > 1:
+        notes.append(f"{path} has {len(data)} samples; using sample {sample} (--sample N picks another)")
+    return {k: np.asarray(v) for k, v in data[sample].items()}
+
+
+def _load_test_data_set(path: str, infos: list[InputInfo]) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    files = sorted(glob.glob(os.path.join(path, "input_*.pb")), key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0]))
+    if not files:
+        raise InputError(f"{path} has no input_*.pb files", hint="pass an ONNX test_data_set_N folder")
+    arrays = {}
+    for index, file in enumerate(files):
+        tensor = onnx.TensorProto()
+        try:
+            with open(file, "rb") as handle:
+                tensor.ParseFromString(handle.read())
+        except Exception as exc:
+            raise InputError(f"cannot read {file} as a TensorProto: {exc}", hint="regenerate the test data") from exc
+        name = tensor.name or (infos[index].name if index < len(infos) else f"input_{index}")
+        arrays[name] = numpy_helper.to_array(tensor)
+    return arrays
+
+
+def validate_feeds(arrays: dict[str, np.ndarray], infos: list[InputInfo]) -> None:
+    """Names, dtypes and static dims must match the model; say exactly what is wrong."""
+    expected = {i.name: i for i in infos}
+    for name in arrays:
+        if name not in expected:
+            raise InputError(f"the inputs name {name!r}, which is not an input of the model",
+                             hint=f"model inputs: {', '.join(expected) or '(none)'}")
+    for info in infos:
+        if info.name not in arrays:
+            raise InputError(f"the inputs lack model input {info.name!r}",
+                             hint="provide every input, or drop --inputs to use random data")
+        array = arrays[info.name]
+        if array.dtype != info.dtype:
+            raise InputError(
+                f"input {info.name!r} has dtype {array.dtype}, the model expects {info.dtype}",
+                hint=f"convert it, e.g. array.astype(np.{info.dtype.name})",
+            )
+        if len(array.shape) != len(info.shape):
+            raise InputError(
+                f"input {info.name!r} has shape {list(array.shape)}, the model expects rank {len(info.shape)} {list(info.shape)}",
+                hint="reshape the array to the model's input shape",
+            )
+        for axis, (have, want) in enumerate(zip(array.shape, info.shape)):
+            if isinstance(want, int) and want > 0 and have != want:
+                raise InputError(
+                    f"input {info.name!r} has shape {list(array.shape)}, the model expects {list(info.shape)} (dim {axis})",
+                    hint="reshape the array, or re-export the model with dynamic dims",
+                )
+
+
+def save_feeds(path: str, arrays: dict[str, np.ndarray]) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
+    return path

@@ -1,0 +1,251 @@
+"""Load/save ONNX models (external data included), inspect inputs, freeze shapes, fold
+constants, mark intermediate tensors as outputs. Must not run a backend.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from reprokit.errors import InputError
+
+_TWO_GB = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | str | None, ...]  # int for static dims, str/None for dynamic ones
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) and d >= 0 for d in self.shape)
+
+
+def load_model(path: str, *, load_weights: bool = True):
+    """Read an ONNX file; every failure becomes an InputError that says what to do."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not os.path.exists(path):
+        raise InputError(f"model file not found: {path}", hint="check the path")
+    if os.path.isdir(path):
+        raise InputError(f"{path} is a directory, not an ONNX file", hint="pass the .onnx file")
+    if os.path.getsize(path) == 0:
+        raise InputError(f"model file is empty: {path}", hint="re-export the model")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError, OSError) as exc:
+        raise InputError(
+            f"cannot read {path} as an ONNX model ({exc.__class__.__name__}: {str(exc)[:200]})",
+            hint="the file is truncated or not ONNX; re-export it or check `polygraphy inspect model`",
+        ) from exc
+    if not model.graph.node and not model.graph.output:
+        raise InputError(
+            f"{path} parsed as ONNX but holds no graph (random bytes or another format?)",
+            hint="re-export the model",
+        )
+    check_external_data(model, path)
+    if load_weights:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        except Exception as exc:  # onnx raises a mix of types for bad external data
+            raise InputError(f"cannot load external data of {path}: {exc}",
+                             hint="keep the weight files next to the model, as exported") from exc
+    return model
+
+
+def check_external_data(model, path: str) -> None:
+    """Every external-data file must exist and be long enough for its tensors."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    base = os.path.dirname(os.path.abspath(path))
+    for tensor in _all_initializers(model):
+        if not uses_external_data(tensor):
+            continue
+        info = ExternalDataInfo(tensor)
+        location = os.path.join(base, info.location)
+        if not os.path.exists(location):
+            raise InputError(
+                f"external data file {info.location!r} of tensor {tensor.name!r} is missing "
+                f"(looked in {base})",
+                hint="copy the weight files next to the .onnx file, as they were exported",
+            )
+        needed = (info.offset or 0) + (info.length or 0)
+        if info.length and os.path.getsize(location) < needed:
+            raise InputError(
+                f"external data file {info.location!r} is truncated: tensor {tensor.name!r} needs "
+                f"{needed} bytes, the file has {os.path.getsize(location)}",
+                hint="the weight file is incomplete; copy it again",
+            )
+
+
+def _all_initializers(model):
+    yield from model.graph.initializer
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+
+
+def save_model(model, path: str) -> str:
+    """Save self-contained when small, with external data (next to it) when over 2 GB."""
+    import onnx
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    large = model.ByteSize() > _TWO_GB if _byte_size_ok(model) else True
+    tmp = path + ".tmp"
+    if large:
+        onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=os.path.basename(path) + ".data")
+    else:
+        onnx.save(model, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _byte_size_ok(model) -> bool:
+    try:
+        model.ByteSize()
+        return True
+    except Exception:  # protobuf refuses to size messages over 2 GB
+        return False
+
+
+def input_infos(model) -> list[InputInfo]:
+    """Real graph inputs (initializers listed as inputs excluded), with numpy dtypes."""
+    from onnx import helper
+
+    initializers = {t.name for t in model.graph.initializer}
+    infos = []
+    for vi in model.graph.input:
+        if vi.name in initializers:
+            continue
+        tensor = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)) if tensor.elem_type else np.dtype("float32")
+        dims = []
+        for dim in tensor.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            else:
+                dims.append(dim.dim_param or None)
+        infos.append(InputInfo(vi.name, dtype, tuple(dims)))
+    return infos
+
+
+def output_names(model) -> list[str]:
+    return [o.name for o in model.graph.output]
+
+
+def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]]):
+    """Set the given input shapes (validated against the model), infer shapes, fold constants."""
+    infos = {i.name: i for i in input_infos(model)}
+    for name, shape in shapes.items():
+        if name not in infos:
+            raise InputError(
+                f"--input-shapes names {name!r}, which is not an input of the model",
+                hint=f"model inputs: {', '.join(infos) or '(none)'}",
+            )
+        declared = infos[name].shape
+        if declared and len(declared) != len(shape):
+            raise InputError(
+                f"shape {list(shape)} for {name!r} has rank {len(shape)}, the model declares "
+                f"rank {len(declared)} ({_fmt(declared)})",
+                hint=f"give {len(declared)} dimensions, e.g. {name}:{'x'.join('1' if not isinstance(d, int) else str(d) for d in declared)}",
+            )
+        for axis, (want, have) in enumerate(zip(shape, declared)):
+            if isinstance(have, int) and have > 0 and have != want:
+                raise InputError(
+                    f"shape {list(shape)} for {name!r} contradicts the model's static dim {axis} = {have} ({_fmt(declared)})",
+                    hint="only dynamic dimensions can be changed",
+                )
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            for dim, value in zip(dims, shapes[vi.name]):
+                dim.Clear()
+                dim.dim_value = int(value)
+    return fold_constants(model)
+
+
+def fold_constants(model):
+    """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept."""
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    ir_version, opsets = model.ir_version, list(model.opset_import)
+    try:
+        graph = gs.import_onnx(model)
+        graph.fold_constants(error_ok=True).cleanup().toposort()
+        folded = gs.export_onnx(graph, do_type_check=False)
+    except Exception:  # folding is an optimization: keep the model as it was
+        return model
+    folded.ir_version = ir_version
+    del folded.opset_import[:]
+    folded.opset_import.extend(opsets)
+    try:
+        folded = onnx.shape_inference.infer_shapes(folded)
+    except Exception:
+        pass
+    return folded
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
+
+
+def tensor_order(model) -> list[tuple[str, str, str]]:
+    """(tensor, producing node name, op type) for every node output, in graph (topological) order."""
+    out = []
+    for index, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{index}"
+        out.extend((t, name, node.op_type) for t in node.output if t)
+    return out
+
+
+def float_tensor_names(model) -> set[str]:
+    """Names of node outputs whose inferred type is a float type."""
+    import onnx
+    from onnx import TensorProto
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+    return {
+        vi.name
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
+        if vi.type.tensor_type.elem_type in floats
+    }
+
+
+def mark_outputs(model, names: list[str]):
+    """Copy of the model with ``names`` added as graph outputs (types from shape inference)."""
+    import onnx
+    from onnx import helper
+
+    marked = onnx.ModelProto()
+    marked.CopyFrom(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known = {vi.name: vi for vi in inferred.graph.value_info}
+    except Exception:
+        known = {}
+    existing = {o.name for o in marked.graph.output}
+    for name in names:
+        if name in existing:
+            continue
+        if name in known:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(known[name])
+        else:
+            vi = helper.make_empty_tensor_value_info(name)
+        marked.graph.output.append(vi)
+        existing.add(name)
+    return marked

@@ -1,0 +1,289 @@
+"""Reference vs target → :class:`Verdict` with a :class:`Signature`; the verdict cache.
+
+The signature (kind, affected outputs, normalized detail) is what shrink holds fixed, so a
+reduction never slips to a different bug. Engine calls go through ``worker.run_in_worker``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit.compare import Criterion, OutputError, compare_arrays
+from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
+from reprokit.worker import WorkerResult, run_in_worker
+
+
+class Kind(str, enum.Enum):
+    AGREE = "agree"
+    NONFINITE = "nonfinite"
+    MISMATCH = "mismatch"
+    BUILD_ERROR = "build-error"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class Signature:
+    kind: Kind
+    outputs: tuple[str, ...] = ()
+    detail: str = ""  # nan/inf/nan+inf for nonfinite; normalized message for errors
+
+    def same_bug(self, other: Signature) -> bool:
+        """Does ``other`` show the same failure? Output names may differ (cut subgraphs)."""
+        if self.kind != other.kind:
+            return False
+        if self.kind in (Kind.BUILD_ERROR, Kind.CRASH):
+            return self.detail == other.detail
+        return True
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind.value, "outputs": list(self.outputs), "detail": self.detail}
+
+    def describe(self) -> str:
+        text = self.kind.value
+        if self.detail:
+            text += f" ({self.detail})"
+        if self.outputs:
+            text += " in " + ", ".join(self.outputs[:4]) + (" …" if len(self.outputs) > 4 else "")
+        return text
+
+
+@dataclass(frozen=True)
+class Verdict:
+    signature: Signature
+    outputs: tuple[OutputError, ...]
+    criterion: Criterion
+    reference: str
+    target: str
+    precision: str
+    message: str = ""  # the engine's own text for errors
+    target_meta: dict = field(default_factory=dict, hash=False, compare=False)
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def diverges(self) -> bool:
+        return self.signature.kind is not Kind.AGREE
+
+    @property
+    def kind(self) -> Kind:
+        return self.signature.kind
+
+    def worst(self) -> OutputError | None:
+        return max(self.outputs, key=lambda o: (o.exceeds, o.error), default=None)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": "reprokit.verdict/1",
+            "diverges": self.diverges,
+            "signature": self.signature.to_json(),
+            "reference": self.reference,
+            "target": self.target,
+            "precision": self.precision,
+            "criterion": {
+                "metric": self.criterion.metric.value,
+                "tolerance": self.criterion.tolerance,
+                "atol": self.criterion.atol,
+                "rtol": self.criterion.rtol,
+            },
+            "outputs": [o.to_json() for o in self.outputs],
+            "message": self.message,
+            "target_meta": self.target_meta,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def normalize_message(message: str) -> str:
+    """A stable form of an engine error: first error-looking line, names/numbers/paths masked."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    chosen = next((line for line in lines if re.search(r"error|fail|unsupported|invalid", line, re.I)), lines[0])
+    chosen = re.sub(r"(/[\w.\-]+)+", "<path>", chosen)
+    chosen = re.sub(r"(['\"`]).*?\1", "<name>", chosen)
+    chosen = re.sub(r"0x[0-9a-fA-F]+|\d+", "N", chosen)
+    return chosen[:200]
+
+
+def feeds_digest(feeds: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(feeds):
+        array = np.ascontiguousarray(feeds[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def file_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class CallStats:
+    target: int = 0
+    reference: int = 0
+    cached: int = 0
+    target_seconds: float = 0.0
+
+
+class Oracle:
+    """Judges models: runs the reference and the target in workers and compares their outputs."""
+
+    def __init__(
+        self,
+        reference: str,
+        target: str,
+        criterion: Criterion,
+        *,
+        precision: str,
+        timeout: float = 600.0,
+        fail_regex: str | None = None,
+        workdir: str | None = None,
+        target_env: dict[str, str] | None = None,
+    ):
+        self.reference = reference
+        self.target = target
+        self.criterion = criterion
+        self.precision = precision
+        self.timeout = timeout
+        self.fail_regex = fail_regex
+        self.target_env = target_env
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="reprokit-")
+        self.workdir = workdir or self._tmp.name
+        os.makedirs(self.workdir, exist_ok=True)
+        self.stats = CallStats()
+        self._cache: dict[str, Verdict] = {}
+        self._counter = 0
+        self._lock = threading.Lock()  # shrink --jobs N calls judge() from several threads
+
+    def _job_dir(self, label: str) -> str:
+        with self._lock:
+            self._counter += 1
+            return os.path.join(self.workdir, f"{self._counter:05d}-{label}")
+
+    def _feeds_file(self, job_dir: str, feeds: dict[str, np.ndarray]) -> str:
+        os.makedirs(job_dir, exist_ok=True)
+        path = os.path.join(job_dir, "feeds.npz")
+        np.savez(path, **{k: np.asarray(v) for k, v in feeds.items()})
+        return path
+
+    def run_reference(self, model_path: str, feeds: dict, output_names=None) -> WorkerResult:
+        """Reference outputs; a failure or non-finite reference raises ReferenceFailure."""
+        job = self._job_dir("reference")
+        result = run_in_worker(
+            self.reference, model_path, self._feeds_file(job, feeds), job,
+            output_names=output_names, timeout=self.timeout,
+        )
+        with self._lock:
+            self.stats.reference += 1
+        _raise_for_environment(result, "reference")
+        if result.status != "ok":
+            raise ReferenceFailure(
+                f"the reference ({self.reference}) fails on this model: {result.status}: "
+                f"{result.message.splitlines()[0] if result.message else ''}",
+                hint="reprokit needs a working reference; check the model with `polygraphy run MODEL --onnxrt`",
+            )
+        return result
+
+    def run_target(self, model_path: str, feeds: dict, output_names=None) -> WorkerResult:
+        job = self._job_dir("target")
+        result = run_in_worker(
+            self.target, model_path, self._feeds_file(job, feeds), job, output_names=output_names,
+            timeout=self.timeout, fail_regex=self.fail_regex, env=self.target_env,
+        )
+        with self._lock:
+            self.stats.target += 1
+            self.stats.target_seconds += result.seconds
+        _raise_for_environment(result, "target")
+        return result
+
+    def cache_key(self, model_path: str, feeds: dict, output_names=None) -> str:
+        parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
+                 repr(self.criterion), repr(output_names), str(self.fail_regex)]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+    def judge(
+        self,
+        model_path: str,
+        feeds: dict[str, np.ndarray],
+        *,
+        reference_outputs: dict[str, np.ndarray] | None = None,
+        output_names: list[str] | None = None,
+    ) -> Verdict:
+        """Verdict for one model and feeds. Cached: an identical call is never run twice."""
+        key = self.cache_key(model_path, feeds, output_names)
+        hit = self._cache.get(key)
+        if hit is not None:
+            with self._lock:
+                self.stats.cached += 1
+            return Verdict(**{**hit.__dict__, "cached": True})
+        if reference_outputs is None:
+            reference_outputs = self.run_reference(model_path, feeds, output_names).outputs
+            check_reference_finite(reference_outputs, self.reference)
+        result = self.run_target(model_path, feeds, output_names)
+        verdict = self.verdict_from(result, reference_outputs)
+        self._cache[key] = verdict
+        return verdict
+
+    def verdict_from(self, result: WorkerResult, reference_outputs: dict) -> Verdict:
+        base = dict(criterion=self.criterion, reference=self.reference, target=self.target,
+                    precision=self.precision, target_meta=result.meta, seconds=result.seconds)
+        if result.status == "timeout":
+            return Verdict(Signature(Kind.TIMEOUT, detail="timeout"), (), message=result.message, **base)
+        if result.status == "crash":
+            detail = result.meta.get("signal") or normalize_message(result.message)
+            return Verdict(Signature(Kind.CRASH, detail=detail), (),
+                           message=f"{result.message}\n{result.log}".strip(), **base)
+        if result.status == "build-error":
+            detail = result.meta.get("detail") or normalize_message(result.message)
+            return Verdict(Signature(Kind.BUILD_ERROR, detail=detail), (), message=result.message, **base)
+        errors = []
+        missing = [n for n in reference_outputs if result.outputs and n not in result.outputs]
+        if missing:
+            return Verdict(Signature(Kind.BUILD_ERROR, tuple(missing), "target output missing"), (),
+                           message=f"the target produced no output named {missing[0]!r}", **base)
+        for name, ref in reference_outputs.items():
+            if name in result.outputs:
+                errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion))
+        nonfinite = [e for e in errors if e.nonfinite_in_target_only]
+        if nonfinite:
+            nan = any(e.target_nan > e.reference_nan for e in nonfinite)
+            inf = any(e.target_inf > e.reference_inf for e in nonfinite)
+            detail = "nan+inf" if nan and inf else ("nan" if nan else "inf")
+            signature = Signature(Kind.NONFINITE, tuple(e.name for e in nonfinite), detail)
+        elif any(e.exceeds for e in errors):
+            signature = Signature(Kind.MISMATCH, tuple(e.name for e in errors if e.exceeds))
+        else:
+            signature = Signature(Kind.AGREE)
+        return Verdict(signature, tuple(errors), message="", **base)
+
+
+def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> None:
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise ReferenceFailure(
+                f"the reference ({reference}) itself gives {bad} NaN/Inf values in output {name!r}",
+                hint="that is not a target divergence: check the inputs (--inputs, --val-range) or the model",
+            )
+
+
+def _raise_for_environment(result: WorkerResult, role: str) -> None:
+    if result.status == "unavailable":
+        raise EngineUnavailable(f"{role} engine unavailable: {result.message}", hint=result.hint)
+    if result.status == "error":
+        raise ReprokitError(result.message, hint=result.hint,
+                            exit_code=ExitCode(result.exit_code or ExitCode.INPUT))

@@ -1,0 +1,211 @@
+"""The Reducer: one mutable current best (a set of node indices), a cache of verdicts, a journal
+on disk for resume, speculative parallel evaluation, and per-pass statistics.
+
+"Smaller" means fewer nodes; ties are broken by nothing else, so a pass accepts a candidate only
+when it has fewer nodes than the best and shows the ORIGINAL signature (no slippage). Passes
+propose candidates in a fixed order and take the earliest interesting one, so the result does not
+depend on ``jobs``: parallel workers only pre-compute verdicts the sequential order will ask for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from reprokit.oracle import Signature, Verdict
+from reprokit.subgraph import GraphIndex, extract
+
+
+@dataclass
+class PassStats:
+    calls: int = 0
+    cached: int = 0
+    removed: int = 0
+    seconds: float = 0.0
+    accepted: int = 0
+
+    def to_json(self, name: str) -> dict:
+        return {"step": name, "calls": self.calls, "cached": self.cached, "nodes_removed": self.removed,
+                "accepted": self.accepted, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class Outcome:
+    """What one candidate did: interesting means "shows the original signature"."""
+
+    interesting: bool
+    kind: str
+    detail: str
+    error: float | None
+    from_cache: bool = False
+
+
+class Journal:
+    """Append-only record of candidate outcomes, replayed on --resume."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.entries: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        if path and os.path.exists(path):
+            with open(path) as handle:
+                for line in handle:
+                    line = line.strip()
+                    if line:
+                        try:
+                            entry = json.loads(line)
+                        except json.JSONDecodeError:
+                            continue  # a line cut by a crash: that candidate is simply rerun
+                        self.entries[entry["key"]] = entry
+
+    def get(self, key: str) -> dict | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, value: dict) -> None:
+        with self._lock:
+            self.entries[key] = {"key": key, **value}
+            if self.path:
+                with open(self.path, "a") as handle:
+                    handle.write(json.dumps(self.entries[key]) + "\n")
+                    handle.flush()
+
+
+@dataclass
+class Reducer:
+    model: object
+    index: GraphIndex
+    store: object  # ActivationStore
+    feeds: dict
+    oracle: object
+    signature: Signature
+    workdir: str
+    journal: Journal
+    jobs: int = 1
+    on_accept: Callable[[Reducer, str], None] | None = None
+    on_event: Callable[[str], None] | None = None
+    best: frozenset = frozenset()
+    anchors: list = field(default_factory=list)  # node indices where divergence starts
+    stats: dict[str, PassStats] = field(default_factory=dict)
+    findings: dict[str, int] = field(default_factory=dict)  # other signatures seen, with counts
+    one_minimal: bool = False
+    _current: str = "setup"
+
+    def __post_init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
+        self._lock = threading.Lock()
+
+    # -- candidates -------------------------------------------------------------------------
+
+    @staticmethod
+    def key(nodes: Iterable[int]) -> str:
+        text = ",".join(map(str, sorted(nodes)))
+        return "cand:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def extraction(self, nodes):
+        return extract(self.model, self.index, nodes, self.store, feeds=self.feeds)
+
+    def _evaluate(self, nodes: frozenset) -> Outcome:
+        key = self.key(nodes)
+        saved = self.journal.get(key)
+        if saved is not None:
+            return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True)
+        if not nodes:
+            return Outcome(False, "empty", "", None, True)
+        sub = self.extraction(nodes)
+        if not sub.outputs:
+            return Outcome(False, "no-outputs", "", None, True)
+        import onnx
+
+        path = os.path.join(self.workdir, "candidates", key[5:] + ".onnx")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        onnx.save(sub.model, path)
+        reference = {name: self.store.get(name) for name in sub.outputs if name in self.store}
+        verdict: Verdict = self.oracle.judge(path, sub.feeds, reference_outputs=reference)
+        os.remove(path)
+        outcome = Outcome(
+            interesting=verdict.diverges and self.signature.same_bug(verdict.signature),
+            kind=verdict.kind.value, detail=verdict.signature.detail,
+            error=max((o.error for o in verdict.outputs), default=None),
+            from_cache=verdict.cached,
+        )
+        self.journal.put(key, {"interesting": outcome.interesting, "kind": outcome.kind,
+                               "detail": outcome.detail, "error": _jsonable(outcome.error),
+                               "nodes": len(nodes)})
+        return outcome
+
+    def test(self, nodes) -> bool:
+        """Is this node set interesting? Counts the call (or the cache hit) for the current pass."""
+        nodes = frozenset(nodes)
+        start = time.monotonic()
+        outcome = self._evaluate(nodes)
+        stats = self.stats.setdefault(self._current, PassStats())
+        with self._lock:
+            if outcome.kind in ("empty", "no-outputs"):
+                pass  # trivially uninteresting: no engine call, nothing to count
+            elif outcome.from_cache:
+                stats.cached += 1
+            else:
+                stats.calls += 1
+            stats.seconds += time.monotonic() - start
+            if outcome.kind not in ("agree", "empty", "no-outputs") and not outcome.interesting:
+                label = f"{outcome.kind}: {outcome.detail}" if outcome.detail else outcome.kind
+                self.findings[label] = self.findings.get(label, 0) + 1
+        return outcome.interesting
+
+    def prefetch(self, candidates: list) -> None:
+        """Evaluate upcoming candidates in parallel so the sequential order finds them cached.
+        With jobs == 1 this does nothing: results never depend on the number of jobs."""
+        if self._pool is None:
+            return
+        todo = [frozenset(c) for c in candidates if c and self.journal.get(self.key(c)) is None]
+        for future in [self._pool.submit(self._evaluate, c) for c in todo[: self.jobs]]:
+            future.result()
+
+    def first_interesting(self, candidates: list) -> int | None:
+        """Index of the earliest interesting candidate in order, or None."""
+        for start in range(len(candidates)):
+            self.prefetch(candidates[start : start + self.jobs])
+            if self.test(candidates[start]):
+                return start
+        return None
+
+    # -- progress ---------------------------------------------------------------------------
+
+    def begin(self, name: str) -> None:
+        self._current = name
+        self.stats.setdefault(name, PassStats())
+        self.event(f"{name}: {len(self.best)} nodes")
+
+    def accept(self, nodes, why: str = "") -> None:
+        nodes = frozenset(nodes)
+        stats = self.stats.setdefault(self._current, PassStats())
+        stats.removed += len(self.best) - len(nodes)
+        stats.accepted += 1
+        self.best = nodes
+        self.event(f"{self._current}: kept {len(nodes)} nodes{(' — ' + why) if why else ''}")
+        if self.on_accept:
+            self.on_accept(self, self._current)
+
+    def event(self, text: str) -> None:
+        if self.on_event:
+            self.on_event(text)
+
+    def ordered(self, nodes=None) -> list[int]:
+        return sorted(self.best if nodes is None else nodes)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+def _jsonable(value):
+    if value is None:
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else str(value)

@@ -1,0 +1,117 @@
+"""The library entry points behind the CLI: prepare a model and its feeds, build the oracle,
+run ``check``. Knows nothing of click; raises ReprokitError subclasses only.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from reprokit.backends import backend_class
+from reprokit.compare import Criterion
+from reprokit.errors import UsageError
+from reprokit.inputs import Feeds, load_feeds, random_feeds
+from reprokit.model import InputInfo, freeze_input_shapes, input_infos, load_model, save_model
+from reprokit.oracle import Oracle, Verdict, check_reference_finite
+from reprokit.spec import parse_target
+
+
+@dataclass
+class Prepared:
+    """A model ready to run: the file engines read, its inputs and the feeds to use."""
+
+    model: object  # onnx.ModelProto with weights
+    path: str  # file the engines load (the user's own file when nothing had to change)
+    infos: list[InputInfo]
+    feeds: Feeds
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunOptions:
+    """Options shared by check, shrink, pack and audit."""
+
+    reference: str = "ort"
+    metric: str = "rel-l2"
+    tolerance: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    timeout: float = 600.0
+    fail_regex: str | None = None
+    inputs: str | None = None
+    sample: int = 0
+    seed: int = 0
+    input_shapes: dict = field(default_factory=dict)
+    val_ranges: dict = field(default_factory=dict)
+
+
+def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
+    """Load and validate the model, freeze shapes if asked, make or load the feeds."""
+    model = load_model(model_path)
+    notes: list[str] = []
+    path = model_path
+    if options.input_shapes:
+        model = freeze_input_shapes(model, options.input_shapes)
+        path = save_model(model, os.path.join(workdir, "prepared.onnx"))
+        notes.append(f"froze input shapes {options.input_shapes} and folded constants")
+    infos = input_infos(model)
+    if options.inputs:
+        feeds = load_feeds(options.inputs, infos, sample=options.sample)
+    else:
+        feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
+                             val_ranges=options.val_ranges)
+    notes.extend(feeds.notes)
+    return Prepared(model, path, infos, feeds, notes)
+
+
+def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None) -> Oracle:
+    """Parse both specs (usage errors surface here, before any work) and build the oracle."""
+    target_spec = parse_target(target)
+    reference_spec = parse_target(options.reference)
+    if reference_spec.engine == "cmd":
+        raise UsageError("the reference cannot be a cmd engine", hint="use --reference ort (the default)")
+    if options.fail_regex and target_spec.engine != "cmd":
+        raise UsageError("--fail-regex applies only to a cmd target", hint="use --target 'cmd:...'")
+    backend = backend_class(target_spec.engine)(target_spec)
+    precision = backend.precision()
+    criterion = Criterion.for_precision(precision, options.metric, options.tolerance,
+                                        options.atol, options.rtol)
+    return Oracle(str(reference_spec), str(target_spec), criterion, precision=precision,
+                  timeout=options.timeout, fail_regex=options.fail_regex, workdir=workdir,
+                  target_env=target_env)
+
+
+@dataclass
+class CheckResult:
+    verdict: Verdict
+    prepared: Prepared
+    reference_outputs: dict
+    target_outputs: dict
+    layerwise: object | None = None  # reprokit.layerwise.LayerwiseReport
+    marking_changes_engine: bool = False
+
+
+def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = None,
+          layerwise: bool = False, workdir: str | None = None) -> CheckResult:
+    """Judge ``target`` against the reference on one model; optionally layer by layer."""
+    options = options or RunOptions()
+    own_tmp = None
+    if workdir is None:
+        own_tmp = tempfile.TemporaryDirectory(prefix="reprokit-check-")
+        workdir = own_tmp.name
+    oracle = make_oracle(target, options, os.path.join(workdir, "calls"))
+    prepared = prepare(os.fspath(model), options, workdir)
+    reference = oracle.run_reference(prepared.path, prepared.feeds.arrays)
+    check_reference_finite(reference.outputs, oracle.reference)
+    result = oracle.run_target(prepared.path, prepared.feeds.arrays)
+    verdict = oracle.verdict_from(result, reference.outputs)
+    marking = backend_class(parse_target(target).engine).marking_changes_engine
+    report = None
+    if layerwise:
+        from reprokit.layerwise import run_layerwise
+
+        report = run_layerwise(oracle, prepared, os.path.join(workdir, "layerwise"))
+    out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking)
+    out._tmp = own_tmp  # keep memory-mapped outputs alive as long as the result
+    return out

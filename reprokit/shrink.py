@@ -1,0 +1,267 @@
+"""shrink: confirm the divergence, capture reference activations, localize, reduce, and write
+the minimal model with its real-activation feeds. Best-so-far results are rewritten after every
+accepted step; ``resume`` replays the journal of candidate outcomes and continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit.activations import ActivationStore
+from reprokit.backends import backend_class
+from reprokit.errors import InputError, NothingToReduce
+from reprokit.layerwise import compare_layerwise, float_node_outputs
+from reprokit.model import fold_constants, mark_outputs, save_model
+from reprokit.oracle import Kind, Signature, check_reference_finite
+from reprokit.reduce.passes import branches, ddmin, localize, window
+from reprokit.reduce.reducer import Journal, Reducer
+from reprokit.session import RunOptions, make_oracle, prepare
+from reprokit.spec import parse_target
+from reprokit.subgraph import GraphIndex
+
+STATE_DIR = ".reprokit"
+
+
+@dataclass
+class ShrinkResult:
+    summary: dict
+    out_dir: str
+    minimal_path: str
+    verdict: object
+    notes: list[str] = field(default_factory=list)
+
+
+def _atomic_json(path: str, payload: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def _atomic_npz(path: str, arrays: dict) -> None:
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
+    os.replace(tmp, path)
+
+
+def rerun_command(model_path: str, target: str, options: RunOptions) -> str:
+    parts = ["reprokit", "check", model_path, "--target", target]
+    if options.reference != "ort":
+        parts += ["--reference", options.reference]
+    if options.inputs:
+        parts += ["--inputs", options.inputs]
+    else:
+        parts += ["--seed", str(options.seed)]
+    for name, dims in options.input_shapes.items():
+        parts += ["--input-shapes", f"{name}:{'x'.join(map(str, dims))}"]
+    if options.tolerance is not None:
+        parts += ["--tol", str(options.tolerance)]
+    if options.fail_regex:
+        parts += ["--fail-regex", options.fail_regex]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
+           jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
+           on_event=None) -> ShrinkResult:
+    """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``."""
+    options = options or RunOptions()
+    started = time.monotonic()
+    event = on_event or (lambda text: None)
+    state_dir = os.path.join(out_dir, STATE_DIR)
+    if not resume and os.path.exists(os.path.join(state_dir, "journal.jsonl")):
+        raise InputError(f"{out_dir} already holds a shrink run",
+                         hint=f"continue it with --resume {out_dir}, or choose another -o directory")
+    os.makedirs(state_dir, exist_ok=True)
+    oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
+    backend_cls = backend_class(parse_target(target).engine)
+    prepared = prepare(model_path, options, state_dir)
+    model = fold_constants(prepared.model)
+    original_nodes = len(model.graph.node)
+    index = GraphIndex.build(model)
+    journal = Journal(os.path.join(state_dir, "journal.jsonl"))
+
+    # 1. Capture every node output of the reference once; its graph outputs serve the confirm.
+    event("capturing reference activations")
+    all_tensors = [t for outs in index.node_outputs for t in outs]
+    capture_path = save_model(mark_outputs(model, all_tensors), os.path.join(state_dir, "capture.onnx"))
+    store = _capture(oracle, capture_path, prepared.feeds.arrays, all_tensors, state_dir, resume)
+    graph_outputs = {name: store.get(name) for name in index.graph_outputs if name in store}
+    check_reference_finite(graph_outputs, oracle.reference)
+
+    # 2. Confirm: the original must diverge, every replay with the same signature.
+    model_file = save_model(model, os.path.join(state_dir, "original.onnx"))
+    deterministic = backend_cls.deterministic
+    replays = (0 if deterministic else 1) if replays is None else replays
+    event(f"confirming the divergence ({1 + replays} target run{'s' if replays else ''})")
+    verdict = oracle.judge(model_file, prepared.feeds.arrays, reference_outputs=graph_outputs)
+    signature = verdict.signature
+    rerun = rerun_command(model_path, target, options)
+    if not verdict.diverges:
+        worst = verdict.worst()
+        numbers = f"worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}" if worst else ""
+        raise NothingToReduce(
+            f"the original model does not diverge under {target} ({verdict.criterion.describe()}; {numbers})",
+            hint=f"nothing to reduce; rerun the check by hand: {rerun}")
+    for replay in range(replays):
+        again = oracle.verdict_from(oracle.run_target(model_file, prepared.feeds.arrays), graph_outputs)
+        if not signature.same_bug(again.signature):
+            raise NothingToReduce(
+                f"the divergence is flaky: run 1 gave {signature.describe()}, replay {replay + 1} gave "
+                f"{again.signature.describe()}",
+                hint=f"stabilize the target first (fixed tactics, timing cache); rerun: {rerun}")
+    event(f"diverges: {signature.describe()}")
+
+    reducer = Reducer(model, index, store, prepared.feeds.arrays, oracle, signature,
+                      workdir=state_dir, journal=journal, jobs=jobs, on_event=event,
+                      best=frozenset(range(original_nodes)))
+    reducer.stats["confirm"] = _confirm_stats(oracle)
+    writer = _BestWriter(out_dir, model_path, target, options, original_nodes, started)
+    reducer.on_accept = lambda r, step: writer.write(r, "running")
+
+    # 3. Localize from a layerwise run of the target (one call), then reduce.
+    try:
+        if localize_first and signature.kind in (Kind.NONFINITE, Kind.MISMATCH):
+            reducer.begin("layerwise")
+            began = time.monotonic()
+            reducer.anchors = _anchors(oracle, model, store, prepared.feeds.arrays, state_dir,
+                                       signature, backend_cls.marking_changes_engine, journal, reducer)
+            reducer.stats["layerwise"].seconds += time.monotonic() - began
+            event(f"layerwise: anchors {[model.graph.node[a].name or a for a in reducer.anchors[:3]]}")
+        reducer.begin("localize")
+        localized = localize.run(reducer)
+        if not localized:
+            reducer.begin("window")
+            window.run(reducer)
+        reducer.begin("branches")
+        branches.run(reducer)
+        reducer.begin("ddmin")
+        ddmin.run(reducer)
+    except BaseException:
+        writer.write(reducer, "interrupted")
+        reducer.close()
+        raise
+    reducer.close()
+    reducer.begin("final")
+    final = reducer.extraction(reducer.best)
+    minimal_model = final.model
+    minimal_path = save_model(minimal_model, os.path.join(out_dir, "minimal.onnx"))
+    reference = {n: store.get(n) for n in final.outputs if n in store}
+    final_verdict = oracle.judge(minimal_path, final.feeds, reference_outputs=reference)
+    writer.write(reducer, "done", final_verdict=final_verdict, minimal_model=minimal_model, feeds=final.feeds,
+                 reference=reference)
+    return ShrinkResult(writer.summary, out_dir, minimal_path, final_verdict, prepared.notes)
+
+
+def _confirm_stats(oracle):
+    from reprokit.reduce.reducer import PassStats
+
+    return PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds)
+
+
+def _capture(oracle, path, feeds, names, state_dir, resume) -> ActivationStore:
+    capture_dir = os.path.join(state_dir, "activations")
+    if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
+        return ActivationStore.open(capture_dir)
+    result = oracle.run_reference(path, feeds, names)
+    job_dir = result.job_dir
+    if os.path.exists(capture_dir):
+        import shutil
+
+        shutil.rmtree(capture_dir)
+    os.replace(job_dir, capture_dir)
+    return ActivationStore.from_worker(capture_dir, {})
+
+
+def _anchors(oracle, model, store, feeds, state_dir, signature, marking, journal, reducer) -> list[int]:
+    """Node indices where the divergence starts, from one layerwise target run (journaled)."""
+    saved = journal.get("layerwise")
+    if saved is not None:
+        return saved["anchors"]
+    names = [t for t, *_ in float_node_outputs(model)]
+    marked = save_model(mark_outputs(model, names), os.path.join(state_dir, "layerwise.onnx"))
+    result = oracle.run_target(marked, feeds, names)
+    reducer.stats["layerwise"].calls += 1
+    anchors: list[int] = []
+    if result.status == "ok":
+        reference = {n: store.get(n) for n in names if n in store}
+        report = compare_layerwise(model, reference, result.outputs, oracle.criterion, marking)
+        producer = reducer.index.producer
+        status = {r.tensor: _row_kind(r) for r in report.rows}
+        wanted = signature.kind.value
+        for row in report.rows:
+            node = producer[row.tensor]
+            if status[row.tensor] == wanted and not any(
+                status.get(i) == wanted for i in reducer.index.node_inputs[node]
+            ):
+                anchors.append(node)
+        if not anchors:
+            anchors = [producer[r.tensor] for r in report.first]
+        anchors = sorted(dict.fromkeys(anchors))
+    journal.put("layerwise", {"anchors": anchors, "status": result.status})
+    return anchors
+
+
+def _row_kind(row) -> str:
+    """The verdict kind one tensor shows on its own: nonfinite, mismatch or agree."""
+    if row.error.nonfinite_in_target_only:
+        return Kind.NONFINITE.value
+    return Kind.MISMATCH.value if row.error.exceeds else Kind.AGREE.value
+
+
+class _BestWriter:
+    """Rewrites minimal.onnx, inputs.npz and summary.json after every accepted step."""
+
+    def __init__(self, out_dir, model_path, target, options, original_nodes, started):
+        self.out_dir = out_dir
+        self.model_path = model_path
+        self.target = target
+        self.options = options
+        self.original_nodes = original_nodes
+        self.started = started
+        self.summary: dict = {}
+
+    def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None):
+        extraction = None
+        if minimal_model is None:
+            extraction = reducer.extraction(reducer.best)
+            minimal_model, feeds = extraction.model, extraction.feeds
+            save_model(minimal_model, os.path.join(self.out_dir, "minimal.onnx"))
+        _atomic_npz(os.path.join(self.out_dir, "inputs.npz"), feeds)
+        if reference is not None:
+            _atomic_npz(os.path.join(self.out_dir, "reference_outputs.npz"), reference)
+        stats = reducer.oracle.stats
+        nodes = [minimal_model.graph.node[i] for i in range(len(minimal_model.graph.node))]
+        self.summary = {
+            "schema": "reprokit.shrink/1",
+            "status": status,
+            "model": self.model_path,
+            "target": reducer.oracle.target,
+            "reference": reducer.oracle.reference,
+            "criterion": reducer.oracle.criterion.describe(),
+            "signature": reducer.signature.to_json(),
+            "original": {"nodes": self.original_nodes},
+            "minimal": {
+                "nodes": len(nodes),
+                "ops": sorted(n.op_type for n in nodes),
+                "node_names": [n.name for n in nodes],
+                "inputs": [{"name": i.name, "shape": list(np.asarray(feeds[i.name]).shape)} for i in minimal_model.graph.input if i.name in feeds],
+                "outputs": [{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim]} for o in minimal_model.graph.output],
+            },
+            "calls": {"target": stats.target, "reference": stats.reference,
+                      "cached": stats.cached + sum(s.cached for s in reducer.stats.values())},
+            "one_minimal": reducer.one_minimal,
+            "wall_s": round(time.monotonic() - self.started, 3),
+            "steps": [s.to_json(name) for name, s in reducer.stats.items()],
+            "other_findings": reducer.findings,
+            "rerun": rerun_command(self.model_path, self.target, self.options),
+        }
+        if final_verdict is not None:
+            self.summary["verdict"] = final_verdict.to_json()
+        _atomic_json(os.path.join(self.out_dir, "summary.json"), self.summary)

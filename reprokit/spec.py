@@ -1,0 +1,103 @@
+"""Target spec grammar: ``engine[:option,option...]`` → :class:`TargetSpec`.
+
+Owns parsing and validation against each backend's declared options. Must not import an
+engine: backends are resolved through the lazy registry in ``reprokit.backends``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reprokit.errors import UsageError
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """One documented option of a target spec. ``kind`` is flag, int or str."""
+
+    help: str
+    kind: str = "flag"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A parsed target: engine name plus ordered options (flags map to True)."""
+
+    engine: str
+    options: tuple[tuple[str, object], ...] = field(default=())
+    command: str | None = None  # only for the ``cmd`` engine
+
+    def get(self, name: str, default=None):
+        for key, value in self.options:
+            if key == name:
+                return value
+        return default
+
+    def has(self, name: str) -> bool:
+        return any(key == name for key, _ in self.options)
+
+    def __str__(self) -> str:
+        if self.command is not None:
+            return f"{self.engine}:{self.command}"
+        if not self.options:
+            return self.engine
+        parts = [k if v is True else f"{k}={v}" for k, v in self.options]
+        return f"{self.engine}:{','.join(parts)}"
+
+    def with_options(self, *options: str) -> TargetSpec:
+        """Return a spec with extra options appended (used by sweeps and reports)."""
+        return parse_target(str(self) + ("," if self.options else ":") + ",".join(options))
+
+
+def parse_target(text: str) -> TargetSpec:
+    """Parse ``engine[:option,option...]``; raise UsageError with the valid choices."""
+    from reprokit.backends import backend_class, engine_names
+
+    text = (text or "").strip()
+    if not text:
+        raise UsageError("empty target spec", hint=f"use one of: {', '.join(engine_names())}")
+    engine, _, rest = text.partition(":")
+    engine = engine.strip().lower()
+    if engine not in engine_names():
+        raise UsageError(
+            f"unknown engine {engine!r} in target spec {text!r}",
+            hint=f"engines: {', '.join(engine_names())}; see `reprokit backends`",
+        )
+    cls = backend_class(engine)
+    if engine == "cmd":
+        if not rest.strip():
+            raise UsageError(
+                "the cmd engine needs a command: cmd:COMMAND",
+                hint="e.g. --target 'cmd:python my_check.py {model} {inputs}'",
+            )
+        return TargetSpec(engine="cmd", command=rest.strip())
+    options: list[tuple[str, object]] = []
+    for raw in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = raw.partition("=")
+        key = key.strip().lower()
+        doc = cls.OPTIONS.get(key)
+        if doc is None:
+            valid = ", ".join(sorted(cls.OPTIONS)) or "(none)"
+            raise UsageError(
+                f"unknown option {key!r} for engine {engine!r}",
+                hint=f"options of {engine}: {valid}",
+            )
+        if doc.kind == "flag":
+            if eq:
+                raise UsageError(f"option {key!r} of {engine!r} takes no value", hint=doc.help)
+            options.append((key, True))
+            continue
+        if not eq or not value.strip():
+            raise UsageError(f"option {key!r} of {engine!r} needs a value: {key}=...", hint=doc.help)
+        if doc.kind == "int":
+            try:
+                options.append((key, int(value)))
+            except ValueError:
+                raise UsageError(
+                    f"option {key!r} of {engine!r} needs an integer, got {value!r}", hint=doc.help
+                ) from None
+        else:
+            options.append((key, value.strip()))
+    spec = TargetSpec(engine=engine, options=tuple(options))
+    cls.validate(spec)
+    return spec

@@ -1,0 +1,156 @@
+"""Extract a standalone, valid model from a subset of a model's nodes.
+
+Tensors a kept node consumes but no kept node produces become graph inputs (fed with captured
+reference activations) or, for small non-float tensors such as shapes and indices, initializers;
+tensors kept nodes produce that no kept node consumes become graph outputs. Nodes with
+subgraphs (If/Loop/Scan) count their bodies' outer-scope references as inputs.
+Must not know about divergence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_CONST_LIMIT = 4096  # non-float cut tensors up to this many elements become initializers
+
+
+@dataclass(frozen=True)
+class GraphIndex:
+    """Producer/consumer facts of a model, computed once and shared by every extraction."""
+
+    node_inputs: tuple[tuple[str, ...], ...]  # per node: data inputs + implicit outer-scope refs
+    node_outputs: tuple[tuple[str, ...], ...]
+    producer: dict  # tensor -> node index
+    initializers: dict  # name -> TensorProto
+    graph_inputs: frozenset
+    graph_outputs: tuple[str, ...]
+    value_info: dict  # name -> ValueInfoProto (from shape inference)
+
+    @classmethod
+    def build(cls, model) -> GraphIndex:
+        import onnx
+
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:
+            inferred = model
+        value_info = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        node_inputs, node_outputs, producer = [], [], {}
+        for index, node in enumerate(model.graph.node):
+            inputs = [i for i in node.input if i]
+            for extra in sorted(outer_scope_names(node)):
+                if extra not in inputs:
+                    inputs.append(extra)
+            node_inputs.append(tuple(inputs))
+            node_outputs.append(tuple(o for o in node.output if o))
+            for out in node.output:
+                if out:
+                    producer[out] = index
+        initializers = {t.name: t for t in model.graph.initializer}
+        inputs = frozenset(i.name for i in model.graph.input if i.name not in initializers)
+        return cls(tuple(node_inputs), tuple(node_outputs), producer, initializers, inputs,
+                   tuple(o.name for o in model.graph.output), value_info)
+
+    def ancestors(self, index: int, within: set[int] | None = None) -> set[int]:
+        """Nodes ``index`` depends on (itself included), optionally only inside ``within``."""
+        seen, stack = {index}, [index]
+        while stack:
+            for tensor in self.node_inputs[stack.pop()]:
+                parent = self.producer.get(tensor)
+                if parent is not None and parent not in seen and (within is None or parent in within):
+                    seen.add(parent)
+                    stack.append(parent)
+        return seen
+
+
+def outer_scope_names(node) -> set[str]:
+    """Names a node's subgraph bodies read from the enclosing graph."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
+        for graph in graphs:
+            local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+            for inner in graph.node:
+                local.update(o for o in inner.output if o)
+            for inner in graph.node:
+                names.update(i for i in inner.input if i and i not in local)
+                names.update(n for n in outer_scope_names(inner) if n not in local)
+    return names
+
+
+@dataclass
+class Extraction:
+    model: object  # onnx.ModelProto
+    feeds: dict[str, np.ndarray]  # graph input -> captured activation
+    outputs: list[str]
+
+
+def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None) -> Extraction:
+    """Standalone model of the nodes in ``keep`` (indices into model.graph.node).
+
+    ``store`` supplies activations for cut tensors; ``feeds`` the original graph inputs.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    keep = sorted(keep)
+    kept = set(keep)
+    produced = {t for i in keep for t in index.node_outputs[i]}
+    consumed: dict[str, None] = {}
+    for i in keep:
+        for tensor in index.node_inputs[i]:
+            consumed.setdefault(tensor, None)
+    graph = onnx.GraphProto(name="reprokit_subgraph")
+    graph.node.extend(model.graph.node[i] for i in keep)
+    new_feeds: dict[str, np.ndarray] = {}
+    for tensor in consumed:
+        if tensor in produced:
+            continue
+        if tensor in index.initializers:
+            graph.initializer.append(index.initializers[tensor])
+            continue
+        if tensor in index.graph_inputs and feeds is not None and tensor in feeds:
+            value = np.asarray(feeds[tensor])
+        else:
+            value = store.get(tensor)
+        if value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT:
+            graph.initializer.append(numpy_helper.from_array(np.array(value), tensor))
+            continue
+        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+        graph.input.append(helper.make_tensor_value_info(tensor, elem, list(value.shape)))
+        new_feeds[tensor] = value
+    consumed_by_kept = set(consumed)
+    outputs = []
+    for i in keep:
+        for tensor in index.node_outputs[i]:
+            if tensor not in consumed_by_kept or tensor in index.graph_outputs:
+                outputs.append(tensor)
+    for tensor in outputs:
+        if tensor in store:
+            shape, dtype = store.info(tensor)
+            graph.output.append(helper.make_tensor_value_info(
+                tensor, helper.np_dtype_to_tensor_dtype(dtype), list(shape)))
+        elif tensor in index.value_info:
+            graph.output.append(index.value_info[tensor])
+        else:
+            graph.output.append(helper.make_empty_tensor_value_info(tensor))
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
+                            producer_name="reprokit")
+    sub.functions.extend(model.functions)
+    del kept
+    return Extraction(finalize(sub), new_feeds, outputs)
+
+
+def finalize(model):
+    """Shape inference and the checker; the unchecked model is kept if either fails (the
+    engines, not onnx's checker, decide what is interesting)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        onnx.checker.check_model(inferred)
+        return inferred
+    except Exception:
+        return model

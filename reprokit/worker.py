@@ -1,0 +1,173 @@
+"""Run one backend call in a child process: timeout, process-group kill, crash → result.
+
+The parent side (:func:`run_in_worker`) never imports an engine. The child side
+(``python -m reprokit.worker JOB_DIR``) builds the backend, runs it and writes ``result.json``
+plus one ``.npy`` per output, so big outputs cross the process boundary through the disk and are
+read back memory-mapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_STDERR_TAIL = 4000
+
+
+@dataclass
+class WorkerResult:
+    """What one engine call produced. ``status``: ok, build-error, unavailable, crash, timeout,
+    error (an input/usage problem found inside the worker)."""
+
+    status: str
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    message: str = ""
+    hint: str | None = None
+    log: str = ""
+    seconds: float = 0.0
+    exit_code: int | None = None  # ReprokitError exit code for status "error"/"unavailable"
+    job_dir: str = ""  # where the outputs' .npy files live
+
+
+def run_in_worker(
+    spec: str,
+    model_path: str,
+    feeds_path: str,
+    job_dir: str,
+    *,
+    output_names: list[str] | None = None,
+    timeout: float = 600.0,
+    fail_regex: str | None = None,
+    env: dict[str, str] | None = None,
+) -> WorkerResult:
+    """Run ``spec`` on a model in a fresh process; never raises for engine failures."""
+    os.makedirs(job_dir, exist_ok=True)
+    job = {
+        "spec": spec,
+        "model": os.path.abspath(model_path),
+        "feeds": os.path.abspath(feeds_path),
+        "outputs": output_names,
+        "fail_regex": fail_regex,
+    }
+    with open(os.path.join(job_dir, "job.json"), "w") as handle:
+        json.dump(job, handle)
+    stderr_path = os.path.join(job_dir, "stderr.log")
+    start = time.monotonic()
+    child_env = dict(os.environ, **(env or {}))
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reprokit.worker", job_dir],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill takes its children too
+            env=child_env,
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return WorkerResult(
+                "timeout",
+                message=f"no answer within {timeout:g} s; the process group was killed",
+                log=_tail(stderr_path),
+                seconds=time.monotonic() - start,
+            )
+        except BaseException:
+            _kill_group(proc)
+            raise
+    seconds = time.monotonic() - start
+    result_path = os.path.join(job_dir, "result.json")
+    if code != 0 or not os.path.exists(result_path):
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = " (out of memory?)" if name == "SIGKILL" else ""
+            message = f"engine process killed by {name}{hint}"
+        else:
+            message = f"engine process exited with code {code} without a result"
+        return WorkerResult("crash", message=message, log=_tail(stderr_path), seconds=seconds)
+    with open(result_path) as handle:
+        result = json.load(handle)
+    outputs = {
+        entry["name"]: np.load(os.path.join(job_dir, entry["file"]), mmap_mode="r", allow_pickle=False)
+        for entry in result.get("outputs", [])
+    }
+    return WorkerResult(
+        result["status"],
+        outputs=outputs,
+        meta=result.get("meta", {}),
+        message=result.get("message", ""),
+        hint=result.get("hint"),
+        log=result.get("log", "") or _tail(stderr_path),
+        seconds=seconds,
+        exit_code=result.get("exit_code"),
+        job_dir=job_dir,
+    )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - _STDERR_TAIL))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _child(job_dir: str) -> int:
+    """Child side: run the job, write result.json. Engine crashes kill this process, by design."""
+    from reprokit.backends import create_backend
+    from reprokit.backends.base import BuildError
+    from reprokit.backends.cmd import CmdBackend, CommandCrash
+    from reprokit.errors import EngineUnavailable, ReprokitError
+    from reprokit.spec import parse_target
+
+    with open(os.path.join(job_dir, "job.json")) as handle:
+        job = json.load(handle)
+    result: dict = {"status": "ok"}
+    try:
+        spec = parse_target(job["spec"])
+        backend = CmdBackend(spec, job["fail_regex"]) if spec.engine == "cmd" else create_backend(spec)
+        with np.load(job["feeds"], allow_pickle=False) as data:
+            feeds = {k: np.array(data[k]) for k in data.files}
+        run = backend.run(job["model"], feeds, job["outputs"])
+        entries = []
+        for index, (name, value) in enumerate(run.outputs.items()):
+            file = f"out{index:05d}.npy"
+            np.save(os.path.join(job_dir, file), np.asarray(value), allow_pickle=False)
+            entries.append({"name": name, "file": file})
+        result.update(outputs=entries, meta=run.meta, log=run.log[-_STDERR_TAIL:])
+    except CommandCrash as exc:
+        result = {"status": "crash", "message": exc.message, "meta": {"signal": exc.signal_name}}
+    except BuildError as exc:
+        result = {"status": "build-error", "message": exc.message, "meta": {"detail": exc.detail}}
+    except EngineUnavailable as exc:
+        result = {"status": "unavailable", "message": exc.message, "hint": exc.hint, "exit_code": int(exc.exit_code)}
+    except ReprokitError as exc:
+        result = {"status": "error", "message": exc.message, "hint": exc.hint, "exit_code": int(exc.exit_code)}
+    tmp = os.path.join(job_dir, "result.json.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(result, handle, default=str)
+    os.replace(tmp, os.path.join(job_dir, "result.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

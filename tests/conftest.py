@@ -1,0 +1,123 @@
+"""Shared fixtures: model files from tests/models.py, the real ``reprokit`` command, file hashes,
+and capability checks that skip with the reason when this machine cannot run a test."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import models  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+PY = shlex.quote(sys.executable)  # for cmd: targets; PATH may not hold the venv's python
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    """``model_file("small_mlp")`` saves that generator's model in tmp_path; returns its path."""
+
+    def make(name: str, filename: str | None = None, **kwargs) -> str:
+        model = getattr(models, name)(**kwargs)
+        return models.save(model, tmp_path / (filename or f"{name}.onnx"))
+
+    return make
+
+
+def reprokit_exe() -> str:
+    exe = Path(sys.executable).parent / "reprokit"
+    if not exe.exists():
+        pytest.skip(f"the reprokit console script is not installed next to {sys.executable}")
+    return str(exe)
+
+
+def run_cli(*args: str, cwd=None, timeout: float = 180, env: dict | None = None):
+    """Run the installed ``reprokit`` command; return the CompletedProcess (text)."""
+    child_env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
+    child_env.update(env or {})
+    return subprocess.run(
+        [reprokit_exe(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=child_env, stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def sha_tree(root) -> dict[str, str]:
+    """relative path -> sha256 of every file under root (the user's files, to prove them unchanged)."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as handle:
+                out[os.path.relpath(path, root)] = hashlib.sha256(handle.read()).hexdigest()
+    return out
+
+
+def assert_user_error(proc, code: int, error: str | None = None, *, contains: str | None = None,
+                      hint_contains: str | None = None) -> tuple[str, str]:
+    """One ``Error:`` line, one ``Hint:`` line, the exit code, no traceback. Returns both lines."""
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == code, f"exit {proc.returncode}, expected {code}\n{text}"
+    assert "Traceback" not in text, text
+    lines = proc.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("Error: ")]
+    hints = [line for line in lines if line.startswith("Hint: ")]
+    assert len(errors) == 1, proc.stderr
+    assert len(hints) == 1, proc.stderr
+    if error is not None:
+        assert errors[0] == f"Error: {error}"
+    if contains is not None:
+        assert contains in errors[0], errors[0]
+    if hint_contains is not None:
+        assert hint_contains in hints[0], hints[0]
+    return errors[0], hints[0]
+
+
+@functools.lru_cache(maxsize=None)
+def openvino_bf16_missing() -> str | None:
+    """None when OpenVINO runs real bf16 on this CPU; otherwise why not."""
+    try:
+        import openvino
+    except ImportError as exc:
+        return f"openvino is not installed ({exc})"
+    caps = list(openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    if "BF16" not in caps:
+        return f"this CPU has no BF16 in OpenVINO's OPTIMIZATION_CAPABILITIES ({', '.join(caps)})"
+    return None
+
+
+@pytest.fixture
+def ov_bf16():
+    reason = openvino_bf16_missing()
+    if reason:
+        pytest.skip(reason)
+
+
+def trt_backend_written() -> bool:
+    return (REPO / "reprokit" / "backends" / "trt.py").exists()
+
+
+def pid_gone(pid: int) -> bool:
+    """True when pid no longer runs (absent, or a zombie waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")

@@ -1,0 +1,176 @@
+"""Tiny ONNX model generators for the tests.
+
+Each generator returns an ``onnx.ModelProto`` (IR 8, opset 17: onnxruntime here reads IR <= 13)
+and carries a one-line diagram of its graph. ``save(model, path)`` writes it and returns the path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+FLOAT = TensorProto.FLOAT
+
+
+def make(nodes, inputs, outputs, initializers=(), name="g") -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def save(model: onnx.ModelProto, path, **kwargs) -> str:
+    path = os.fspath(path)
+    onnx.save(model, path, **kwargs)
+    return path
+
+
+def const(name: str, value) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
+
+
+def vi(name: str, shape, elem=FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def small_mlp(n: int = 8, m: int = 4) -> onnx.ModelProto:
+    """Small values everywhere: fp16/bf16 storage changes nothing that matters."""
+    # x[1,n] -> MatMul(W[n,m]) -> h -> Add(b) -> a -> Relu -> y[1,m]
+    rng = np.random.default_rng(1)
+    w = rng.uniform(-0.5, 0.5, size=(n, m))
+    b = rng.uniform(0.1, 0.2, size=(m,))
+    return make(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="matmul"),
+            helper.make_node("Add", ["h", "b"], ["a"], name="add"),
+            helper.make_node("Relu", ["a"], ["y"], name="relu"),
+        ],
+        [vi("x", [1, n])],
+        [vi("y", [1, m])],
+        [const("W", w), const("b", b)],
+    )
+
+
+def matmul_overflow(n: int = 16, weight: float = 3e4) -> onnx.ModelProto:
+    """x in [0,1) summed against weights of 3e4: the MatMul output (~2.4e5) passes fp16's 65504."""
+    # x[1,n] -> MatMul(W = 3e4 * ones[n,4]) -> y[1,4]   (fp16 storage: y = inf)
+    return make(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+        [vi("x", [1, n])],
+        [vi("y", [1, 4])],
+        [const("W", np.full((n, 4), weight))],
+    )
+
+
+def matmul_overflow_softmax(n: int = 16, weight: float = 3e4) -> onnx.ModelProto:
+    """The overflowing MatMul feeds a Softmax: inf - inf inside it gives NaN."""
+    # x[1,n] -> MatMul(W = 3e4 * ones[n,4]) -> h (inf in fp16) -> Softmax -> y[1,4] (nan)
+    return make(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="matmul"),
+            helper.make_node("Softmax", ["h"], ["y"], name="softmax", axis=-1),
+        ],
+        [vi("x", [1, n])],
+        [vi("y", [1, 4])],
+        [const("W", np.full((n, 4), weight))],
+    )
+
+
+def cancellation(big: float = 1e4) -> onnx.ModelProto:
+    """Add a big bias then subtract it: fp16's spacing at 1e4 is 8, so x in [0,1) is lost."""
+    # x[1,16] -> Add(1e4) -> h -> Sub(1e4) -> y[1,16]
+    return make(
+        [
+            helper.make_node("Add", ["x", "big"], ["h"], name="add_big"),
+            helper.make_node("Sub", ["h", "big"], ["y"], name="sub_big"),
+        ],
+        [vi("x", [1, 16])],
+        [vi("y", [1, 16])],
+        [const("big", np.float32(big))],
+    )
+
+
+def bf16_steps(n: int = 256) -> onnx.ModelProto:
+    """A MatMul whose weights are 1 + k*1e-3: bf16 (8-bit mantissa, spacing 2**-7 near 1) rounds
+    them all to 1, so the alternating-sign reduction that cancels the ones loses its signal."""
+    # x[1,n] -> MatMul(W[n,1] = (-1)^k (1 + k*1e-3)) -> y[1,1]
+    k = np.arange(n)
+    w = ((-1.0) ** k) * (1.0 + k * 1e-3)
+    return make(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+        [vi("x", [1, n])],
+        [vi("y", [1, 1])],
+        [const("W", w.reshape(n, 1))],
+    )
+
+
+def log_model() -> onnx.ModelProto:
+    """Log: negative inputs give NaN in the reference itself."""
+    # x[1,8] -> Log -> y[1,8]
+    return make(
+        [helper.make_node("Log", ["x"], ["y"], name="log")],
+        [vi("x", [1, 8])],
+        [vi("y", [1, 8])],
+    )
+
+
+def planted_overflow() -> onnx.ModelProto:
+    """A chain with one overflowing node in the middle ("boom": x*1e5 passes fp16's max)."""
+    # x[1,8] -> Add(0.5) "pre" -> a -> Mul(1e5) "boom" -> b -> Mul(1e-5) "back" -> c -> Relu "post" -> y
+    return make(
+        [
+            helper.make_node("Add", ["x", "half"], ["a"], name="pre"),
+            helper.make_node("Mul", ["a", "up"], ["b"], name="boom"),
+            helper.make_node("Mul", ["b", "down"], ["c"], name="back"),
+            helper.make_node("Relu", ["c"], ["y"], name="post"),
+        ],
+        [vi("x", [1, 8])],
+        [vi("y", [1, 8])],
+        [const("half", np.float32(0.5)), const("up", np.float32(1e5)), const("down", np.float32(1e-5))],
+    )
+
+
+def dynamic_relu() -> onnx.ModelProto:
+    """Dynamic batch and spatial dims, a static channel dim of 3."""
+    # x[N,3,H,W] -> Relu -> y[N,3,H,W]
+    return make(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        [vi("x", ["N", 3, "H", "W"])],
+        [vi("y", ["N", 3, "H", "W"])],
+    )
+
+
+def two_inputs() -> onnx.ModelProto:
+    """Two inputs of different dtypes: a float tensor and an int64 tensor cast and added."""
+    # (x[2,3] float, k[2,3] int64 -> Cast(float)) -> Add -> y[2,3]
+    return make(
+        [
+            helper.make_node("Cast", ["k"], ["kf"], name="cast", to=FLOAT),
+            helper.make_node("Add", ["x", "kf"], ["y"], name="add"),
+        ],
+        [vi("x", [2, 3]), vi("k", [2, 3], TensorProto.INT64)],
+        [vi("y", [2, 3])],
+    )
+
+
+def big_weights(n: int = 64) -> onnx.ModelProto:
+    """A MatMul with a 16 KiB weight, big enough for onnx to store it as external data."""
+    # x[1,n] -> MatMul(W[n,n]) -> y[1,n]
+    w = np.random.default_rng(2).uniform(-0.1, 0.1, size=(n, n))
+    return make(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul")],
+        [vi("x", [1, n])],
+        [vi("y", [1, n])],
+        [const("W", w)],
+    )
+
+
+def save_external(model: onnx.ModelProto, path, location: str = "weights.bin") -> str:
+    """Save with every initializer in one external file ``location`` next to ``path``."""
+    path = os.fspath(path)
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location, size_threshold=0)
+    return path
