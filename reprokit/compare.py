@@ -167,3 +167,30 @@ def _cosine_distance(r: np.ndarray, t: np.ndarray) -> float:
     if nr == 0 or nt == 0:
         return 1.0
     return float(max(0.0, 1.0 - float(np.dot(r, t)) / (nr * nt)))
+
+
+# Largest finite value and the magnitude below which a value rounds to zero, per storage type.
+_RANGE = {"fp16": (65504.0, 2.9802322e-08), "bf16": (3.3895314e38, 4.6e-41), "fp8": (448.0, 9.8e-4)}
+UNDERFLOW_SHARE = 0.01
+
+
+def unrepresentable(array, precision: str) -> str | None:
+    """Why ``array`` cannot be held in the target's narrow storage type, or None.
+
+    Any value past the type's maximum (it would become inf), or at least 1 % of the non-zero
+    values flushing to zero, counts: a cut fed with such a tensor moves the fault into the data.
+    """
+    limits = _RANGE.get(precision)
+    values = np.asarray(array)
+    if limits is None or values.dtype.kind != "f" or values.size == 0:
+        return None
+    high, tiny = limits
+    magnitude = np.abs(values[np.isfinite(values)])
+    over = int(np.count_nonzero(magnitude > high))
+    if over:
+        return f"{over} values beyond the {precision} maximum {high:g}"
+    nonzero = magnitude[magnitude > 0]
+    under = int(np.count_nonzero(nonzero < tiny))
+    if nonzero.size and under >= UNDERFLOW_SHARE * nonzero.size:
+        return f"{under} of {nonzero.size} non-zero values flush to zero in {precision}"
+    return None

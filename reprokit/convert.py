@@ -122,7 +122,10 @@ def _outer_refs(graph) -> set[str]:
 
 
 def _rename_refs(graph, old: str, new: str) -> None:
-    """Point every read of ``old`` in ``graph`` (and nested scopes not shadowing it) at ``new``."""
+    """Point every read of outer ``old`` in subgraph ``graph`` (and nested scopes) at ``new``."""
+    for out in graph.output:
+        if out.name == old:
+            out.name = new
     for node in graph.node:
         for index, name in enumerate(node.input):
             if name == old:
@@ -130,9 +133,6 @@ def _rename_refs(graph, old: str, new: str) -> None:
         for sub in _subgraphs(node):
             if old not in _defined(sub):
                 _rename_refs(sub, old, new)
-                for out in sub.output:
-                    if out.name == old:
-                        out.name = new
 
 
 def _narrow_tensor(array: np.ndarray, name: str, narrow: int) -> TensorProto:
@@ -160,6 +160,37 @@ def _constant_value(node) -> np.ndarray | None:
         if attr.name == "value_floats":
             return np.array(attr.floats, dtype=np.float32)
     return None
+
+
+class _Scope:
+    """One graph being rewritten: its facts, and where new nodes go."""
+
+    def __init__(self, graph, io: str):
+        self.graph = graph
+        self.io = io  # precision of the scope's float inputs and outputs
+        declared = {vi.name for vi in graph.input}
+        self.inits = {t.name: t for t in graph.initializer if t.name not in declared}
+        self.producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
+        self.outputs: list[str] = []  # float outputs, set by the converter
+        self.needs: dict[str, set[str]] = defaultdict(set)  # tensor → precisions its readers want
+        self.made: dict[tuple[str, str], str] = {}  # (tensor, precision) → its copy
+        self._front: list = []  # copies of inputs and outer names, placed first
+        self._after: dict[int, list] = defaultdict(list)  # producer index → nodes after it
+
+    def place(self, name: str, node) -> None:
+        """Put ``node`` (which reads ``name``) right after ``name``'s producer."""
+        if name in self.producer:
+            self._after[self.producer[name]].append(node)
+        else:
+            self._front.append(node)
+
+    def rebuild(self) -> None:
+        nodes = list(self._front)
+        for index, node in enumerate(self.graph.node):
+            nodes.append(node)
+            nodes.extend(self._after.get(index, ()))
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
 
 
 class _Converter:
@@ -265,117 +296,78 @@ class _Converter:
 
     def convert_graph(self, graph, io_wide: bool) -> None:
         """Convert one scope; ``io_wide``: its inputs/outputs stay float32 (the main graph)."""
-        io = WIDE if io_wide else NARROW
-        inits = {t.name: t for t in graph.initializer}
-        for vi in graph.input:
-            inits.pop(vi.name, None)
-        producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
-        plans = []
-        needs: dict[str, set[str]] = defaultdict(set)
+        scope = _Scope(graph, WIDE if io_wide else NARROW)
+        scope.outputs = [o.name for o in graph.output if self._is_float(o.name)]
+        plans = [self._plan(scope, node) for node in graph.node]
+        for name in scope.outputs:
+            scope.needs[name].add(scope.io)
+        self._assign(scope, plans)
+        renames = self._keep_output_names(scope)
+        for node, (_, wants, implicit) in zip(graph.node, plans, strict=True):
+            for index, want in enumerate(wants):
+                name = node.input[index]
+                if want and self.domain.get(name, want) != want:
+                    node.input[index] = self._converted(scope, name, want)
+            for name in (renames.get(n, n) for n in implicit):
+                if self.domain.get(name, NARROW) != NARROW:
+                    new = self._converted(scope, name, NARROW)
+                    for sub in _subgraphs(node):
+                        _rename_refs(sub, name, new)
+        self._retype(scope, io_wide)
+        scope.rebuild()
         for node in graph.node:
-            whole, wide_inputs = self._requirements(node)
-            wants = []
-            for index, name in enumerate(node.input):
-                if not self._is_float(name):
-                    wants.append(None)
-                elif whole or index in wide_inputs:
-                    wants.append(WIDE)
-                elif index in _ANY_INPUT.get(node.op_type, ()):
-                    wants.append(None)
-                else:
-                    wants.append(NARROW)
-                if wants[-1]:
-                    needs[name].add(wants[-1])
-            implicit = sorted({n for sub in _subgraphs(node) for n in _outer_refs(sub)})
-            implicit = [n for n in implicit if self._is_float(n)]
-            for name in implicit:
-                needs[name].add(NARROW)
-            plans.append((whole, wants, implicit))
-        outputs = [o.name for o in graph.output if self._is_float(o.name)]
-        for name in outputs:
-            needs[name].add(io)
+            for sub in _subgraphs(node):
+                self.convert_graph(sub, io_wide=False)
 
-        def flexible(name):  # narrow unless every reader needs float32
-            return WIDE if needs.get(name) == {WIDE} else NARROW
+    def _plan(self, scope: _Scope, node):
+        """(whole node in float32, per-input precision wanted, float names read by subgraphs)."""
+        whole, wide_inputs = self._requirements(node)
+        wants = []
+        for index, name in enumerate(node.input):
+            if not self._is_float(name):
+                wants.append(None)
+            elif whole or index in wide_inputs:
+                wants.append(WIDE)
+            elif index in _ANY_INPUT.get(node.op_type, ()):
+                wants.append(None)
+            else:
+                wants.append(NARROW)
+            if wants[-1]:
+                scope.needs[name].add(wants[-1])
+        implicit = {n for sub in _subgraphs(node) for n in _outer_refs(sub) if self._is_float(n)}
+        for name in implicit:
+            scope.needs[name].add(NARROW)
+        return whole, wants, sorted(implicit)
 
-        for vi in graph.input:
+    def _assign(self, scope: _Scope, plans) -> None:
+        """Pick each float tensor's precision; values and type-picking nodes follow readers."""
+
+        def follow_readers(name):  # narrow unless every reader needs float32
+            return WIDE if scope.needs.get(name) == {WIDE} else NARROW
+
+        for vi in scope.graph.input:
             if self._is_float(vi.name):
-                self.domain[vi.name] = io
-        for name in inits:
+                self.domain[vi.name] = scope.io
+        for name in scope.inits:
             if self._is_float(name):
-                self.domain[name] = io if name in outputs else flexible(name)
-        for node, (whole, _, _) in zip(graph.node, plans):
+                self.domain[name] = scope.io if name in scope.outputs else follow_readers(name)
+        for node, (whole, _, _) in zip(scope.graph.node, plans, strict=True):
             picks = not whole and self._picks_type(node)
             for name in node.output:
                 if self._is_float(name):
-                    self.domain[name] = WIDE if whole else flexible(name) if picks else NARROW
+                    narrow = follow_readers(name) if picks else NARROW
+                    self.domain[name] = WIDE if whole else narrow
 
-        front: list = []  # Casts of graph inputs and outer names, placed first
-        after: dict[int, list] = defaultdict(list)  # producer index → nodes placed after it
-        made: dict[tuple[str, str], str] = {}
-
-        def place(name, new_node):
-            if name in producer:
-                after[producer[name]].append(new_node)
-            else:
-                front.append(new_node)
-
-        def fresh(base):
-            name, count = base, 0
-            while name in self.used:
-                count += 1
-                name = f"{base}_{count}"
-            self.used.add(name)
-            return name
-
-        def cast(source, target, want):
-            self.casts += 1
-            to = _FLOAT if want == WIDE else self.narrow
-            return helper.make_node(
-                "Cast", [source], [target], to=to, name=fresh(f"{target}__rk_cast")
-            )
-
-        def converted(name, want):
-            """The name of ``name`` in precision ``want``, creating the copy or Cast once."""
-            if (name, want) in made:
-                return made[(name, want)]
-            target = fresh(f"{name}__rk_{'fp32' if want == WIDE else self.label}")
-            if name in inits:  # exact copy from the float32 original, not a Cast of a Cast
-                if want == WIDE:
-                    graph.initializer.append(
-                        numpy_helper.from_array(numpy_helper.to_array(inits[name]), target)
-                    )
-                else:
-                    graph.initializer.append(
-                        _narrow_tensor(numpy_helper.to_array(inits[name]), target, self.narrow)
-                    )
-            elif name in producer and graph.node[producer[name]].op_type == "Constant":
-                value = _constant_value(graph.node[producer[name]])
-                tensor = (
-                    _narrow_tensor(value, "value", self.narrow)
-                    if want == NARROW
-                    else numpy_helper.from_array(value, "value")
-                )
-                place(
-                    name,
-                    helper.make_node("Constant", [], [target], value=tensor, name=fresh(target)),
-                )
-            else:
-                place(name, cast(name, target, want))
-            self.types[target] = _FLOAT
-            self.domain[target] = want
-            made[(name, want)] = target
-            return target
-
-        # A float output keeps its name; a producer in the other precision gets a renamed tensor.
-        renames: dict[str, str] = {}
-        for name in outputs:
-            if self.domain[name] == io or name not in producer:
+    def _keep_output_names(self, scope: _Scope) -> dict[str, str]:
+        """A float output keeps its name via a Cast; a producer of the other precision is renamed."""
+        renames = {}
+        for name in scope.outputs:
+            if self.domain[name] == scope.io or name not in scope.producer:
                 continue
-            renamed = fresh(f"{name}__rk_{'fp32' if self.domain[name] == WIDE else self.label}")
-            node = graph.node[producer[name]]
+            renamed = self._fresh(f"{name}__rk_{self._label(self.domain[name])}")
+            node = scope.graph.node[scope.producer[name]]
             node.output[list(node.output).index(name)] = renamed
-            for other in graph.node:
+            for other in scope.graph.node:
                 for index, value in enumerate(other.input):
                     if value == name:
                         other.input[index] = renamed
@@ -383,48 +375,71 @@ class _Converter:
                     if name not in _defined(sub):
                         _rename_refs(sub, name, renamed)
             self.types[renamed], self.domain[renamed] = _FLOAT, self.domain[name]
-            producer[renamed] = producer.pop(name)
-            after[producer[renamed]].append(cast(renamed, name, io))
-            self.domain[name] = io
+            scope.producer[renamed] = scope.producer.pop(name)
+            scope.place(renamed, self._cast(renamed, name, scope.io))
+            self.domain[name] = scope.io
+            scope.made[(renamed, scope.io)] = name  # readers of that precision read the output
             renames[name] = renamed
-            made[(renamed, io)] = name  # readers wanting the output's precision read the output
+        return renames
 
-        for node, (_, wants, implicit) in zip(graph.node, plans):
-            for index, want in enumerate(wants):
-                name = node.input[index]
-                if want and self.domain.get(name, want) != want:
-                    node.input[index] = converted(name, want)
-            for name in (renames.get(n, n) for n in implicit):
-                if self.domain.get(name, NARROW) != NARROW:
-                    new = converted(name, NARROW)
-                    for sub in _subgraphs(node):
-                        _rename_refs(sub, name, new)
+    def _label(self, want: str) -> str:
+        return "fp32" if want == WIDE else self.label
 
-        self._retype(graph, inits, io_wide)
-        nodes = list(front)
-        for index, node in enumerate(graph.node):
-            nodes.append(node)
-            nodes.extend(after.get(index, ()))
-        del graph.node[:]
-        graph.node.extend(nodes)
-        for node in graph.node:
-            for sub in _subgraphs(node):
-                self.convert_graph(sub, io_wide=False)
+    def _fresh(self, base: str) -> str:
+        name, count = base, 0
+        while name in self.used:
+            count += 1
+            name = f"{base}_{count}"
+        self.used.add(name)
+        return name
 
-    def _retype(self, graph, inits, io_wide: bool) -> None:
+    def _cast(self, source: str, target: str, want: str):
+        self.casts += 1
+        to = _FLOAT if want == WIDE else self.narrow
+        return helper.make_node(
+            "Cast", [source], [target], to=to, name=self._fresh(f"{target}__rk_cast")
+        )
+
+    def _converted(self, scope: _Scope, name: str, want: str) -> str:
+        """``name`` in precision ``want``: an exact copy of a constant value, else a Cast, once."""
+        if (name, want) in scope.made:
+            return scope.made[(name, want)]
+        target = self._fresh(f"{name}__rk_{self._label(want)}")
+
+        def value_as(array, tensor_name):
+            if want == NARROW:
+                return _narrow_tensor(array, tensor_name, self.narrow)
+            return numpy_helper.from_array(array, tensor_name)
+
+        constant = scope.producer.get(name)
+        if name in scope.inits:  # from the float32 original, not a Cast of a rounded value
+            scope.graph.initializer.append(
+                value_as(numpy_helper.to_array(scope.inits[name]), target)
+            )
+        elif constant is not None and scope.graph.node[constant].op_type == "Constant":
+            value = value_as(_constant_value(scope.graph.node[constant]), "value")
+            scope.place(
+                name,
+                helper.make_node("Constant", [], [target], value=value, name=self._fresh(target)),
+            )
+        else:
+            scope.place(name, self._cast(name, target, want))
+        self.types[target], self.domain[target] = _FLOAT, want
+        scope.made[(name, want)] = target
+        return target
+
+    def _retype(self, scope: _Scope, io_wide: bool) -> None:
         """Make values, attributes and declared types narrow where the domain says so."""
-        for name, init in inits.items():
+        for name, init in scope.inits.items():
             if self._is_float(name) and self.domain.get(name) == NARROW:
                 init.CopyFrom(_narrow_tensor(numpy_helper.to_array(init), name, self.narrow))
-        for node in graph.node:
-            if not node.output or self.domain.get(node.output[0]) != NARROW:
-                continue
-            if not self._picks_type(node):
-                continue
-            self._retarget(node)
-        declared = list(graph.value_info)
+        for node in scope.graph.node:
+            narrow = node.output and self.domain.get(node.output[0]) == NARROW
+            if narrow and self._picks_type(node):
+                self._retarget(node)
+        declared = list(scope.graph.value_info)
         if not io_wide:
-            declared += list(graph.input) + list(graph.output)
+            declared += list(scope.graph.input) + list(scope.graph.output)
         for vi in declared:
             tensor_type = vi.type.tensor_type
             if tensor_type.elem_type == _FLOAT and self.domain.get(vi.name) == NARROW:

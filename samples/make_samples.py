@@ -237,8 +237,7 @@ def attention_softmax_nan() -> Sample:
         description=(
             "SuperGlue-like attentional graph network: two descriptor sets, four alternating "
             "self/cross multi-head attention layers with MLP updates, log-domain dual-softmax "
-            "matching. "
-            "In layer2/self0 one head's Q and K share a large bias channel, so its Q.K^T logits "
+            "matching. In layer2/self0 one head's Q and K share a large bias channel, so its Q.K^T logits "
             "are ~92700 (> fp16 max 65504): stored as fp16 they become inf and the Softmax "
             "computes inf - inf = NaN, which spreads to every output."),
         mimics=("NVIDIA/TensorRT#3952 'TensorRT model always return NaN output' (SuperGlue "
@@ -455,7 +454,7 @@ def conv_clip() -> Sample:
     b.nodes[-1].output[0] = "output"
     model = b.build("conv_clip", [("image", [1, 3, 64, 64])], ["output"],
                     "MobileNetV2-like Conv+Clip image-to-image net (reprokit sample)")
-    fault = f"block{fault_block}/expand/conv"
+    fault = f"block{fault_block}/bn/sub_mean"
     return Sample(
         name="conv_clip",
         model=model,
@@ -470,9 +469,9 @@ def conv_clip() -> Sample:
             "input."),
         mimics=("NVIDIA/TensorRT#3938 'output result error of TensorRT 10.0.1.6 when running "
                 "conv+clip structure on GPU NVIDIA L4'"),
-        fault_node=fault,
-        fault_op="Conv",
-        keep_fp32=[fault],
+        fault_node=fault,  # where the precision loss shows: the cancellation
+        fault_op="Sub",
+        keep_fp32=[f"block{fault_block}/expand/conv"],  # the workaround: keep the Conv output fp32
     )
 
 

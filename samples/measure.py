@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # reprokit from this checkout when not installed
+    sys.path.append(str(HERE.parent))
 THRESHOLD = {"fp16": 1e-2, "bf16": 5e-2}
 
 

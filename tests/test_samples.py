@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -19,10 +20,11 @@ ENTRIES = CATALOG["samples"]
 IDS = [e["name"] for e in ENTRIES]
 
 
+@functools.cache
 def _load_generator():
     spec = importlib.util.spec_from_file_location("make_samples", SAMPLES / "make_samples.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_samples", module)  # dataclasses look their module up
+    sys.modules["make_samples"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

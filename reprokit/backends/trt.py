@@ -352,7 +352,11 @@ class TrtBackend(Backend):
             )
         except ValueError as exc:
             raise InputError(f"cannot convert the model to {settings.convert_to}: {exc}") from exc
-        meta["schema_fp32_nodes"] = list(report.schema_fp32)
+        if report.schema_fp32:  # e.g. bf16 before opset 22: most ops have no bfloat16 there
+            meta["notes"].append(
+                f"{len(report.schema_fp32)} nodes stay float32: the model's opset does not allow "
+                f"{settings.convert_to} for them (first: {', '.join(report.schema_fp32[:5])})"
+            )
         path = os.path.join(tmp, f"model_{settings.convert_to}.onnx")
         onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_800_000_000)
         return path
@@ -397,13 +401,13 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta):
     with ptrt.TrtRunner(engine) as runner:
         wanted = set(runner.get_input_metadata().keys())
         raw = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items() if k in wanted})
-    names = list(output_names) if output_names else list(raw)
+    if settings.fp32_layers:
+        meta["fp32_nodes_unmatched"] = [n for n in settings.fp32_nodes if n not in matched]
     outputs = {}
-    for name in names:
-        value = np.array(raw[name], copy=True)
-        outputs[name] = (
-            value.astype(np.float32) if value.dtype.kind == "f" and value.itemsize < 4 else value
-        )
+    for name in list(output_names) if output_names else list(raw):
+        value = np.array(raw[name], copy=True)  # the runner reuses its host buffers
+        narrow = value.dtype.kind == "f" and value.itemsize < 4  # marked fp16 tensors
+        outputs[name] = value.astype(np.float32) if narrow else value
     return outputs
 
 

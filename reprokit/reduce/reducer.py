@@ -29,10 +29,12 @@ class PassStats:
     removed: int = 0
     seconds: float = 0.0
     accepted: int = 0
+    invalid: int = 0  # candidates refused before any engine call
 
     def to_json(self, name: str) -> dict:
-        return {"step": name, "calls": self.calls, "cached": self.cached, "nodes_removed": self.removed,
-                "accepted": self.accepted, "seconds": round(self.seconds, 3)}
+        return {"step": name, "calls": self.calls, "cached": self.cached, "invalid": self.invalid,
+                "nodes_removed": self.removed, "accepted": self.accepted,
+                "seconds": round(self.seconds, 3)}
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Reducer:
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
         self._lock = threading.Lock()
+        self._feed_ok: dict[str, str | None] = {}
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -120,6 +123,9 @@ class Reducer:
         sub = self.extraction(nodes)
         if not sub.outputs:
             return Outcome(False, "no-outputs", "", None, True)
+        reason = self._unrepresentable_feed(sub.feeds)
+        if reason:
+            return Outcome(False, "invalid", reason, None, True)
         import onnx
 
         path = os.path.join(self.workdir, "candidates", key[5:] + ".onnx")
@@ -139,6 +145,20 @@ class Reducer:
                                "nodes": len(nodes)})
         return outcome
 
+    def _unrepresentable_feed(self, feeds: dict) -> str | None:
+        """A cut tensor the target's storage type cannot hold (fp16 overflow, mass underflow)
+        would carry the fault in the data, not in the kept nodes: such candidates are invalid."""
+        from reprokit.compare import unrepresentable
+
+        for name in feeds:
+            if name in self.index.graph_inputs:
+                continue  # the user's own data stays as it is
+            if name not in self._feed_ok:
+                self._feed_ok[name] = unrepresentable(self.store.get(name), self.oracle.precision)
+            if self._feed_ok[name]:
+                return f"cut tensor {name!r}: {self._feed_ok[name]}"
+        return None
+
     def test(self, nodes) -> bool:
         """Is this node set interesting? Counts the call (or the cache hit) for the current pass."""
         nodes = frozenset(nodes)
@@ -148,12 +168,14 @@ class Reducer:
         with self._lock:
             if outcome.kind in ("empty", "no-outputs"):
                 pass  # trivially uninteresting: no engine call, nothing to count
+            elif outcome.kind == "invalid":
+                stats.invalid += 1
             elif outcome.from_cache:
                 stats.cached += 1
             else:
                 stats.calls += 1
             stats.seconds += time.monotonic() - start
-            if outcome.kind not in ("agree", "empty", "no-outputs") and not outcome.interesting:
+            if outcome.kind not in ("agree", "empty", "no-outputs", "invalid") and not outcome.interesting:
                 label = f"{outcome.kind}: {outcome.detail}" if outcome.detail else outcome.kind
                 self.findings[label] = self.findings.get(label, 0) + 1
         return outcome.interesting
