@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -126,8 +125,12 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
               help="Extra runs of the original to detect flakiness (default: 0 for deterministic engines, 1 otherwise).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out DIR.")
 @click.option("--no-localize", is_flag=True, help="Skip the layerwise localization; search the unmarked graph only.")
+@click.option("--no-pack", is_flag=True, help="Do not write the report archive OUT/report.tar.gz.")
+@click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default="tar.gz", show_default=True,
+              help="Report archive format.")
+@click.option("--redact", is_flag=True, help="Redact names, metadata and (if it still reproduces) weights in the report.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
-def shrink(model, target, out_dir, jobs, replays, resume, no_localize, as_json, **kw):
+def shrink(model, target, out_dir, jobs, replays, resume, no_localize, no_pack, fmt, redact, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import signal
     import time
@@ -145,10 +148,76 @@ def shrink(model, target, out_dir, jobs, replays, resume, no_localize, as_json, 
 
     result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
                               resume=resume, localize_first=not no_localize, on_event=progress)
+    if not no_pack:
+        progress("packing the report archive")
+        packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress)
+        result.summary["report"] = packed.archive
+        result.notes.extend(packed.notes)
     if as_json:
         click.echo(json.dumps(result.summary, indent=2, default=str))
     else:
         print_shrink(result)
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--target", "-t", required=True, help="Target spec the model diverges under.")
+@run_options
+@click.option("--out", "-o", "out_path", default="report.tar.gz", show_default=True,
+              help="Archive to write (.tar.gz or .zip).")
+@click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default=None,
+              help="Archive format (default: from the file name).")
+@click.option("--redact", is_flag=True, help="Generic names, no metadata; random weights if it still reproduces.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def pack(model, target, out_path, fmt, redact, as_json, **kw):
+    """Bundle a small diverging MODEL into a report archive ready to file."""
+    from reprokit import report
+    from reprokit.console import err, print_pack
+
+    options = make_run_options(kw)
+    result = report.pack(model, target, out_path, options=options, fmt=fmt, redact=redact,
+                         on_event=None if as_json else (lambda t: err.print(f"[dim]{t}[/]")))
+    if as_json:
+        click.echo(json.dumps({"schema": "reprokit.pack/1", "archive": result.archive,
+                               "reproduces": result.reproduces, "notes": result.notes,
+                               "redaction": result.redaction, "verdict": result.verdict.to_json()}, indent=2))
+    else:
+        print_pack(result)
+
+
+@cli.command()
+@click.argument("archive")
+@click.option("--target", "-t", default=None, help="Check under this target instead of the recorded one.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per engine call.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def verify(archive, target, timeout, as_json):
+    """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no."""
+    from reprokit import report
+    from reprokit.console import print_verify
+
+    result = report.verify(archive, target, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps({"schema": "reprokit.verify/1", "archive": archive, "target": result.target,
+                               "reproduces": result.reproduces, "recorded": result.recorded,
+                               "verdict": result.verdict.to_json()}, indent=2, default=str))
+    else:
+        print_verify(result, archive)
+    sys.exit(ExitCode.DIVERGES if result.reproduces else ExitCode.OK)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema reprokit.env/1).")
+def env(as_json):
+    """The environment fingerprint that reports carry."""
+    from reprokit.envinfo import fingerprint
+
+    info = fingerprint()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    from reprokit.console import print_env
+
+    print_env(info)
 
 
 def _raise_interrupt(signum, frame):

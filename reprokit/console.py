@@ -10,6 +10,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
+
 def _console(stderr: bool) -> Console:
     console = Console(stderr=stderr, highlight=False, soft_wrap=True)
     if not console.is_terminal:
@@ -114,8 +115,8 @@ def print_shrink(result) -> None:
               + (f" ({s['signature']['detail']})" if s['signature']['detail'] else ""))
     out.print(f"  nodes      {s['original']['nodes']} → {s['minimal']['nodes']}  ops: {', '.join(s['minimal']['ops'])}"
               f"  (1-minimal: {'yes' if s['one_minimal'] else 'not proven'})")
-    out.print(f"  inputs     " + ", ".join(f"{i['name']}{i['shape']}" for i in s['minimal']['inputs']))
-    out.print(f"  outputs    " + ", ".join(o['name'] for o in s['minimal']['outputs']))
+    out.print("  inputs     " + ", ".join(f"{i['name']}{i['shape']}" for i in s['minimal']['inputs']))
+    out.print("  outputs    " + ", ".join(o['name'] for o in s['minimal']['outputs']))
     out.print(f"  calls      target {s['calls']['target']}, reference {s['calls']['reference']}, "
               f"cached {s['calls']['cached']}; {s['wall_s']:.1f} s")
     if s.get("other_findings"):
@@ -123,4 +124,47 @@ def print_shrink(result) -> None:
     verdict = result.verdict
     if verdict is not None and verdict.outputs:
         out.print(error_table(verdict.outputs, verdict.criterion.metric.value, title="minimal model"))
-    out.print(f"  wrote      {result.out_dir}/minimal.onnx, inputs.npz, summary.json")
+    out.print(f"  wrote      {result.out_dir}/minimal.onnx, inputs.npz, summary.json"
+              + (f", {s['report']}" if s.get("report") else ""))
+    for note in result.notes:
+        out.print(f"  [yellow]note[/]       {note}")
+
+
+def print_pack(result) -> None:
+    out.print(f"[bold]reprokit pack[/] → {result.archive}")
+    out.print(f"  verdict    {result.verdict.signature.describe()} under {result.verdict.target}")
+    out.print(f"  repro.py   {'reproduces here (exit 1)' if result.reproduces else '[red]did NOT reproduce here[/]'}")
+    if result.redaction:
+        r = result.redaction
+        out.print(f"  redacted   {r['renamed_tensors']} names; weights {r['weights']} "
+                  f"({r['randomized_weights']} tensors); verdict before: {r['verdict_before']}, after: {r['verdict_after']}")
+    for note in result.notes:
+        out.print(f"  [bold yellow]{note}[/]")
+
+
+def print_verify(result, archive: str) -> None:
+    recorded = result.recorded
+    out.print(f"[bold]reprokit verify[/] {archive}: manifest OK")
+    out.print(f"  recorded   {recorded['signature']['kind']} under {recorded['target']}")
+    out.print(f"  here       {result.verdict.signature.describe() if result.verdict.diverges else 'agree'} under {result.target}")
+    if result.verdict.outputs:
+        out.print(error_table(result.verdict.outputs, result.verdict.criterion.metric.value))
+    if result.reproduces:
+        out.print("[bold red]REPRODUCES[/]")
+    else:
+        out.print("[bold green]DOES NOT REPRODUCE[/] here with this setting")
+
+
+def print_env(info: dict) -> None:
+    table = Table(show_edge=False, show_header=False)
+    table.add_column("key")
+    table.add_column("value", overflow="fold")
+    for key, value in info.items():
+        if key == "schema":
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v if v is not None else '(missing)'}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = "; ".join(str(v) for v in value)
+        table.add_row(key, "(missing)" if value is None else str(value))
+    out.print(table)

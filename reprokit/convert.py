@@ -55,7 +55,7 @@ class ConversionReport:
 
     to: str
     kept_fp32: tuple[str, ...]  # nodes kept in float32 because the caller asked
-    schema_fp32: tuple[str, ...]  # nodes kept in float32 because their schema refuses narrow
+    schema_fp32: tuple[str, ...]  # kept in float32: their schema refuses narrow, or local function
     casts: int  # Cast nodes inserted
 
 
@@ -74,11 +74,11 @@ def convert_float_model_report(
         raise ValueError(f"cannot convert to {to!r}: choose one of {', '.join(_NARROW)}")
     converted = onnx.ModelProto()
     converted.CopyFrom(model)
-    names = set(node_names(converted.graph))
-    missing = sorted(set(keep_fp32) - names)
+    keep_fp32 = frozenset(n for n in keep_fp32 if n)  # "" would match every unnamed node
+    missing = sorted(keep_fp32 - set(node_names(converted.graph)))
     if missing:
         raise ValueError(f"no node named {', '.join(map(repr, missing))} in the model")
-    converter = _Converter(converted, _NARROW[to], frozenset(keep_fp32))
+    converter = _Converter(converted, _NARROW[to], keep_fp32)
     converter.convert_graph(converted.graph, io_wide=True)
     report = ConversionReport(
         to=to,
@@ -200,6 +200,7 @@ class _Converter:
         self.label = "fp16" if narrow == TensorProto.FLOAT16 else "bf16"
         self.keep = keep
         self.opsets = {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
+        self.functions = {(f.domain, f.name) for f in model.functions}
         self.types: dict[str, int] = {}
         self.domain: dict[str, str] = {}  # float tensor → WIDE or NARROW, after conversion
         self.used = set(node_names(model.graph))
@@ -262,6 +263,9 @@ class _Converter:
         if node.name in self.keep:
             if any(True for _ in _subgraphs(node)):
                 raise ValueError(f"cannot keep {node.name!r} in fp32: it has subgraphs")
+            return True, set()
+        if (node.domain, node.op_type) in self.functions:  # its body is typed float32 inside
+            self.schema_fp32.append(node.name or node.op_type)
             return True, set()
         try:
             schema = onnx.defs.get_schema(

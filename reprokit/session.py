@@ -90,6 +90,7 @@ class CheckResult:
     target_outputs: dict
     layerwise: object | None = None  # reprokit.layerwise.LayerwiseReport
     marking_changes_engine: bool = False
+    target_log: str = ""  # the engine's own messages (worker output tail)
 
 
 def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = None,
@@ -112,6 +113,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         from reprokit.layerwise import run_layerwise
 
         report = run_layerwise(oracle, prepared, os.path.join(workdir, "layerwise"))
-    out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking)
+    out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking,
+                      target_log=f"{result.message}\n{result.log}".strip())
     out._tmp = own_tmp  # keep memory-mapped outputs alive as long as the result
     return out

@@ -18,7 +18,7 @@ from reprokit.backends import backend_class
 from reprokit.errors import InputError, NothingToReduce
 from reprokit.layerwise import compare_layerwise, float_node_outputs
 from reprokit.model import fold_constants, mark_outputs, save_model
-from reprokit.oracle import Kind, Signature, check_reference_finite
+from reprokit.oracle import Kind, check_reference_finite
 from reprokit.reduce.passes import branches, ddmin, localize, window
 from reprokit.reduce.reducer import Journal, Reducer
 from reprokit.session import RunOptions, make_oracle, prepare
@@ -265,3 +265,23 @@ class _BestWriter:
         if final_verdict is not None:
             self.summary["verdict"] = final_verdict.to_json()
         _atomic_json(os.path.join(self.out_dir, "summary.json"), self.summary)
+
+
+def pack_result(result: ShrinkResult, target: str, options: RunOptions, *, fmt: str = "tar.gz",
+                redact: bool = False, on_event=None):
+    """Pack the minimal model of a finished shrink into OUT/report.<fmt>, with shrink's context."""
+    from dataclasses import replace
+
+    from reprokit.report import pack
+
+    summary = result.summary
+    context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
+               "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
+               "original_model": summary["model"]}
+    packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
+                  options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
+                                  input_shapes={}, val_ranges={}),
+                  fmt=fmt, redact=redact, context=context, on_event=on_event)
+    summary["report"] = packed.archive
+    _atomic_json(os.path.join(result.out_dir, "summary.json"), summary)
+    return packed

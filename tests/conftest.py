@@ -44,8 +44,13 @@ def run_cli(*args: str, cwd=None, timeout: float = 180, env: dict | None = None)
     child_env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
     child_env.update(env or {})
     return subprocess.run(
-        [reprokit_exe(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env=child_env, stdin=subprocess.DEVNULL,
+        [reprokit_exe(), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -65,8 +70,14 @@ def sha_tree(root) -> dict[str, str]:
     return out
 
 
-def assert_user_error(proc, code: int, error: str | None = None, *, contains: str | None = None,
-                      hint_contains: str | None = None) -> tuple[str, str]:
+def assert_user_error(
+    proc,
+    code: int,
+    error: str | None = None,
+    *,
+    contains: str | None = None,
+    hint_contains: str | None = None,
+) -> tuple[str, str]:
     """One ``Error:`` line, one ``Hint:`` line, the exit code, no traceback. Returns both lines."""
     text = proc.stdout + proc.stderr
     assert proc.returncode == code, f"exit {proc.returncode}, expected {code}\n{text}"
@@ -85,7 +96,7 @@ def assert_user_error(proc, code: int, error: str | None = None, *, contains: st
     return errors[0], hints[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def openvino_bf16_missing() -> str | None:
     """None when OpenVINO runs real bf16 on this CPU; otherwise why not."""
     try:

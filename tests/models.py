@@ -129,7 +129,11 @@ def planted_overflow() -> onnx.ModelProto:
         ],
         [vi("x", [1, 8])],
         [vi("y", [1, 8])],
-        [const("half", np.float32(0.5)), const("up", np.float32(1e5)), const("down", np.float32(1e-5))],
+        [
+            const("half", np.float32(0.5)),
+            const("up", np.float32(1e5)),
+            const("down", np.float32(1e-5)),
+        ],
     )
 
 
@@ -171,6 +175,12 @@ def big_weights(n: int = 64) -> onnx.ModelProto:
 def save_external(model: onnx.ModelProto, path, location: str = "weights.bin") -> str:
     """Save with every initializer in one external file ``location`` next to ``path``."""
     path = os.fspath(path)
-    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-              location=location, size_threshold=0)
+    onnx.save(
+        model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=0,
+    )
     return path

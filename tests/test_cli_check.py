@@ -10,11 +10,10 @@ import json
 import os
 from pathlib import Path
 
+import models
 import numpy as np
 import pytest
 from conftest import assert_user_error, run_cli, sha_tree, trt_backend_written
-
-import models
 
 
 def strict_json(text: str):
@@ -44,44 +43,121 @@ def user_dir(tmp_path):
 
 
 ERROR_CASES = {
-    "corrupt": (["check", "truncated.onnx", "-t", "emulate:fp16"], 3, None,
-                "Error: cannot read truncated.onnx as an ONNX model ("),
-    "empty": (["check", "empty.onnx", "-t", "emulate:fp16"], 3,
-              "model file is empty: empty.onnx", None),
-    "missing-model": (["check", "nope.onnx", "-t", "emulate:fp16"], 3,
-                      "model file not found: nope.onnx", None),
-    "directory": (["check", ".", "-t", "emulate:fp16"], 3, ". is a directory, not an ONNX file", None),
-    "missing-external-data": (["check", "ext.onnx", "-t", "emulate:fp16"], 3, None,
-                              "Error: external data file 'ext.weights' of tensor 'W' is missing"),
-    "unknown-engine": (["check", "mlp.onnx", "-t", "foo:fp16"], 2,
-                       "unknown engine 'foo' in target spec 'foo:fp16'", None),
-    "unknown-option": (["check", "mlp.onnx", "-t", "emulate:fp17"], 2,
-                       "unknown option 'fp17' for engine 'emulate'", None),
+    "corrupt": (
+        ["check", "truncated.onnx", "-t", "emulate:fp16"],
+        3,
+        None,
+        "Error: cannot read truncated.onnx as an ONNX model (",
+    ),
+    "empty": (
+        ["check", "empty.onnx", "-t", "emulate:fp16"],
+        3,
+        "model file is empty: empty.onnx",
+        None,
+    ),
+    "missing-model": (
+        ["check", "nope.onnx", "-t", "emulate:fp16"],
+        3,
+        "model file not found: nope.onnx",
+        None,
+    ),
+    "directory": (
+        ["check", ".", "-t", "emulate:fp16"],
+        3,
+        ". is a directory, not an ONNX file",
+        None,
+    ),
+    "missing-external-data": (
+        ["check", "ext.onnx", "-t", "emulate:fp16"],
+        3,
+        None,
+        "Error: external data file 'ext.weights' of tensor 'W' is missing",
+    ),
+    "unknown-engine": (
+        ["check", "mlp.onnx", "-t", "foo:fp16"],
+        2,
+        "unknown engine 'foo' in target spec 'foo:fp16'",
+        None,
+    ),
+    "unknown-option": (
+        ["check", "mlp.onnx", "-t", "emulate:fp17"],
+        2,
+        "unknown option 'fp17' for engine 'emulate'",
+        None,
+    ),
     "missing-target": (["check", "mlp.onnx"], 2, "Missing option '--target' / '-t'.", None),
-    "unknown-cli-option": (["check", "mlp.onnx", "-t", "emulate:fp16", "--bogus"], 2, None,
-                           "Error: No such option '--bogus'"),
-    "unknown-input-name": (["check", "mlp.onnx", "-t", "emulate:fp16", "--inputs", "wrong_name.npz"], 3,
-                           "the inputs name 'z', which is not an input of the model", None),
-    "pickled-inputs": (["check", "mlp.onnx", "-t", "emulate:fp16", "--inputs", "pickled.npz"], 3, None,
-                       "Error: pickled.npz holds arrays that need pickling, which reprokit refuses"),
-    "inputs-not-found": (["check", "mlp.onnx", "-t", "emulate:fp16", "--inputs", "no.npz"], 3,
-                         "inputs file not found: no.npz", None),
-    "shape-contradicts-model": (["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "x:1x4x8x8"], 3,
-                                "shape [1, 4, 8, 8] for 'x' contradicts the model's static dim 1 = 3 ([N, 3, H, W])", None),
-    "shape-wrong-rank": (["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "x:[1,3,8]"], 3,
-                         "shape [1, 3, 8] for 'x' has rank 3, the model declares rank 4 ([N, 3, H, W])", None),
-    "shape-unknown-input": (["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "y:1x3x8x8"], 3,
-                            "--input-shapes names 'y', which is not an input of the model", None),
-    "shape-unparseable": (["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "x"], 2,
-                          "cannot parse input shape 'x'", None),
-    "val-range-unparseable": (["check", "mlp.onnx", "-t", "emulate:fp16", "--val-range", "x:[1]"], 2,
-                              "cannot parse value range 'x:[1]'", None),
-    "fail-regex-without-cmd": (["check", "mlp.onnx", "-t", "emulate:fp16", "--fail-regex", "x"], 2,
-                               "--fail-regex applies only to a cmd target", None),
-    "check-command-not-found": (["check", "mlp.onnx", "-t", "cmd:no-such-command-xyz {model}"], 4, None,
-                                "check command not found: 'no-such-command-xyz'"),
-    "reference-nan": (["check", "log.onnx", "-t", "emulate:fp16", "--val-range", "x:[-2,-1]"], 5,
-                      "the reference (ort) itself gives 8 NaN/Inf values in output 'y'", None),
+    "unknown-cli-option": (
+        ["check", "mlp.onnx", "-t", "emulate:fp16", "--bogus"],
+        2,
+        None,
+        "Error: No such option '--bogus'",
+    ),
+    "unknown-input-name": (
+        ["check", "mlp.onnx", "-t", "emulate:fp16", "--inputs", "wrong_name.npz"],
+        3,
+        "the inputs name 'z', which is not an input of the model",
+        None,
+    ),
+    "pickled-inputs": (
+        ["check", "mlp.onnx", "-t", "emulate:fp16", "--inputs", "pickled.npz"],
+        3,
+        None,
+        "Error: pickled.npz holds arrays that need pickling, which reprokit refuses",
+    ),
+    "inputs-not-found": (
+        ["check", "mlp.onnx", "-t", "emulate:fp16", "--inputs", "no.npz"],
+        3,
+        "inputs file not found: no.npz",
+        None,
+    ),
+    "shape-contradicts-model": (
+        ["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "x:1x4x8x8"],
+        3,
+        "shape [1, 4, 8, 8] for 'x' contradicts the model's static dim 1 = 3 ([N, 3, H, W])",
+        None,
+    ),
+    "shape-wrong-rank": (
+        ["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "x:[1,3,8]"],
+        3,
+        "shape [1, 3, 8] for 'x' has rank 3, the model declares rank 4 ([N, 3, H, W])",
+        None,
+    ),
+    "shape-unknown-input": (
+        ["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "y:1x3x8x8"],
+        3,
+        "--input-shapes names 'y', which is not an input of the model",
+        None,
+    ),
+    "shape-unparseable": (
+        ["check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "x"],
+        2,
+        "cannot parse input shape 'x'",
+        None,
+    ),
+    "val-range-unparseable": (
+        ["check", "mlp.onnx", "-t", "emulate:fp16", "--val-range", "x:[1]"],
+        2,
+        "cannot parse value range 'x:[1]'",
+        None,
+    ),
+    "fail-regex-without-cmd": (
+        ["check", "mlp.onnx", "-t", "emulate:fp16", "--fail-regex", "x"],
+        2,
+        "--fail-regex applies only to a cmd target",
+        None,
+    ),
+    "check-command-not-found": (
+        ["check", "mlp.onnx", "-t", "cmd:no-such-command-xyz {model}"],
+        4,
+        None,
+        "check command not found: 'no-such-command-xyz'",
+    ),
+    "reference-nan": (
+        ["check", "log.onnx", "-t", "emulate:fp16", "--val-range", "x:[-2,-1]"],
+        5,
+        "the reference (ort) itself gives 8 NaN/Inf values in output 'y'",
+        None,
+    ),
 }
 
 
@@ -107,9 +183,12 @@ def test_debug_shows_the_traceback(user_dir):
     assert "Error: model file not found: nope.onnx" in proc.stderr.splitlines()
 
 
-@pytest.mark.xfail(not trt_backend_written(), strict=True,
-                   reason="reprokit/backends/trt.py is not written yet: the registry names it, so "
-                          "trt:fp16 ends in 'internal error: ModuleNotFoundError' (exit 70)")
+@pytest.mark.xfail(
+    not trt_backend_written(),
+    strict=True,
+    reason="reprokit/backends/trt.py is not written yet: the registry names it, so "
+    "trt:fp16 ends in 'internal error: ModuleNotFoundError' (exit 70)",
+)
 def test_missing_tensorrt_is_an_environment_error_saying_what_to_install(user_dir):
     if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("tensorrt is installed here: this test needs a machine without it")
@@ -138,8 +217,10 @@ def test_check_json_agreement_exits_0(user_dir):
     (out,) = verdict["outputs"]
     assert out["name"] == "y" and out["shape"] == [1, 4]
     assert 0 <= out["rel_l2"] < 0.01 and out["exceeds"] is False
-    assert data["feeds"] == {"source": "random (seed 0)",
-                             "inputs": {"x": {"shape": [1, 8], "dtype": "float32"}}}
+    assert data["feeds"] == {
+        "source": "random (seed 0)",
+        "inputs": {"x": {"shape": [1, 8], "dtype": "float32"}},
+    }
     assert data["layerwise"] is None
     assert proc.stderr == ""  # --json: nothing else to parse around
 
@@ -175,8 +256,20 @@ def test_check_fixed_shapes_and_json_inputs_note(tmp_path):
     models.save(models.dynamic_relu(), tmp_path / "dyn.onnx")
     x = np.ones((1, 3, 8, 8), np.float32)
     save_json([{"x": x}, {"x": 2 * x}], str(tmp_path / "inputs.json"))
-    proc = run_cli("check", "dyn.onnx", "-t", "emulate:fp16", "--input-shapes", "x:[1,3,8,8]",
-                   "--inputs", "inputs.json", "--sample", "1", "--json", cwd=tmp_path)
+    proc = run_cli(
+        "check",
+        "dyn.onnx",
+        "-t",
+        "emulate:fp16",
+        "--input-shapes",
+        "x:[1,3,8,8]",
+        "--inputs",
+        "inputs.json",
+        "--sample",
+        "1",
+        "--json",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     data = strict_json(proc.stdout)
     assert data["feeds"]["inputs"] == {"x": {"shape": [1, 3, 8, 8], "dtype": "float32"}}
@@ -186,8 +279,9 @@ def test_check_fixed_shapes_and_json_inputs_note(tmp_path):
 def test_check_layerwise_and_out_dir(tmp_path):
     models.save(models.planted_overflow(), tmp_path / "planted.onnx")
     before = sha_tree(tmp_path)
-    proc = run_cli("check", "planted.onnx", "-t", "emulate:fp16", "--layerwise", "-o", "out",
-                   cwd=tmp_path)
+    proc = run_cli(
+        "check", "planted.onnx", "-t", "emulate:fp16", "--layerwise", "-o", "out", cwd=tmp_path
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Layerwise: 4 tensors compared, 3 diverge, 1 where divergence starts" in proc.stdout
     table = proc.stdout.split("first diverging tensors", 1)[1]
@@ -195,15 +289,23 @@ def test_check_layerwise_and_out_dir(tmp_path):
     assert "Mul" in row and "│ b " in row  # node boom, op Mul, tensor b
     # -o DIR: feeds, both engines' outputs and the verdict
     out = tmp_path / "out"
-    assert sorted(os.listdir(out)) == ["inputs.npz", "reference_outputs.npz",
-                                       "target_outputs.npz", "verdict.json"]
+    assert sorted(os.listdir(out)) == [
+        "inputs.npz",
+        "reference_outputs.npz",
+        "target_outputs.npz",
+        "verdict.json",
+    ]
     verdict = strict_json((out / "verdict.json").read_text())
     assert verdict["signature"] == {"kind": "nonfinite", "outputs": ["y"], "detail": "inf"}
     with np.load(out / "inputs.npz") as feeds:
         x = feeds["x"]
-    np.testing.assert_array_equal(x, np.random.default_rng(0).uniform(0, 1, (1, 8)).astype(np.float32))
+    np.testing.assert_array_equal(
+        x, np.random.default_rng(0).uniform(0, 1, (1, 8)).astype(np.float32)
+    )
     with np.load(out / "reference_outputs.npz") as ref, np.load(out / "target_outputs.npz") as tgt:
-        np.testing.assert_allclose(ref["y"], np.maximum((x + 0.5) * np.float32(1e5) * np.float32(1e-5), 0), rtol=1e-5)
+        np.testing.assert_allclose(
+            ref["y"], np.maximum((x + 0.5) * np.float32(1e5) * np.float32(1e-5), 0), rtol=1e-5
+        )
         assert np.all(np.isinf(tgt["y"]))
     after = sha_tree(tmp_path)
     assert {k: v for k, v in after.items() if not k.startswith("out" + os.sep)} == before
@@ -211,7 +313,9 @@ def test_check_layerwise_and_out_dir(tmp_path):
 
 def test_check_layerwise_json_names_the_planted_node(tmp_path):
     models.save(models.planted_overflow(), tmp_path / "planted.onnx")
-    proc = run_cli("check", "planted.onnx", "-t", "emulate:fp16", "--layerwise", "--json", cwd=tmp_path)
+    proc = run_cli(
+        "check", "planted.onnx", "-t", "emulate:fp16", "--layerwise", "--json", cwd=tmp_path
+    )
     assert proc.returncode == 1, proc.stderr
     layerwise = strict_json(proc.stdout)["layerwise"]
     assert (layerwise["compared"], layerwise["diverging"]) == (4, 3)
@@ -220,9 +324,12 @@ def test_check_layerwise_json_names_the_planted_node(tmp_path):
     assert layerwise["marking_changes_engine"] is False
 
 
-@pytest.mark.xfail(not trt_backend_written(), strict=True,
-                   reason="reprokit/backends/trt.py is not written yet: `backends` imports every "
-                          "registered backend and ends in 'internal error: ModuleNotFoundError'")
+@pytest.mark.xfail(
+    not trt_backend_written(),
+    strict=True,
+    reason="reprokit/backends/trt.py is not written yet: `backends` imports every "
+    "registered backend and ends in 'internal error: ModuleNotFoundError'",
+)
 def test_backends_json_lists_every_engine():
     proc = run_cli("backends", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -243,7 +350,9 @@ def test_backends_json_lists_every_engine():
 def ppocr_det_model() -> Path:
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("rapidocr_onnxruntime is not installed (pip install rapidocr-onnxruntime==1.4.4)")
+        pytest.skip(
+            "rapidocr_onnxruntime is not installed (pip install rapidocr-onnxruntime==1.4.4)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / "models" / "ch_PP-OCRv4_det_infer.onnx"
     if not path.exists():
         pytest.skip(f"{path} is not in the installed rapidocr_onnxruntime")
@@ -254,8 +363,20 @@ def ppocr_det_model() -> Path:
 def test_ppocr_v4_det_diverges_under_openvino_bf16(ov_bf16, tmp_path):
     model = ppocr_det_model()
     digest = sha_tree(model.parent)
-    proc = run_cli("check", str(model), "-t", "openvino:bf16", "--input-shapes", "x:1x3x320x320",
-                   "--layerwise", "--top", "5", "-o", str(tmp_path / "out"), cwd=tmp_path)
+    proc = run_cli(
+        "check",
+        str(model),
+        "-t",
+        "openvino:bf16",
+        "--input-shapes",
+        "x:1x3x320x320",
+        "--layerwise",
+        "--top",
+        "5",
+        "-o",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "DIVERGES: mismatch in sigmoid_0.tmp_0" in proc.stdout
     assert "froze input shapes" in proc.stdout
@@ -264,5 +385,10 @@ def test_ppocr_v4_det_diverges_under_openvino_bf16(ov_bf16, tmp_path):
     assert "node" in header and "rel L2" in header
     verdict = strict_json((tmp_path / "out" / "verdict.json").read_text())
     assert verdict["signature"]["kind"] == "mismatch"
-    assert verdict["outputs"][0]["rel_l2"] > 0.05 and verdict["outputs"][0]["shape"] == [1, 1, 320, 320]
+    assert verdict["outputs"][0]["rel_l2"] > 0.05 and verdict["outputs"][0]["shape"] == [
+        1,
+        1,
+        320,
+        320,
+    ]
     assert sha_tree(model.parent) == digest  # the installed package's files are untouched

@@ -85,10 +85,14 @@ def test_opposite_infinities_are_a_divergence():
     assert not e.nonfinite_in_target_only  # same count of infs on both sides
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: compare._cosine_distance returns inf whenever either array holds a NaN/Inf, even where "
-    "reference and target hold the same non-finite value, so --metric cosine judges e.g. identical "
-    "-inf attention masks as diverging while rel-l2/max-abs/allclose do not"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: compare._cosine_distance returns inf whenever either array holds a NaN/Inf, even where "
+        "reference and target hold the same non-finite value, so --metric cosine judges e.g. identical "
+        "-inf attention masks as diverging while rel-l2/max-abs/allclose do not"
+    ),
+)
 def test_same_nonfinite_is_not_a_divergence_under_cosine():
     ref = f32(1, 2, -INF)
     e = compare_arrays("y", ref, ref.copy(), Criterion(metric=Metric.COSINE, tolerance=1e-3))
@@ -128,8 +132,17 @@ def test_to_json_is_strict_json_with_readable_infinities():
     assert parsed["rel_l2"] == "inf" and parsed["shape"] == [2] and parsed["target_inf"] == 1
 
 
-@pytest.mark.parametrize("precision, tol", [("fp32", 1e-4), ("fp16", 1e-2), ("bf16", 5e-2),
-                                            ("tf32", 1e-2), ("int8", 1e-1), ("unknown", 1e-4)])
+@pytest.mark.parametrize(
+    "precision, tol",
+    [
+        ("fp32", 1e-4),
+        ("fp16", 1e-2),
+        ("bf16", 5e-2),
+        ("tf32", 1e-2),
+        ("int8", 1e-1),
+        ("unknown", 1e-4),
+    ],
+)
 def test_default_tolerance_by_precision(precision, tol):
     crit = Criterion.for_precision(precision)
     assert crit.metric is Metric.REL_L2 and crit.tolerance == tol

@@ -317,3 +317,24 @@ def test_output_read_inside_the_graph_stays_float32_at_the_boundary_only():
 def test_unknown_target_type_is_an_error():
     with pytest.raises(ValueError, match="fp16, bf16"):
         convert_float_model(mlp_model(), "int8")
+
+
+def test_calls_to_local_functions_stay_float32():
+    # x ─Relu─ r ─local.Twice (a function: Mul(a, Constant 2.0))─ y
+    twice = helper.make_function(
+        "local", "Twice", ["a"], ["b"],
+        [helper.make_node("Constant", [], ["k"], value_float=2.0), helper.make_node("Mul", ["a", "k"], ["b"])],
+        [helper.make_opsetid("", 17)],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Twice", ["r"], ["y"], domain="local", name="twice")],
+        "g", [helper.make_tensor_value_info("x", F32, [3])], [helper.make_tensor_value_info("y", F32, [3])],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    model = helper.make_model(graph, ir_version=8, opset_imports=opsets, functions=[twice])
+    converted, report = convert_float_model_report(model, "fp16")
+    onnx.checker.check_model(converted, full_check=True)
+    assert report.schema_fp32 == ("twice",)
+    assert tensor_types(converted)["r"] == F16
+    feed = {"x": np.array([1.0, -2.0, 3.5], np.float32)}
+    np.testing.assert_allclose(run(converted, feed)[0], [2.0, 0.0, 7.0])

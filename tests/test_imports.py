@@ -37,18 +37,25 @@ BLOCKER = (
 
 
 def loaded_engines(code: str) -> list[str]:
-    proc = subprocess.run([sys.executable, "-c", code + REPORT.format(engines=set(ENGINES))],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code + REPORT.format(engines=set(ENGINES))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("@@MARK@@"))
     return eval(line.removeprefix("@@MARK@@ "))
 
 
-@pytest.mark.parametrize("code", [
-    "import reprokit\n",
-    "import reprokit.cli\nfrom reprokit.cli import cli\n",
-    "import reprokit.spec, reprokit.backends, reprokit.errors\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import reprokit\n",
+        "import reprokit.cli\nfrom reprokit.cli import cli\n",
+        "import reprokit.spec, reprokit.backends, reprokit.errors\n",
+    ],
+)
 def test_import_loads_no_engine(code):
     assert loaded_engines(code) == []
 
@@ -59,9 +66,11 @@ def test_help_loads_no_engine(argv):
 
 
 def test_resolving_backend_classes_loads_no_engine():
-    code = ("from reprokit.spec import parse_target\n"
-            "for s in ['ort', 'emulate:fp16', 'openvino:bf16', 'cmd:true']:\n"
-            "    parse_target(s)\n")
+    code = (
+        "from reprokit.spec import parse_target\n"
+        "for s in ['ort', 'emulate:fp16', 'openvino:bf16', 'cmd:true']:\n"
+        "    parse_target(s)\n"
+    )
     assert loaded_engines(code) == []
 
 

@@ -65,7 +65,9 @@ def test_polygraphy_json_sample_is_what_the_engines_see(model_file, tmp_path):
 
     path = str(tmp_path / "inputs.json")
     save_json([{"x": arr(1)}, {"x": arr(2)}], path)
-    result = check(model_file("small_mlp"), "emulate:fp16", options=RunOptions(inputs=path, sample=1))
+    result = check(
+        model_file("small_mlp"), "emulate:fp16", options=RunOptions(inputs=path, sample=1)
+    )
     np.testing.assert_array_equal(result.prepared.feeds.arrays["x"], arr(2))
     assert any("2 samples; using sample 1" in note for note in result.prepared.notes)
     assert result.verdict.kind.value == "agree"
@@ -112,10 +114,14 @@ def test_pickled_npz_is_refused(tmp_path, mlp_infos):
     assert info.value.exit_code == ExitCode.INPUT
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: inputs._load_npz maps every ValueError to 'holds arrays that need pickling'; np.load "
-    "raises that ValueError for any file that is neither zip nor .npy, so a corrupt or non-npz "
-    "file is misreported as a pickled npz"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: inputs._load_npz maps every ValueError to 'holds arrays that need pickling'; np.load "
+        "raises that ValueError for any file that is neither zip nor .npy, so a corrupt or non-npz "
+        "file is misreported as a pickled npz"
+    ),
+)
 def test_not_an_npz_is_refused(tmp_path, mlp_infos):
     path = tmp_path / "junk.npz"
     path.write_bytes(b"definitely not a zip file")
@@ -212,8 +218,10 @@ def test_dynamic_dims_get_1_and_a_note(model_file):
     infos = input_infos(load_model(model_file("dynamic_relu")))
     feeds = random_feeds(infos)
     assert feeds.arrays["x"].shape == (1, 3, 1, 1)
-    assert feeds.notes == ["input 'x' has dynamic dims ['N', 3, 'H', 'W']; using [1, 3, 1, 1] "
-                           "(set them with --input-shapes x:1x3x1x1)"]
+    assert feeds.notes == [
+        "input 'x' has dynamic dims ['N', 3, 'H', 'W']; using [1, 3, 1, 1] "
+        "(set them with --input-shapes x:1x3x1x1)"
+    ]
     assert random_feeds(infos, shapes={"x": (2, 3, 4, 5)}).arrays["x"].shape == (2, 3, 4, 5)
 
 
@@ -236,24 +244,33 @@ def test_unparseable_input_shape_is_a_usage_error(text):
     assert info.value.hint == "write NAME:1x3x224x224 or NAME:[1,3,224,224]"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: inputs.parse_shape_args uses re.findall, which skips text it cannot match, so "
-    "'x:1xAx8' is silently read as x:(1,) instead of being refused"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: inputs.parse_shape_args uses re.findall, which skips text it cannot match, so "
+        "'x:1xAx8' is silently read as x:(1,) instead of being refused"
+    ),
+)
 def test_garbage_after_dims_is_a_usage_error():
     with pytest.raises(UsageError):
         parse_shape_args(["x:1xAx8"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: inputs.parse_shape_args' findall pattern [^\\s:]+: cannot take input names that hold "
-    "':' (tf2onnx names like 'input:0'), so 'input:0:1x3x8x8' parses as {'input': (0,)}"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: inputs.parse_shape_args' findall pattern [^\\s:]+: cannot take input names that hold "
+        "':' (tf2onnx names like 'input:0'), so 'input:0:1x3x8x8' parses as {'input': (0,)}"
+    ),
+)
 def test_input_names_with_colons():
     assert parse_shape_args(["input:0:1x3x8x8"]) == {"input:0": (1, 3, 8, 8)}
 
 
 def test_input_shapes_reach_the_prepared_model_and_feeds(model_file, tmp_path):
-    prepared = prepare(model_file("dynamic_relu"), RunOptions(input_shapes={"x": (2, 3, 4, 5)}),
-                       str(tmp_path))
+    prepared = prepare(
+        model_file("dynamic_relu"), RunOptions(input_shapes={"x": (2, 3, 4, 5)}), str(tmp_path)
+    )
     assert prepared.feeds.arrays["x"].shape == (2, 3, 4, 5)
     assert prepared.infos[0].shape == (2, 3, 4, 5)
     assert prepared.path == str(tmp_path / "prepared.onnx")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
+import models
 import numpy as np
 import onnx
 import pytest
 
-import models
 from reprokit.errors import ExitCode, InputError
 from reprokit.model import (
     freeze_input_shapes,
@@ -54,12 +54,15 @@ def test_truncated_file(tmp_path, model_file):
     assert "truncated or not ONNX" in err.hint
 
 
-@pytest.mark.parametrize("content", [
-    np.random.default_rng(0).bytes(500),
-    b"hello world\n",
-    b'{"inputs": [1, 2, 3]}',
-    b"\x89PNG\r\n\x1a\n" + bytes(64),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        np.random.default_rng(0).bytes(500),
+        b"hello world\n",
+        b'{"inputs": [1, 2, 3]}',
+        b"\x89PNG\r\n\x1a\n" + bytes(64),
+    ],
+)
 def test_not_onnx_bytes(tmp_path, content):
     path = tmp_path / "junk.onnx"
     path.write_bytes(content)
@@ -72,8 +75,9 @@ def test_missing_external_data(tmp_path):
     assert input_infos(load_model(path))[0].name == "x"  # complete: loads
     os.remove(tmp_path / "weights.bin")
     err = load_error(path)
-    assert err.message == (f"external data file 'weights.bin' of tensor 'W' is missing "
-                           f"(looked in {tmp_path})")
+    assert err.message == (
+        f"external data file 'weights.bin' of tensor 'W' is missing (looked in {tmp_path})"
+    )
 
 
 def test_truncated_external_data(tmp_path):
@@ -81,16 +85,20 @@ def test_truncated_external_data(tmp_path):
     weights = tmp_path / "weights.bin"
     weights.write_bytes(weights.read_bytes()[:100])
     err = load_error(path)
-    assert err.message == ("external data file 'weights.bin' is truncated: tensor 'W' needs 16384 "
-                           "bytes, the file has 100")
+    assert err.message == (
+        "external data file 'weights.bin' is truncated: tensor 'W' needs 16384 "
+        "bytes, the file has 100"
+    )
 
 
 def test_external_data_weights_are_loaded(tmp_path):
     path = models.save_external(models.big_weights(), tmp_path / "ext.onnx")
     loaded = load_model(path)
     expected = models.big_weights()  # onnx.save moved the first copy's weights out in place
-    np.testing.assert_array_equal(onnx.numpy_helper.to_array(loaded.graph.initializer[0]),
-                                  onnx.numpy_helper.to_array(expected.graph.initializer[0]))
+    np.testing.assert_array_equal(
+        onnx.numpy_helper.to_array(loaded.graph.initializer[0]),
+        onnx.numpy_helper.to_array(expected.graph.initializer[0]),
+    )
 
 
 def test_save_load_round_trip(tmp_path):
@@ -133,15 +141,19 @@ def test_freeze_unknown_input():
 def test_freeze_wrong_rank():
     with pytest.raises(InputError) as info:
         freeze_input_shapes(models.dynamic_relu(), {"x": (1, 3, 8)})
-    assert info.value.message == "shape [1, 3, 8] for 'x' has rank 3, the model declares rank 4 ([N, 3, H, W])"
+    assert (
+        info.value.message
+        == "shape [1, 3, 8] for 'x' has rank 3, the model declares rank 4 ([N, 3, H, W])"
+    )
     assert info.value.hint == "give 4 dimensions, e.g. x:1x3x1x1"
 
 
 def test_freeze_contradicting_static_dim():
     with pytest.raises(InputError) as info:
         freeze_input_shapes(models.dynamic_relu(), {"x": (1, 4, 8, 8)})
-    assert info.value.message == ("shape [1, 4, 8, 8] for 'x' contradicts the model's static dim 1 = 3 "
-                                  "([N, 3, H, W])")
+    assert info.value.message == (
+        "shape [1, 4, 8, 8] for 'x' contradicts the model's static dim 1 = 3 ([N, 3, H, W])"
+    )
 
 
 def test_mark_outputs_adds_typed_outputs_that_onnxruntime_returns(tmp_path):

@@ -84,16 +84,21 @@ def test_same_model_with_positive_inputs_is_fine(model_file):
 
 
 def test_reference_that_cannot_load_the_model_is_a_reference_failure(tmp_path):
+    import models
     import onnx
     from onnx import helper
 
-    import models
-
     # x[1,8] -> NoSuchOp -> y[1,8]  (no engine implements it)
-    graph = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["y"])], "g",
-                              [models.vi("x", [1, 8])], [models.vi("y", [1, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"])],
+        "g",
+        [models.vi("x", [1, 8])],
+        [models.vi("y", [1, 8])],
+    )
     path = str(tmp_path / "badop.onnx")
-    onnx.save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(
+        helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]), path
+    )
     with pytest.raises(ReferenceFailure) as info:
         check(path, "emulate:fp16")
     assert info.value.exit_code == 5
@@ -103,8 +108,13 @@ def test_reference_that_cannot_load_the_model_is_a_reference_failure(tmp_path):
 
 def test_verdict_cache_runs_the_target_once(model_file, tmp_path):
     path = model_file("cancellation")
-    oracle = Oracle("ort", "emulate:fp16", Criterion.for_precision("fp16"), precision="fp16",
-                    workdir=str(tmp_path / "calls"))
+    oracle = Oracle(
+        "ort",
+        "emulate:fp16",
+        Criterion.for_precision("fp16"),
+        precision="fp16",
+        workdir=str(tmp_path / "calls"),
+    )
     feeds = {"x": np.random.default_rng(0).uniform(size=(1, 16)).astype(np.float32)}
     first = oracle.judge(path, feeds)
     second = oracle.judge(path, dict(feeds))
@@ -131,15 +141,18 @@ def test_two_nonfinite_outputs_give_nan_plus_inf(model_file, tmp_path):
     assert set(v.signature.outputs) == {"h", "y"}
 
 
-@pytest.mark.parametrize("target, precision, tol", [
-    ("emulate:fp16", "fp16", 1e-2),
-    ("emulate:bf16", "bf16", 5e-2),
-    ("openvino:bf16", "bf16", 5e-2),
-    ("openvino", "bf16", 5e-2),  # bf16 is OpenVINO's default hint
-    ("openvino:f32", "fp32", 1e-4),
-    ("ort", "fp32", 1e-4),
-    ("ort:opt", "fp32", 1e-4),
-])
+@pytest.mark.parametrize(
+    "target, precision, tol",
+    [
+        ("emulate:fp16", "fp16", 1e-2),
+        ("emulate:bf16", "bf16", 5e-2),
+        ("openvino:bf16", "bf16", 5e-2),
+        ("openvino", "bf16", 5e-2),  # bf16 is OpenVINO's default hint
+        ("openvino:f32", "fp32", 1e-4),
+        ("ort", "fp32", 1e-4),
+        ("ort:opt", "fp32", 1e-4),
+    ],
+)
 def test_tolerance_defaults_by_target_precision(tmp_path, target, precision, tol):
     oracle = make_oracle(target, RunOptions(), str(tmp_path))
     assert oracle.precision == precision
@@ -149,7 +162,12 @@ def test_tolerance_defaults_by_target_precision(tmp_path, target, precision, tol
 def test_tol_atol_rtol_and_metric_options_reach_the_criterion(tmp_path):
     opts = RunOptions(metric="allclose", tolerance=0.5, atol=0.25, rtol=0.125)
     crit = make_oracle("emulate:fp16", opts, str(tmp_path)).criterion
-    assert (crit.metric.value, crit.tolerance, crit.atol, crit.rtol) == ("allclose", 0.5, 0.25, 0.125)
+    assert (crit.metric.value, crit.tolerance, crit.atol, crit.rtol) == (
+        "allclose",
+        0.5,
+        0.25,
+        0.125,
+    )
 
 
 def test_signature_same_bug_rules():
@@ -157,7 +175,9 @@ def test_signature_same_bug_rules():
     assert crash.same_bug(Signature(Kind.CRASH, detail="SIGSEGV"))
     assert not crash.same_bug(Signature(Kind.CRASH, detail="SIGABRT"))
     # numeric kinds ignore output names: a cut subgraph names its outputs differently
-    assert Signature(Kind.NONFINITE, ("y",), "inf").same_bug(Signature(Kind.NONFINITE, ("h",), "nan"))
+    assert Signature(Kind.NONFINITE, ("y",), "inf").same_bug(
+        Signature(Kind.NONFINITE, ("h",), "nan")
+    )
     assert not Signature(Kind.MISMATCH, ("y",)).same_bug(Signature(Kind.NONFINITE, ("y",), "inf"))
     assert Signature(Kind.NONFINITE, ("a", "b"), "inf").describe() == "nonfinite (inf) in a, b"
 

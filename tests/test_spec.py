@@ -8,15 +8,18 @@ from reprokit.errors import EngineUnavailable, ExitCode, UsageError
 from reprokit.spec import TargetSpec, parse_target
 
 
-@pytest.mark.parametrize("text, engine, options", [
-    ("emulate:fp16", "emulate", (("fp16", True),)),
-    ("  EMULATE:fp16 ", "emulate", (("fp16", True),)),
-    ("emulate:bf16,fp32-nodes=a;b", "emulate", (("bf16", True), ("fp32-nodes", "a;b"))),
-    ("openvino", "openvino", ()),
-    ("openvino:f32", "openvino", (("f32", True),)),
-    ("ort", "ort", ()),
-    ("ort:trt,fp16", "ort", (("trt", True), ("fp16", True))),
-])
+@pytest.mark.parametrize(
+    "text, engine, options",
+    [
+        ("emulate:fp16", "emulate", (("fp16", True),)),
+        ("  EMULATE:fp16 ", "emulate", (("fp16", True),)),
+        ("emulate:bf16,fp32-nodes=a;b", "emulate", (("bf16", True), ("fp32-nodes", "a;b"))),
+        ("openvino", "openvino", ()),
+        ("openvino:f32", "openvino", (("f32", True),)),
+        ("ort", "ort", ()),
+        ("ort:trt,fp16", "ort", (("trt", True), ("fp16", True))),
+    ],
+)
 def test_valid_specs(text, engine, options):
     spec = parse_target(text)
     assert (spec.engine, spec.options) == (engine, options)
@@ -56,25 +59,35 @@ def test_unknown_option_lists_the_valid_ones():
     assert err.hint == "options of emulate: bf16, fp16, fp32-nodes"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "empty target spec"),
-    ("emulate", "emulate needs exactly one precision: emulate:fp16 or emulate:bf16"),
-    ("emulate:fp16,bf16", "emulate needs exactly one precision: emulate:fp16 or emulate:bf16"),
-    ("emulate:fp16=1", "option 'fp16' of 'emulate' takes no value"),
-    ("emulate:fp16,fp32-nodes", "option 'fp32-nodes' of 'emulate' needs a value: fp32-nodes=..."),
-    ("openvino:bf16,f32", "openvino takes one precision: bf16, f16 or f32"),
-    ("ort:fp16", "ort:fp16 needs the trt provider"),
-    ("cmd:", "the cmd engine needs a command: cmd:COMMAND"),
-    ("cmd:   ", "the cmd engine needs a command: cmd:COMMAND"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "empty target spec"),
+        ("emulate", "emulate needs exactly one precision: emulate:fp16 or emulate:bf16"),
+        ("emulate:fp16,bf16", "emulate needs exactly one precision: emulate:fp16 or emulate:bf16"),
+        ("emulate:fp16=1", "option 'fp16' of 'emulate' takes no value"),
+        (
+            "emulate:fp16,fp32-nodes",
+            "option 'fp32-nodes' of 'emulate' needs a value: fp32-nodes=...",
+        ),
+        ("openvino:bf16,f32", "openvino takes one precision: bf16, f16 or f32"),
+        ("ort:fp16", "ort:fp16 needs the trt provider"),
+        ("cmd:", "the cmd engine needs a command: cmd:COMMAND"),
+        ("cmd:   ", "the cmd engine needs a command: cmd:COMMAND"),
+    ],
+)
 def test_invalid_specs(text, message):
     assert usage_error(text).message == message
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: spec.parse_target returns early for the cmd engine and never calls CmdBackend.validate, "
-    "so a missing check command is only found inside the target worker, after the reference has "
-    "already run on the whole model"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: spec.parse_target returns early for the cmd engine and never calls CmdBackend.validate, "
+        "so a missing check command is only found inside the target worker, after the reference has "
+        "already run on the whole model"
+    ),
+)
 def test_missing_check_command_is_found_while_parsing():
     with pytest.raises(EngineUnavailable) as info:
         parse_target("cmd:no-such-command-xyz {model}")

@@ -280,7 +280,17 @@ def test_probe_says_not_available_and_how_to_install(monkeypatch):
     monkeypatch.delenv("POLYGRAPHY_USE_TENSORRT_RTX", raising=False)
     found = TrtBackend.probe()
     assert not found.available and found.version is None
-    assert "reprokit[tensorrt]" in found.detail and "tensorrt-rtx-cu13-libs" in found.detail
+    assert "TensorRT is not importable" in found.detail and "tensorrt" in found.detail
+    # the CLI prints install_hint beside the detail: both flavours are named there
+    assert "reprokit[tensorrt]" in TrtBackend.install_hint
+    assert "tensorrt-rtx-cu13-libs" in TrtBackend.install_hint
+    monkeypatch.setenv("POLYGRAPHY_USE_TENSORRT_RTX", "1")
+    if not (
+        importlib.util.find_spec("tensorrt_rtx")
+        or importlib.util.find_spec("tensorrt_rtx_bindings")
+    ):
+        rtx = TrtBackend.probe()
+        assert not rtx.available and "tensorrt-rtx-cu13-bindings" in rtx.detail
 
 
 def test_rtx_bindings_wheel_is_aliased_for_polygraphy(tmp_path):
@@ -325,6 +335,22 @@ def test_polygraphy_messages_are_captured_and_become_build_errors():
     assert isinstance(error, BuildError)
     assert "No importer for Foo" in error.message and "Could not parse ONNX" in error.message
     assert not G_LOGGER.use_python_logging_system  # restored
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("Target GPU SM 70 is not supported by this TensorRT release.", EngineUnavailable),
+        (
+            "createInferBuilder: Error Code 6: API Usage Error (CUDA initialization failure with error: 35.)",
+            EngineUnavailable,
+        ),
+        ("In node 2 (importConv): UNSUPPORTED_NODE: datatype not supported on device", BuildError),
+        ("Could not find any implementation for node /conv/Conv.", BuildError),
+    ],
+)
+def test_gpu_refusals_and_model_refusals_are_told_apart(message, kind):
+    assert type(classify_failure([message])) is kind
 
 
 def test_a_gpu_tensorrt_rtx_refuses_is_unavailable_not_a_build_error():

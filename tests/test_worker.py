@@ -81,7 +81,9 @@ def test_worker_reports_a_bad_spec_as_error_with_its_exit_code(log_model, feeds_
 
 
 def test_worker_reports_a_missing_command_as_unavailable(log_model, feeds_file, tmp_path):
-    result = run_in_worker("cmd:no-such-command-xyz {model}", log_model, feeds_file, str(tmp_path / "job"))
+    result = run_in_worker(
+        "cmd:no-such-command-xyz {model}", log_model, feeds_file, str(tmp_path / "job")
+    )
     assert result.status == "unavailable"
     assert result.exit_code == 4
     assert "no-such-command-xyz" in result.message
@@ -89,16 +91,21 @@ def test_worker_reports_a_missing_command_as_unavailable(log_model, feeds_file, 
 
 def test_worker_timeout_kills_the_whole_process_group(log_model, feeds_file, tmp_path):
     pid_file = tmp_path / "pids.txt"
-    hang = script(tmp_path, "hang.py", """\
+    hang = script(
+        tmp_path,
+        "hang.py",
+        """\
         import os, subprocess, sys, time
         child = subprocess.Popen(["sleep", "60"])  # a grandchild: must die with the group
         with open(sys.argv[1], "w") as handle:
             handle.write(f"{os.getpid()} {child.pid}")
         time.sleep(60)
-    """)
+    """,
+    )
     start = time.monotonic()
-    result = run_in_worker(f"cmd:{PY} {hang} {pid_file}", log_model, feeds_file,
-                           str(tmp_path / "job"), timeout=2)
+    result = run_in_worker(
+        f"cmd:{PY} {hang} {pid_file}", log_model, feeds_file, str(tmp_path / "job"), timeout=2
+    )
     elapsed = time.monotonic() - start
     assert result.status == "timeout"
     assert result.message == "no answer within 2 s; the process group was killed"
@@ -134,7 +141,7 @@ def test_hanging_check_command_times_out(log_model, tmp_path):
 
 
 def test_nonzero_exit_is_a_build_error(log_model):
-    cmd = f"{PY} -c 'import sys; print(\"loading\"); print(\"Assertion failed: foo\"); sys.exit(3)'"
+    cmd = f'{PY} -c \'import sys; print("loading"); print("Assertion failed: foo"); sys.exit(3)\''
     v = check(log_model, "cmd:" + cmd).verdict
     assert v.signature.kind is Kind.BUILD_ERROR
     assert v.signature.detail == "check command failed (exit code N): Assertion failed: foo"
@@ -144,7 +151,9 @@ def test_nonzero_exit_is_a_build_error(log_model):
 def test_fail_regex_match_gives_the_regex_as_signature(log_model):
     cmd = f"{PY} -c 'import sys; print(\"Assertion failed: foo at 0x123\"); sys.exit(3)'"
     v = check(log_model, "cmd:" + cmd, options=RunOptions(fail_regex="Assertion failed")).verdict
-    assert v.signature == Signature(Kind.BUILD_ERROR, detail="check failed matching /Assertion failed/")
+    assert v.signature == Signature(
+        Kind.BUILD_ERROR, detail="check failed matching /Assertion failed/"
+    )
     assert "Assertion failed: foo at 0x123" in v.message
 
 
@@ -154,7 +163,8 @@ def test_fail_regex_not_matching_is_a_different_failure(log_model):
     assert v.signature.kind is Kind.BUILD_ERROR  # still reported, never silently passing
     assert v.signature.detail != "check failed matching /Assertion failed/"
     assert not v.signature.same_bug(
-        Signature(Kind.BUILD_ERROR, detail="check failed matching /Assertion failed/"))
+        Signature(Kind.BUILD_ERROR, detail="check failed matching /Assertion failed/")
+    )
     assert "WITHOUT matching /Assertion failed/" in v.message
     assert "out of memory" in v.message
 
@@ -162,12 +172,16 @@ def test_fail_regex_not_matching_is_a_different_failure(log_model):
 @pytest.fixture
 def log_writer(tmp_path):
     """A check command that computes Log in numpy, optionally scaled, and writes {outputs}."""
-    return script(tmp_path, "log_outputs.py", """\
+    return script(
+        tmp_path,
+        "log_outputs.py",
+        """\
         import sys
         import numpy as np
         feeds = np.load(sys.argv[1])
         np.savez(sys.argv[2], y=np.log(feeds["x"]) * np.float32(sys.argv[3]))
-    """)
+    """,
+    )
 
 
 def test_command_writing_outputs_is_compared_numerically_agree(log_model, log_writer):
@@ -187,31 +201,46 @@ def test_command_writing_outputs_is_compared_numerically_mismatch(log_model, log
 
 
 def test_command_writing_wrong_output_names_is_reported(log_model, tmp_path):
-    writer = script(tmp_path, "w.py", "import sys, numpy as np\nnp.savez(sys.argv[1], z=np.zeros((1, 8), np.float32))\n")
-    v = check(log_model, f"cmd:{PY} {writer} {{outputs}}",
-              options=RunOptions(val_ranges={None: (1.0, 2.0)})).verdict
+    writer = script(
+        tmp_path,
+        "w.py",
+        "import sys, numpy as np\nnp.savez(sys.argv[1], z=np.zeros((1, 8), np.float32))\n",
+    )
+    v = check(
+        log_model,
+        f"cmd:{PY} {writer} {{outputs}}",
+        options=RunOptions(val_ranges={None: (1.0, 2.0)}),
+    ).verdict
     assert v.signature == Signature(Kind.BUILD_ERROR, ("y",), "target output missing")
     assert v.message == "the target produced no output named 'y'"
 
 
 def test_five_megabytes_of_output_are_handled_and_bounded(log_model, tmp_path):
-    flood = script(tmp_path, "flood.py", """\
+    flood = script(
+        tmp_path,
+        "flood.py",
+        """\
         import sys
         sys.stdout.write(("x" * 99 + "\\n") * 50_000)  # 5 MB
         print("final: boom")
         sys.exit(1)
-    """)
+    """,
+    )
     start = time.monotonic()
     v = check(log_model, f"cmd:{PY} {flood}").verdict
     assert time.monotonic() - start < 60
-    assert v.signature == Signature(Kind.BUILD_ERROR, detail="check command failed (exit code N): final: boom")
+    assert v.signature == Signature(
+        Kind.BUILD_ERROR, detail="check command failed (exit code N): final: boom"
+    )
     assert len(v.message) < 64_000  # the tail, not 5 MB
     assert v.message.rstrip().endswith("final: boom")
 
 
 def test_command_gets_the_model_path_and_passes_by_exit_zero(log_model):
-    cmd = (f"{PY} -c 'import sys, onnx; m = onnx.load(sys.argv[1]); "
-           f"sys.exit(0 if m.graph.node[0].op_type == \"Log\" else 5)' {{model}}")
+    cmd = (
+        f"{PY} -c 'import sys, onnx; m = onnx.load(sys.argv[1]); "
+        f'sys.exit(0 if m.graph.node[0].op_type == "Log" else 5)\' {{model}}'
+    )
     v = check(log_model, "cmd:" + cmd).verdict
     assert v.signature.kind is Kind.AGREE  # exit 0 and no {outputs}: the check passes
     assert v.target_meta["argv"][-1] == os.path.abspath(log_model)

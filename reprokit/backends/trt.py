@@ -41,9 +41,9 @@ RTX_HINT = (
 _NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
 # TensorRT's words when the GPU or its driver, not the model, is the problem.
 _GPU_REFUSED = re.compile(
-    r"compute capability|CUDA initialization failure|no CUDA-capable device|cudaErrorNoDevice|"
-    r"insufficient driver|driver version is insufficient|Could not load the CUDA runtime|"
-    r"unsupported (GPU|SM|device)|(GPU|device|SM) .*not supported",
+    r"compute capability|\bSM ?\d+\b.*not supported|GPU (architecture )?(is )?not supported|"
+    r"CUDA initialization failure|no CUDA-capable device|cudaErrorNoDevice|insufficient driver|"
+    r"driver version is insufficient|Could not load the CUDA runtime",
     re.IGNORECASE,
 )
 _MISSING_FEATURE = re.compile(r"is not available on TensorRT version", re.IGNORECASE)
@@ -295,8 +295,9 @@ class TrtBackend(Backend):
     def probe(cls) -> Availability:
         try:
             module, rtx = load_tensorrt()
-        except EngineUnavailable as exc:
-            return Availability(False, None, f"{exc.message}; install: {exc.hint}")
+        except EngineUnavailable as exc:  # the CLI adds install_hint; RTX needs other wheels
+            extra = f"; {exc.hint}" if exc.hint != cls.install_hint else ""
+            return Availability(False, None, exc.message + extra)
         version = str(getattr(module, "__version__", "?"))
         typing = (
             "strongly typed only" if rtx or _major(version) >= 11 else "weakly or strongly typed"

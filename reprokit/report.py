@@ -1,0 +1,297 @@
+"""The report archive: bundle a small diverging model with its inputs, both engines' outputs,
+the verdict, an environment fingerprint, polygraphy commands and logs, a standalone repro.py, a
+ready-to-file ISSUE.md, a README and a manifest; and ``verify`` an archive someone sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit import __version__
+from reprokit.archive import check_manifest, safe_extract, write_archive, write_manifest
+from reprokit.envinfo import fingerprint
+from reprokit.envinfo import redact as redact_env
+from reprokit.errors import InputError, NothingToReduce
+from reprokit.render import render
+from reprokit.session import RunOptions, check
+from reprokit.spec import parse_target
+
+# What `pip install numpy onnx onnxruntime …` needs on top for each engine, and in words.
+ENGINE_PACKAGES = {"ort": "", "emulate": "", "openvino": "openvino", "trt": "tensorrt polygraphy", "cmd": ""}
+ENGINE_REQUIREMENT = {"ort": "nothing more", "emulate": "nothing more (the emulator is inside repro.py)",
+                      "openvino": "openvino", "trt": "tensorrt and polygraphy, on an NVIDIA GPU",
+                      "cmd": "the check command"}
+ALTERNATIVE = {"emulate": "ort", "openvino": "openvino:f32", "trt": "trt:no-tf32", "ort": "ort:opt", "cmd": "ort"}
+
+
+@dataclass
+class PackResult:
+    archive: str
+    verdict: object
+    reproduces: bool  # repro.py, run here, exited 1
+    notes: list[str] = field(default_factory=list)
+    redaction: dict | None = None
+
+
+def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | None = None,
+         fmt: str | None = None, redact: bool = False, context: dict | None = None, on_event=None) -> PackResult:
+    """Check the model once more, then write the archive ``out_path`` (.tar.gz or .zip)."""
+    options = options or RunOptions()
+    event = on_event or (lambda text: None)
+    fmt = fmt or ("zip" if out_path.endswith(".zip") else "tar.gz")
+    name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path)) or "report"
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="reprokit-pack-") as tmp:
+        event(f"checking {model_path} under {target}")
+        result = check(model_path, target, options=options, workdir=os.path.join(tmp, "check"))
+        if not result.verdict.diverges:
+            raise NothingToReduce(
+                f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): nothing to pack",
+                hint="pack a model that `reprokit check` reports as diverging")
+        redaction = None
+        if redact:
+            event("redacting and checking that the redacted model still diverges")
+            result, redaction = _redacted(result, target, options, tmp, notes)
+        stage = os.path.join(tmp, name)
+        os.makedirs(os.path.join(stage, "logs"))
+        event("writing the bundle and running repro.py")
+        reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes)
+        write_manifest(stage, {"reprokit": __version__, "target": str(parse_target(target))})
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        write_archive(stage, out_path, fmt)
+    return PackResult(out_path, result.verdict, reproduces, notes, redaction)
+
+
+def _redacted(result, target, options, tmp, notes):
+    from reprokit.model import save_model
+    from reprokit.redact import redact
+
+    feeds = result.prepared.feeds.arrays
+    for randomize in (True, False):
+        red = redact(result.prepared.model, feeds, randomize_weights=randomize)
+        path = save_model(red.model, os.path.join(tmp, f"redacted-{randomize}.onnx"))
+        inputs = os.path.join(tmp, f"redacted-{randomize}.npz")
+        np.savez(inputs, **red.feeds)
+        again = check(path, target, options=_with_inputs(options, inputs), workdir=os.path.join(tmp, f"red-{randomize}"))
+        if again.verdict.diverges and again.verdict.signature.same_bug(result.verdict.signature):
+            info = {"renamed_tensors": len(red.names), "randomized_weights": len(red.randomized),
+                    "weights": "replaced by random values (same shape, mean, std)" if randomize else "KEPT",
+                    "verdict_before": result.verdict.signature.describe(),
+                    "verdict_after": again.verdict.signature.describe()}
+            if not randomize:
+                notes.append("WARNING: with random weights the divergence does NOT reproduce; the real "
+                             "weights were KEPT in the archive (names, doc strings and metadata are redacted)")
+            return again, info
+    raise InputError("the redacted model no longer diverges, even with the real weights kept",
+                     hint="pack without --redact, or share the model another way")
+
+
+def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
+    from dataclasses import replace
+
+    return replace(options, inputs=inputs, input_shapes={}, val_ranges={})
+
+
+def _save_npz(path: str, arrays: dict) -> None:
+    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
+
+
+def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes) -> bool:
+    from reprokit.model import save_model
+
+    verdict = result.verdict
+    spec = parse_target(target)
+    feeds = result.prepared.feeds.arrays
+    model = result.prepared.model
+    save_model(model, os.path.join(stage, "model.onnx"))
+    _save_npz(os.path.join(stage, "inputs.npz"), feeds)
+    _save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
+    _save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
+    bins = _write_inputs_for_tools(stage, feeds)
+    if spec.engine == "trt" and (spec.has("fp16") or spec.has("bf16")):
+        from reprokit.convert import convert_float_model
+
+        narrow = "fp16" if spec.has("fp16") else "bf16"
+        save_model(convert_float_model(model, narrow), os.path.join(stage, f"model.{narrow}.onnx"))
+    with open(os.path.join(stage, "verdict.json"), "w") as handle:
+        json.dump({**verdict.to_json(), "fail_regex": options.fail_regex, "reprokit": __version__,
+                   "redaction": redaction}, handle, indent=2, default=str)
+    env = fingerprint()
+    if redaction:
+        env = redact_env(env)
+    with open(os.path.join(stage, "env.json"), "w") as handle:
+        json.dump(env, handle, indent=2)
+    archive_name = f"{name}.{fmt}"
+    values = _template_values(result, spec, env, context, archive_name, model, bins, options)
+    with open(os.path.join(stage, "repro.py"), "w") as handle:
+        handle.write(render("repro.py.j2", **values))
+    os.chmod(os.path.join(stage, "repro.py"), 0o755)
+    repro = _run([sys.executable, "repro.py"], stage, timeout=max(60.0, options.timeout))
+    reproduces = repro.returncode == 1 and "REPRODUCES" in repro.stdout
+    if not reproduces:
+        notes.append(f"WARNING: repro.py did not reproduce here (exit {repro.returncode}); see logs/repro.log")
+    with open(os.path.join(stage, "logs", "repro.log"), "w") as handle:
+        handle.write(f"$ python repro.py\n{repro.stdout}{repro.stderr}\n[exit code {repro.returncode}]\n")
+    with open(os.path.join(stage, "commands.sh"), "w") as handle:
+        handle.write(render("commands.sh.j2", **values))
+    os.chmod(os.path.join(stage, "commands.sh"), 0o755)
+    _write_logs(stage, result, spec, values)
+    values["repro_output"] = repro.stdout.strip() + f"\n[exit code {repro.returncode}]"
+    with open(os.path.join(stage, "ISSUE.md"), "w") as handle:
+        handle.write(render("ISSUE.md.j2", **values))
+    with open(os.path.join(stage, "README.md"), "w") as handle:
+        handle.write(render("README.md.j2", **values))
+    return reproduces
+
+
+def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
+    """inputs.json for polygraphy, inputs/<i>.bin (raw, C order) for trtexec."""
+    from polygraphy.json import save_json
+
+    save_json([{k: np.asarray(v) for k, v in feeds.items()}], os.path.join(stage, "inputs.json"))
+    os.makedirs(os.path.join(stage, "inputs"), exist_ok=True)
+    bins = {}
+    for index, (name, value) in enumerate(feeds.items()):
+        rel = f"inputs/input_{index}.bin"
+        np.ascontiguousarray(value).tofile(os.path.join(stage, rel))
+        bins[name] = rel
+    return bins
+
+
+def _template_values(result, spec, env, context, archive_name, model, bins, options) -> dict:
+    from reprokit.describe import (
+        describe,
+        environment_lines,
+        polygraphy_command,
+        title,
+        trtexec_command,
+    )
+
+    verdict = result.verdict
+    nodes = [n for n in model.graph.node]
+    ops = sorted({n.op_type for n in nodes})
+    compare_source = _module_source("compare.py")
+    emulation_source = _module_source("emulation.py")
+    settings = {
+        "target": verdict.target, "reference": verdict.reference, "metric": verdict.criterion.metric.value,
+        "tolerance": verdict.criterion.tolerance, "atol": verdict.criterion.atol, "rtol": verdict.criterion.rtol,
+        "expected_kind": verdict.kind.value, "summary": verdict.signature.describe(),
+        "fail_regex": options.fail_regex,
+    }
+    return {
+        "version": __version__, "title": title(verdict, spec, env, ops), "verdict": verdict,
+        "description": describe(verdict, spec, model, context), "context": context,
+        "mode": verdict.target_meta.get("mode", spec.engine), "sweep": (context or {}).get("sweep"),
+        "env_lines": environment_lines(env), "archive_name": archive_name, "nodes": len(nodes), "ops": ops,
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), "?"),
+        "engine_requirement": ENGINE_REQUIREMENT[spec.engine], "engine_packages": ENGINE_PACKAGES[spec.engine],
+        "alternative": ALTERNATIVE[spec.engine],
+        "reference": verdict.reference, "target": verdict.target, "criterion": verdict.criterion.describe(),
+        "settings": settings, "compare_source": compare_source, "emulation_source": emulation_source,
+        "polygraphy_command": polygraphy_command(spec, verdict, model), "trtexec_command": trtexec_command(spec, bins),
+        "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env),
+        "repro_output": "",
+    }
+
+
+def _module_source(name: str) -> str:
+    """A standalone reprokit module's source, without its __future__ import (repro.py has one)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)) as handle:
+        text = handle.read()
+    return text.replace("from __future__ import annotations\n", "")
+
+
+def _latest_release(spec, env) -> str:
+    version = env["tensorrt"]["version"]
+    if spec.engine == "trt" and version:
+        return f"Reproduced with TensorRT {version} (see Environment). Not yet tried with a newer release."
+    return ("Not run on TensorRT: this archive was made on a machine without it, with the target "
+            f"`{spec}`. `commands.sh` has the TensorRT command to run with the latest release.")
+
+
+def _other_frameworks(env) -> str:
+    version = env["packages"].get("onnxruntime") or "?"
+    return (f"Yes. ONNX Runtime {version} (CPU, fp32, graph optimizations off) runs the model with finite "
+            "outputs: `reference_outputs.npz`, and `logs/polygraphy_run_onnxrt.log` for polygraphy's own run.")
+
+
+def _polygraphy() -> list[str] | None:
+    beside = os.path.join(os.path.dirname(sys.executable), "polygraphy")
+    found = beside if os.path.exists(beside) else shutil.which("polygraphy")
+    return [found] if found else None
+
+
+def _run(argv, cwd, timeout=300.0):
+    try:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(argv, 124, exc.stdout or "", f"timed out after {timeout} s")
+
+
+def _write_logs(stage, result, spec, values) -> None:
+    logs = os.path.join(stage, "logs")
+    tool = _polygraphy()
+    runs = {
+        "polygraphy_inspect_model.log": ["inspect", "model", "model.onnx", "--show", "layers"],
+        "polygraphy_run_onnxrt.log": ["run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json"],
+    }
+    from reprokit.backends import backend_class
+
+    if spec.engine == "trt" and backend_class("trt").probe().available:
+        runs["polygraphy_run_trt_vs_onnxrt.log"] = shlex.split(values["polygraphy_command"])[1:]
+    for file, args in runs.items():
+        with open(os.path.join(logs, file), "w") as handle:
+            if tool is None:
+                handle.write("polygraphy is not installed here: pip install polygraphy\n")
+                continue
+            done = _run(tool + args, stage)
+            handle.write(f"$ polygraphy {shlex.join(args)}\n{done.stdout}{done.stderr}\n[exit code {done.returncode}]\n")
+    with open(os.path.join(logs, f"target_{spec.engine}.log"), "w") as handle:
+        handle.write(f"target {result.verdict.target}; engine settings: {json.dumps(result.verdict.target_meta, default=str)}\n")
+        handle.write(result.target_log or "(the engine printed nothing)\n")
+
+
+@dataclass
+class VerifyResult:
+    recorded: dict
+    verdict: object
+    reproduces: bool
+    target: str
+    notes: list[str] = field(default_factory=list)
+
+
+def verify(archive_path: str, target: str | None = None, *, timeout: float = 600.0) -> VerifyResult:
+    """Extract an untrusted archive safely, check its manifest, rerun its check here."""
+    with tempfile.TemporaryDirectory(prefix="reprokit-verify-") as tmp:
+        top = safe_extract(archive_path, tmp)
+        problems = check_manifest(top)
+        if problems:
+            raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}"
+                             + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                             hint="the archive was changed after packing; ask for a fresh one")
+        try:
+            with open(os.path.join(top, "verdict.json")) as handle:
+                recorded = json.load(handle)
+            criterion = recorded["criterion"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"archive {archive_path} has no usable verdict.json ({exc})",
+                             hint="only archives written by `reprokit pack` can be verified") from exc
+        chosen = target or recorded["target"]
+        options = RunOptions(reference=recorded.get("reference", "ort"), metric=criterion["metric"],
+                             tolerance=criterion["tolerance"], atol=criterion["atol"], rtol=criterion["rtol"],
+                             timeout=timeout, fail_regex=recorded.get("fail_regex"),
+                             inputs=os.path.join(top, "inputs.npz"))
+        result = check(os.path.join(top, "model.onnx"), chosen, options=options, workdir=os.path.join(tmp, "check"))
+        verdict = result.verdict
+        reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
+        return VerifyResult(recorded, verdict, reproduces, chosen)
