@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -103,8 +104,9 @@ def print_backends(rows) -> None:
     for col in ("engine", "available", "version", "detail / how to get it"):
         table.add_column(col)
     for row in rows:
+        detail = row["detail"] if row["available"] else f"{row['detail']}\n  install: {row['install']}"
         table.add_row(row["engine"], "[green]yes[/]" if row["available"] else "[red]no[/]",
-                      row["version"] or "-", row["detail"] if row["available"] else f"{row['detail']}\n  install: {row['install']}")
+                      escape(row["version"] or "-"), escape(detail))
     out.print(table)
 
 

@@ -136,6 +136,7 @@ class CallStats:
     reference: int = 0
     cached: int = 0
     target_seconds: float = 0.0
+    build_seconds: list = field(default_factory=list)  # per engine build, where the engine says
 
 
 class Oracle:
@@ -160,6 +161,7 @@ class Oracle:
         self.timeout = timeout
         self.fail_regex = fail_regex
         self.target_env = target_env
+        self.build_only = False  # shrink sets it while hunting a build error
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="reprokit-")
         self.workdir = workdir or self._tmp.name
         os.makedirs(self.workdir, exist_ok=True)
@@ -202,16 +204,19 @@ class Oracle:
         result = run_in_worker(
             self.target, model_path, self._feeds_file(job, feeds), job, output_names=output_names,
             timeout=self.timeout, fail_regex=self.fail_regex, env=self.target_env,
+            build_only=self.build_only,
         )
         with self._lock:
             self.stats.target += 1
             self.stats.target_seconds += result.seconds
+            if "build_seconds" in result.meta:
+                self.stats.build_seconds.append(float(result.meta["build_seconds"]))
         _raise_for_environment(result, "target")
         return result
 
     def cache_key(self, model_path: str, feeds: dict, output_names=None) -> str:
         parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
-                 repr(self.criterion), repr(output_names), str(self.fail_regex)]
+                 repr(self.criterion), repr(output_names), str(self.fail_regex), str(self.build_only)]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
     def judge(

@@ -79,6 +79,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         raise InputError(f"{out_dir} already holds a shrink run",
                          hint=f"continue it with --resume {out_dir}, or choose another -o directory")
     os.makedirs(state_dir, exist_ok=True)
+    target = _with_timing_cache(target, state_dir)
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
     backend_cls = backend_class(parse_target(target).engine)
     prepared = prepare(model_path, options, state_dir)
@@ -117,6 +118,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                 f"{again.signature.describe()}",
                 hint=f"stabilize the target first (fixed tactics, timing cache); rerun: {rerun}")
     event(f"diverges: {signature.describe()}")
+    # A build error needs no run: engines that can stop after building (TensorRT) do so.
+    oracle.build_only = signature.kind is Kind.BUILD_ERROR
 
     reducer = Reducer(model, index, store, prepared.feeds.arrays, oracle, signature,
                       workdir=state_dir, journal=journal, jobs=jobs, on_event=event,
@@ -157,6 +160,14 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     writer.write(reducer, "done", final_verdict=final_verdict, minimal_model=minimal_model, feeds=final.feeds,
                  reference=reference)
     return ShrinkResult(writer.summary, out_dir, minimal_path, final_verdict, prepared.notes)
+
+
+def _with_timing_cache(target: str, state_dir: str) -> str:
+    """TensorRT targets share one timing cache across every build of a shrink run."""
+    spec = parse_target(target)
+    if spec.engine != "trt" or spec.has("timing-cache"):
+        return target
+    return str(spec.with_options(f"timing-cache={os.path.abspath(os.path.join(state_dir, 'timing.cache'))}"))
 
 
 def _confirm_stats(oracle):
@@ -255,7 +266,10 @@ class _BestWriter:
                 "outputs": [{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim]} for o in minimal_model.graph.output],
             },
             "calls": {"target": stats.target, "reference": stats.reference,
-                      "cached": stats.cached + sum(s.cached for s in reducer.stats.values())},
+                      "cached": stats.cached + sum(s.cached for s in reducer.stats.values()),
+                      "target_seconds": round(stats.target_seconds, 3),
+                      "seconds_per_target_call": round(stats.target_seconds / max(1, stats.target), 3),
+                      "build_seconds": [round(b, 3) for b in stats.build_seconds]},
             "one_minimal": reducer.one_minimal,
             "wall_s": round(time.monotonic() - self.started, 3),
             "steps": [s.to_json(name) for name, s in reducer.stats.items()],

@@ -47,6 +47,7 @@ def run_in_worker(
     timeout: float = 600.0,
     fail_regex: str | None = None,
     env: dict[str, str] | None = None,
+    build_only: bool = False,
 ) -> WorkerResult:
     """Run ``spec`` on a model in a fresh process; never raises for engine failures."""
     os.makedirs(job_dir, exist_ok=True)
@@ -56,6 +57,7 @@ def run_in_worker(
         "feeds": os.path.abspath(feeds_path),
         "outputs": output_names,
         "fail_regex": fail_regex,
+        "build_only": build_only,
     }
     with open(os.path.join(job_dir, "job.json"), "w") as handle:
         json.dump(job, handle)
@@ -145,6 +147,7 @@ def _child(job_dir: str) -> int:
     try:
         spec = parse_target(job["spec"])
         backend = CmdBackend(spec, job["fail_regex"]) if spec.engine == "cmd" else create_backend(spec)
+        backend.build_only = bool(job.get("build_only"))
         with np.load(job["feeds"], allow_pickle=False) as data:
             feeds = {k: np.array(data[k]) for k in data.files}
         run = backend.run(job["model"], feeds, job["outputs"])

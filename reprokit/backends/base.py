@@ -57,6 +57,9 @@ class Backend:
 
     def __init__(self, spec: TargetSpec):
         self.spec = spec
+        # Set by the worker when only parsing/building matters (shrinking a build error): an
+        # engine that can stop after its build does so and returns no outputs.
+        self.build_only = False
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:

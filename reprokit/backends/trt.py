@@ -76,6 +76,21 @@ def fp32_nodes(spec: TargetSpec) -> tuple[str, ...]:
     return tuple(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
 
 
+def compute_capabilities(spec: TargetSpec) -> list[tuple[int, int]]:
+    """``compute-capability=8.9;12.0`` → [(8, 9), (12, 0)]; UsageError when malformed."""
+    text = str(spec.get("compute-capability", ""))
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        major, dot, minor = part.partition(".")
+        if not (dot and major.isdigit() and minor.isdigit()):
+            raise UsageError(f"trt compute-capability needs MAJOR.MINOR values, got {part!r}",
+                             hint="e.g. trt:compute-capability=8.9 or compute-capability=8.9;12.0")
+        out.append((int(major), int(minor)))
+    if not out:
+        raise UsageError("trt compute-capability names none", hint="e.g. trt:compute-capability=8.9")
+    return out
+
+
 def builder_settings(spec: TargetSpec, trt_major: int, rtx: bool) -> BuilderSettings:
     """Loader arguments for ``spec`` on TensorRT ``trt_major`` (or TensorRT-RTX when ``rtx``)."""
     if not rtx and trt_major < 8:
@@ -119,8 +134,12 @@ def builder_settings(spec: TargetSpec, trt_major: int, rtx: bool) -> BuilderSett
         notes.append("strongly typed: INT8/FP8 come from the model's Q/DQ nodes, no builder flag")
     if nodes and not convert_to:
         notes.append("fp32-nodes has no effect: the model is not converted, it stays float32")
+    if spec.has("compute-capability") and not rtx:
+        notes.append("compute-capability applies to TensorRT-RTX only; ignored")
     if rtx:  # polygraphy's CreateConfigRTX takes no precision flags, TF32 is set afterwards
-        loader, kwargs, after = "CreateConfigRTX", {"use_gpu": True, **common}, {"TF32": tf32}
+        target = ({"compute_capabilities": compute_capabilities(spec)} if spec.has("compute-capability")
+                  else {"use_gpu": True})
+        loader, kwargs, after = "CreateConfigRTX", {**target, **common}, {"TF32": tf32}
     else:
         loader, kwargs, after = "CreateConfig", {"tf32": tf32, **common}, {}
     return BuilderSettings(
@@ -252,12 +271,19 @@ class TrtBackend(Backend):
         "fp32-nodes": OptionDoc(
             "keep these ONNX nodes in fp32, ';'-separated (fp32-nodes=a;b)", "str"
         ),
+        "compute-capability": OptionDoc(
+            "TensorRT-RTX: build for these compute capabilities (e.g. 8.9 or 8.9;12.0) instead "
+            "of the current GPU; such an engine builds anywhere but runs only there",
+            "str",
+        ),
     }
     install_hint = TRT_HINT
     marking_changes_engine = True  # marked tensors cannot be fused away
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:
+        if spec.has("compute-capability"):
+            compute_capabilities(spec)
         level = spec.get("opt-level")
         if level is not None and not 0 <= level <= 5:
             raise UsageError(
@@ -333,7 +359,8 @@ class TrtBackend(Backend):
             with capture_polygraphy_log() as log:
                 try:
                     outputs = _build_and_run(
-                        module, rtx, settings, model, path, feeds, output_names, meta
+                        module, rtx, settings, model, path, feeds, output_names, meta,
+                        build_only=self.build_only,
                     )
                 except ReprokitError:
                     raise
@@ -363,8 +390,10 @@ class TrtBackend(Backend):
         return path
 
 
-def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta):
-    """Build the engine with polygraphy's loaders and run ``feeds`` once."""
+def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, build_only=False):
+    """Build the engine with polygraphy's loaders and run ``feeds`` once (unless build_only)."""
+    import time
+
     from polygraphy.backend import trt as ptrt
 
     strongly_typed = settings.strongly_typed
@@ -396,9 +425,14 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta):
         config = ptrt.CreateConfig(**kwargs)
     if settings.config_flags:
         config = ptrt.PostprocessConfig(config, _set_flags(trt, settings.config_flags))
-    engine = ptrt.EngineFromNetwork(
+    build = ptrt.EngineFromNetwork(
         network, config=config, save_timing_cache=settings.save_timing_cache
     )
+    started = time.monotonic()
+    engine = build()
+    meta["build_seconds"] = round(time.monotonic() - started, 3)
+    if build_only:  # a build-error hunt: a model that builds no longer shows the bug
+        return {}
     with ptrt.TrtRunner(engine) as runner:
         wanted = set(runner.get_input_metadata().keys())
         raw = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items() if k in wanted})

@@ -1,0 +1,481 @@
+"""Side-by-side benchmark: ``reprokit shrink`` vs ``polygraphy debug reduce`` (a table, not a test).
+
+    python bench/bench_shrink.py            # all seven models (~10 min on 2 cores)
+    python bench/bench_shrink.py --quick    # the five samples only (~1 min)
+    python bench/bench_shrink.py --only det --only conv_clip
+
+For every model both tools run as subprocesses, each in its own temporary directory, on the same
+feeds, judged by the same oracle (``bench/oracle_check.py``: reprokit's backends and comparison,
+ORT fp32 reference). Every tool step runs inside a fresh measuring subprocess that reports wall
+time and ``getrusage(RUSAGE_CHILDREN).ru_maxrss``: the peak RSS of the largest single process of
+the tool's tree (workers and check commands included), not the sum of concurrent processes.
+
+Writes ``bench/results/shrink.{md,json}`` (a full run) or ``shrink.partial.{md,json}`` (with
+``--only``/``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+ORACLE = os.path.join(BENCH, "oracle_check.py")
+RESULTS = os.path.join(BENCH, "results")
+BIN = os.path.dirname(sys.executable)
+REPROKIT = os.path.join(BIN, "reprokit")
+POLYGRAPHY = os.path.join(BIN, "polygraphy")
+
+# Runs CMD..., then writes its wall time, exit code and the peak RSS of its process tree to OUT.
+_MEASURE = r"""
+import json, resource, subprocess, sys, time
+out, cmd = sys.argv[1], sys.argv[2:]
+start = time.monotonic()
+rc = subprocess.call(cmd)
+wall = time.monotonic() - start
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+with open(out, "w") as handle:
+    json.dump({"rc": rc, "wall_s": wall, "maxrss_kib": peak}, handle)
+"""
+
+
+def _ocr_model(name: str) -> str:
+    import rapidocr_onnxruntime
+
+    return os.path.join(os.path.dirname(rapidocr_onnxruntime.__file__), "models", name)
+
+
+def models() -> list[dict]:
+    with open(os.path.join(ROOT, "samples", "catalog.json")) as handle:
+        catalog = json.load(handle)
+    out = []
+    for sample in catalog["samples"]:
+        out.append({
+            "name": sample["name"],
+            "path": os.path.join(ROOT, "samples", sample["file"]),
+            "target": "emulate:fp16",
+            "tol": None,
+            "shapes": {},
+            "inputs": os.path.join(ROOT, "samples", sample["inputs"]),
+            "expected": sample["expected"].get("emulate:fp16"),
+            "sample": True,
+        })
+    out.append({
+        "name": "ppocrv4_det",
+        "path": _ocr_model("ch_PP-OCRv4_det_infer.onnx"),
+        "target": "openvino:bf16",
+        "tol": None,
+        "shapes": {"x": [1, 3, 320, 320]},
+        "inputs": None,  # seed-0 random feeds written by `reprokit check -o`
+        "expected": "mismatch",
+        "sample": False,
+    })
+    out.append({
+        "name": "ppocrv4_rec",
+        "path": _ocr_model("ch_PP-OCRv4_rec_infer.onnx"),
+        "target": "openvino:bf16",
+        "tol": 0.01,
+        "shapes": {"x": [1, 3, 48, 320]},
+        "inputs": None,
+        "expected": "mismatch",
+        "sample": False,
+    })
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+
+
+def measured(cmd: list[str], cwd: str, log: str, *, env: dict | None = None, timeout: float = 900) -> dict:
+    """Run ``cmd`` in a fresh measuring subprocess; stdout+stderr go to ``log``."""
+    stats = os.path.join(cwd, f".measure-{os.path.basename(log)}.json")
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen([sys.executable, "-c", _MEASURE, stats, *cmd], cwd=cwd, stdout=handle,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, **(env or {})), start_new_session=True)
+        started = time.monotonic()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # our own child's process group only
+            proc.wait()
+            return {"rc": 124, "wall_s": time.monotonic() - started, "maxrss_kib": 0, "timeout": True,
+                    "cmd": cmd}
+    with open(stats) as handle:
+        result = json.load(handle)
+    result["cmd"] = cmd
+    return result
+
+
+def last_error_line(log: str) -> str:
+    with open(log, errors="replace") as handle:
+        lines = [line.strip() for line in handle if line.strip()]
+    for line in reversed(lines):
+        if any(word in line for word in ("Error", "error", "[E]", "[!]", "Traceback", "FAILED")):
+            return line[:200]
+    return lines[-1][:200] if lines else "(no output)"
+
+
+def dir_mib(path: str) -> float:
+    total = 0
+    for base, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(base, name)).st_size
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def file_mib(*paths: str) -> float:
+    return sum(os.path.getsize(p) for p in paths if os.path.exists(p)) / 2**20
+
+
+def model_nodes(path: str) -> tuple[int, list[str]]:
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    return len(graph.node), sorted(n.op_type for n in graph.node)
+
+
+def ops_text(ops: list[str], limit: int = 6) -> str:
+    counts = collections.Counter(ops).most_common()
+    parts = [f"{op}×{n}" if n > 1 else op for op, n in counts]
+    if len(parts) > limit:
+        parts = parts[:limit] + [f"+{len(parts) - limit} more"]
+    return ", ".join(parts)
+
+
+def judge(model: str, golden: str, inputs: str, target: str, tol: float | None, cwd: str) -> dict:
+    """The oracle's verdict on one model (not counted as a tool's target call)."""
+    cmd = [sys.executable, ORACLE, model, golden, inputs, "--target", target]
+    if tol is not None:
+        cmd += ["--tol", repr(tol)]
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_CALL_LOG"}
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=900)
+    text = (proc.stdout.strip().splitlines() or [proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""])[-1]
+    kind = text.split()[1] if text.startswith("DIVERGES") else ("agree" if text.startswith("AGREES") else "error")
+    return {"rc": proc.returncode, "kind": kind, "line": text}
+
+
+def shape_arg(name: str, dims) -> str:
+    return f"{name}:[{','.join(str(int(d)) for d in dims)}]"
+
+
+# ------------------------------------------------------------------------------------------------
+# the two tools
+
+
+def prepare_feeds(spec: dict, work: str) -> dict:
+    """`reprokit check -o`: the exact feeds both tools get, and the original's verdict kind."""
+    out = os.path.join(work, "check")
+    cmd = [REPROKIT, "check", spec["path"], "--target", spec["target"], "-o", out, "--json"]
+    if spec["inputs"]:
+        cmd += ["--inputs", spec["inputs"]]
+    for name, dims in spec["shapes"].items():
+        cmd += ["--input-shapes", f"{name}:{'x'.join(map(str, dims))}"]
+    if spec["tol"] is not None:
+        cmd += ["--tol", repr(spec["tol"])]
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"reprokit check failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+    report = json.loads(proc.stdout)
+    worst = max(report["verdict"]["outputs"], key=lambda o: (o["exceeds"], float(o["error"])), default={})
+    return {
+        "npz": os.path.join(out, "inputs.npz"),
+        "kind": report["verdict"]["signature"]["kind"],
+        "rel_l2": worst.get("rel_l2"),
+        "command": shlex.join(cmd),
+    }
+
+
+def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
+    os.makedirs(work, exist_ok=True)
+    out = os.path.join(work, "out")
+    cmd = [REPROKIT, "shrink", spec["path"], "--target", spec["target"], "--inputs", feeds["npz"], "-o", out,
+           "--json"]
+    for name, dims in spec["shapes"].items():
+        cmd += ["--input-shapes", f"{name}:{'x'.join(map(str, dims))}"]
+    if spec["tol"] is not None:
+        cmd += ["--tol", repr(spec["tol"])]
+    log = os.path.join(work, "shrink.log")
+    m = measured(cmd, work, log)
+    row = {"tool": "reprokit", "commands": [shlex.join(cmd)], "wall_s": m["wall_s"],
+           "peak_mib": m["maxrss_kib"] / 1024, "rc": m["rc"]}
+    summary_path = os.path.join(out, "summary.json")
+    if m["rc"] != 0 or not os.path.exists(summary_path):
+        row["error"] = "timeout" if m.get("timeout") else f"crashed: {last_error_line(log)}"
+        row["activations_mib"] = dir_mib(os.path.join(out, ".reprokit", "activations"))
+        return row
+    with open(summary_path) as handle:
+        summary = json.load(handle)
+    minimal = os.path.join(out, "minimal.onnx")
+    verdict = judge(minimal, os.path.join(out, "reference_outputs.npz"), os.path.join(out, "inputs.npz"),
+                    spec["target"], spec["tol"], work)
+    row.update({
+        "status": summary["status"],
+        "start_nodes": summary["original"]["nodes"],
+        "calls": summary["calls"]["target"],
+        "reference_calls": summary["calls"]["reference"],
+        "cached": summary["calls"]["cached"],
+        "minimal_nodes": summary["minimal"]["nodes"],
+        "minimal_ops": summary["minimal"]["ops"],
+        "minimal_inputs": summary["minimal"]["inputs"],
+        "minimal_outputs": summary["minimal"]["outputs"],
+        "one_minimal": summary.get("one_minimal"),
+        "signature": summary["signature"]["kind"],
+        "own_final_kind": summary.get("verdict", {}).get("signature", {}).get("kind"),
+        "judged": verdict,
+        "kept": verdict["kind"] == feeds["kind"],
+        "steps": summary.get("steps"),
+        "activations_mib": dir_mib(os.path.join(out, ".reprokit", "activations")),
+        "state_dir_mib": dir_mib(os.path.join(out, ".reprokit")),
+    })
+    return row
+
+
+def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
+    import numpy as np
+    from polygraphy.json import save_json
+
+    os.makedirs(work, exist_ok=True)
+    with np.load(feeds["npz"], allow_pickle=False) as data:
+        arrays = {k: np.array(data[k]) for k in data.files}
+    save_json([arrays], os.path.join(work, "feeds.json"))  # the same feeds, as polygraphy JSON
+    shapes = [shape_arg(n, a.shape) for n, a in arrays.items()]
+    check = [sys.executable, ORACLE, "polygraphy_debug.onnx", "layerwise_golden.json", "layerwise_inputs.json",
+             "--target", spec["target"]]
+    if spec["tol"] is not None:
+        check += ["--tol", repr(spec["tol"])]
+    steps = [
+        ("sanitize", [POLYGRAPHY, "surgeon", "sanitize", spec["path"], "--fold-constants",
+                      "--override-input-shapes", *shapes, "-o", "folded.onnx"]),
+        ("run_mark_all", [POLYGRAPHY, "run", "folded.onnx", "--onnxrt", "--load-inputs", "feeds.json",
+                          "--save-inputs", "inputs.json", "--onnx-outputs", "mark", "all",
+                          "--save-outputs", "layerwise_golden.json"]),
+        ("data_merge", [POLYGRAPHY, "data", "merge", "inputs.json", "layerwise_golden.json",
+                        "-o", "layerwise_inputs.json"]),
+        ("reduce", [POLYGRAPHY, "debug", "reduce", "folded.onnx", "-o", "reduced.onnx", "--mode=bisect",
+                    "--load-inputs", "layerwise_inputs.json", "--fail-regex", f"DIVERGES {feeds['kind']}",
+                    "--check", *check]),
+    ]
+    call_log = os.path.join(work, "calls.log")
+    open(call_log, "w").close()
+    row = {"tool": "polygraphy", "commands": [], "wall_s": 0.0, "peak_mib": 0.0, "step_s": {}}
+    for name, cmd in steps:
+        log = os.path.join(work, f"{name}.log")
+        m = measured(cmd, work, log, env={"BENCH_CALL_LOG": call_log})
+        row["commands"].append(shlex.join(cmd))
+        row["wall_s"] += m["wall_s"]
+        row["step_s"][name] = round(m["wall_s"], 3)
+        row["peak_mib"] = max(row["peak_mib"], m["maxrss_kib"] / 1024)
+        row["rc"] = m["rc"]
+        with open(call_log) as handle:
+            row["calls"] = sum(1 for _ in handle)
+        if name == "sanitize" and m["rc"] == 0:
+            row["start_nodes"] = model_nodes(os.path.join(work, "folded.onnx"))[0]
+        if m["rc"] != 0 or (name == "reduce" and not os.path.exists(os.path.join(work, "reduced.onnx"))):
+            row["error"] = "timeout" if m.get("timeout") else f"crashed in {name}: {last_error_line(log)}"
+            break
+    row["activations_mib"] = file_mib(os.path.join(work, "layerwise_golden.json"),
+                                      os.path.join(work, "layerwise_inputs.json"))
+    if "error" in row:
+        return row
+    nodes, ops = model_nodes(os.path.join(work, "reduced.onnx"))
+    verdict = judge(os.path.join(work, "reduced.onnx"), os.path.join(work, "layerwise_golden.json"),
+                    os.path.join(work, "layerwise_inputs.json"), spec["target"], spec["tol"], work)
+    with open(os.path.join(work, "reduce.log"), errors="replace") as handle:
+        reduce_log = handle.read()
+    row.update({
+        "status": "done",
+        "minimal_nodes": nodes,
+        "minimal_ops": ops,
+        "judged": verdict,
+        "kept": verdict["kind"] == feeds["kind"],
+        "suggests_linear": "--mode=linear" in reduce_log,
+    })
+    return row
+
+
+# ------------------------------------------------------------------------------------------------
+# table
+
+
+def fmt(value, digits=1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def ratio(a, b) -> str:
+    if a is None or b is None or not b:
+        return "—"
+    return f"{a / b:.2f}×"
+
+
+HEADER = ["model", "nodes", "target", "tool", "target calls", "wall time (s)", "peak memory (MiB)",
+          "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept"]
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for res in results:
+        target = res["target"] + (f" (tol {res['tol']:g})" if res["tol"] is not None else "")
+        target += f"; {res['feeds']['kind']}" if res.get("feeds") else ""
+        if res.get("error"):
+            lines.append(f"| {res['name']} | {res.get('file_nodes', '—')} | {target} | — | {res['error']} |"
+                         + " |" * (len(HEADER) - 5))
+            continue
+        rows = {}
+        for tool in ("reprokit", "polygraphy"):
+            r = res[tool]
+            rows[tool] = r
+            nodes = f"{res['file_nodes']} → {r['start_nodes']}" if r.get("start_nodes") else str(res["file_nodes"])
+            if r.get("error"):
+                cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r["wall_s"]),
+                         fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")), r["error"].replace("|", "/"), "", ""]
+            else:
+                kept = ("yes" if r["kept"] else "no") + f" ({r['judged']['kind']})"
+                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r["wall_s"]), fmt(r["peak_mib"], 0),
+                         fmt(r["activations_mib"]), fmt(r["minimal_nodes"]), ops_text(r["minimal_ops"]), kept]
+            lines.append("| " + " | ".join(cells) + " |")
+        rk, pg = rows["reprokit"], rows["polygraphy"]
+        pg_ok = not pg.get("error")
+        lines.append("| " + " | ".join([
+            res["name"], "", "", "**reprokit/polygraphy**",
+            ratio(rk.get("calls"), pg.get("calls")) if pg_ok else "—",
+            ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok else "—",
+            "", "", "", "", ""]) + " |")
+    both = [r for r in results if not r.get("error") and not r["reprokit"].get("error")
+            and not r["polygraphy"].get("error")]
+    if both:
+        rk_calls = sum(r["reprokit"]["calls"] for r in both)
+        pg_calls = sum(r["polygraphy"]["calls"] for r in both)
+        rk_wall = sum(r["reprokit"]["wall_s"] for r in both)
+        pg_wall = sum(r["polygraphy"]["wall_s"] for r in both)
+        lines.append("| " + " | ".join([
+            f"**total, {len(both)} models where both finished**", "", "", "**reprokit/polygraphy**",
+            f"{rk_calls}/{pg_calls} = {ratio(rk_calls, pg_calls)}",
+            f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", ""]) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only models whose name contains this (repeatable)")
+    parser.add_argument("--quick", action="store_true", help="the five samples only")
+    parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    args = parser.parse_args(argv)
+
+    selected = models()
+    if args.quick:
+        selected = [m for m in selected if m["sample"]]
+    if args.only:
+        selected = [m for m in selected if any(o in m["name"] for o in args.only)]
+        if not selected:
+            parser.error(f"no model matches {args.only}; models: {', '.join(m['name'] for m in models())}")
+    partial = len(selected) != len(models())
+
+    started = time.monotonic()
+    root = tempfile.mkdtemp(prefix="bench-shrink-")
+    results = []
+    try:
+        for spec in selected:
+            work = os.path.join(root, spec["name"])
+            os.makedirs(work)
+            res = {k: spec[k] for k in ("name", "path", "target", "tol", "shapes", "expected")}
+            res["file_nodes"] = model_nodes(spec["path"])[0]
+            print(f"== {spec['name']} ({res['file_nodes']} nodes, {spec['target']})", file=sys.stderr, flush=True)
+            try:
+                feeds = prepare_feeds(spec, work)
+            except Exception as exc:  # report and go on with the next model
+                res["error"] = f"feeds: {exc}"
+                results.append(res)
+                continue
+            res["feeds"] = feeds
+            print(f"   original: {feeds['kind']} (rel L2 {feeds['rel_l2']})", file=sys.stderr, flush=True)
+            res["reprokit"] = run_reprokit(spec, feeds, os.path.join(work, "reprokit"))
+            r = res["reprokit"]
+            print(f"   reprokit:   {r.get('error') or ''} calls {r.get('calls')} wall {r['wall_s']:.1f} s "
+                  f"→ {r.get('minimal_nodes')} nodes", file=sys.stderr, flush=True)
+            res["polygraphy"] = run_polygraphy(spec, feeds, os.path.join(work, "polygraphy"))
+            r = res["polygraphy"]
+            print(f"   polygraphy: {r.get('error') or ''} calls {r.get('calls')} wall {r['wall_s']:.1f} s "
+                  f"→ {r.get('minimal_nodes')} nodes", file=sys.stderr, flush=True)
+            results.append(res)
+    finally:
+        if args.keep:
+            print(f"work directories kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    total = time.monotonic() - started
+
+    import onnxruntime
+    import openvino
+    import polygraphy
+
+    import reprokit
+
+    env = {
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "cpu": _cpu_name(),
+        "reprokit": getattr(reprokit, "__version__", "?"),
+        "polygraphy": polygraphy.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "openvino": openvino.__version__,
+    }
+    text = table(results)
+    header = (f"Benchmark wall time {total:.0f} s; {env['machine']} ({env['cpu']}); reprokit {env['reprokit']}, "
+              f"polygraphy {env['polygraphy']}, onnxruntime {env['onnxruntime']}, openvino {env['openvino']}.")
+    print(text)
+    print()
+    print(header)
+    os.makedirs(RESULTS, exist_ok=True)
+    stem = "shrink.partial" if partial else "shrink"
+    with open(os.path.join(RESULTS, stem + ".md"), "w") as handle:
+        handle.write(text + "\n\n" + header + "\n")
+    with open(os.path.join(RESULTS, stem + ".json"), "w") as handle:
+        json.dump({"schema": "bench.shrink/1", "total_wall_s": round(total, 1), "environment": env,
+                   "results": results}, handle, indent=1, default=_json_default)
+    return 0
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return str(value)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""shrink end to end with real engines: the fp16 storage emulator on the five samples and on tiny
+generated models, and ``cmd`` targets running small check scripts written into tmp_path.
+
+Every run is a real reduction: candidates are extracted subgraphs fed with captured reference
+activations, judged by engine processes. Runs shared by several tests are made once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import shrink_models as sm
+from conftest import assert_user_error, reprokit_exe, run_cli
+
+from reprokit.session import RunOptions
+from reprokit.shrink import shrink
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "samples"
+CATALOG = {s["name"]: s for s in json.loads((SAMPLES / "catalog.json").read_text())["samples"]}
+PY = shlex.quote(sys.executable)
+
+
+def sample_options(name: str) -> RunOptions:
+    return RunOptions(inputs=str(SAMPLES / f"{name}.inputs.npz"))
+
+
+def node_names(path) -> list[str]:
+    return [n.name for n in onnx.load(os.fspath(path)).graph.node]
+
+
+def real_inputs(model: onnx.ModelProto) -> list[str]:
+    init = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in init]
+
+
+def step(summary: dict, name: str) -> dict:
+    found = [s for s in summary["steps"] if s["step"] == name]
+    assert found, f"no step {name!r} in {[s['step'] for s in summary['steps']]}"
+    return found[0]
+
+
+def assert_valid_minimal(out_dir, original: onnx.ModelProto) -> onnx.ModelProto:
+    """minimal.onnx passes the full checker, keeps opset and IR, and matches summary.json."""
+    minimal = onnx.load(os.path.join(out_dir, "minimal.onnx"))
+    onnx.checker.check_model(minimal, full_check=True)
+    assert minimal.ir_version == original.ir_version
+    assert [(o.domain, o.version) for o in minimal.opset_import] == \
+        [(o.domain, o.version) for o in original.opset_import]
+    summary = json.loads(Path(out_dir, "summary.json").read_text())
+    assert summary["minimal"]["node_names"] == [n.name for n in minimal.graph.node]
+    assert summary["minimal"]["nodes"] == len(minimal.graph.node)
+    with np.load(os.path.join(out_dir, "inputs.npz")) as data:
+        assert sorted(data.files) == sorted(real_inputs(minimal))
+    return minimal
+
+
+def run_minimal_on_ort(out_dir) -> dict:
+    minimal = onnx.load(os.path.join(out_dir, "minimal.onnx"))
+    with np.load(os.path.join(out_dir, "inputs.npz")) as data:
+        feeds = {k: data[k] for k in data.files}
+    return sm.ort_run(minimal, feeds)
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("shrink-runs")
+
+
+@pytest.fixture(scope="session")
+def sample_shrink(session_dir):
+    """``sample_shrink(name)``: the default shrink of a sample under emulate:fp16 with its own
+    committed feeds, run once per session."""
+    done: dict = {}
+
+    def get(name: str):
+        if name not in done:
+            out = session_dir / f"sample-{name}"
+            done[name] = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(out),
+                                options=sample_options(name))
+        return done[name]
+
+    return get
+
+
+NO_LOCALIZE_SAMPLE = "log_div_underflow"  # 65 nodes, 11 candidates: window, then ddmin
+
+
+@pytest.fixture(scope="session")
+def search_baseline(session_dir):
+    """An uninterrupted ``--no-localize --jobs 1`` shrink of a sample: the result every other
+    way of running the same search (resumed, parallel, repeated) must reproduce byte for byte."""
+    out = session_dir / "baseline-no-localize"
+    result = shrink(str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "emulate:fp16", str(out),
+                    options=sample_options(NO_LOCALIZE_SAMPLE), localize_first=False, jobs=1)
+    return result
+
+
+# -- 1. the five samples --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_sample_shrinks_to_a_small_model_around_its_fault(sample_shrink, name):
+    entry = CATALOG[name]
+    result = sample_shrink(name)
+    summary = result.summary
+    out = result.out_dir
+    expected_kind = entry["expected"]["emulate:fp16"]
+    assert summary["status"] == "done"
+    assert summary["one_minimal"] is True
+    assert summary["original"]["nodes"] == entry["nodes"]
+    assert summary["signature"]["kind"] == expected_kind
+    assert summary["verdict"]["signature"]["kind"] == expected_kind
+    assert 1 <= summary["minimal"]["nodes"] <= 6, summary["minimal"]
+    assert entry["fault_node"] in summary["minimal"]["node_names"]
+    assert entry["fault_op"] in summary["minimal"]["ops"]
+    assert summary["other_findings"] is not None
+
+    original = onnx.load(str(SAMPLES / entry["file"]))
+    minimal = assert_valid_minimal(out, original)
+
+    # The feeds are the real activations of the original model on the sample's own inputs.
+    with np.load(SAMPLES / entry["inputs"]) as data:
+        sample_feeds = {k: data[k] for k in data.files}
+    with np.load(os.path.join(out, "inputs.npz")) as data:
+        feeds = {k: data[k] for k in data.files}
+    with np.load(os.path.join(out, "reference_outputs.npz")) as data:
+        reference = {k: data[k] for k in data.files}
+    assert sorted(reference) == sorted(o.name for o in minimal.graph.output)
+    wanted = [n for n in list(feeds) + list(reference) if n not in sample_feeds]
+    truth = sm.ort_run(original, sample_feeds, wanted)
+    truth.update(sample_feeds)
+    for tensor, value in {**feeds, **reference}.items():
+        assert value.dtype == truth[tensor].dtype and value.shape == truth[tensor].shape, tensor
+        assert np.array_equal(value, truth[tensor]), f"{tensor} is not the original's activation"
+
+    # The minimal model and its feeds reproduce on their own, through the CLI.
+    proc = run_cli("check", os.path.join(out, "minimal.onnx"), "--inputs",
+                   os.path.join(out, "inputs.npz"), "--target", "emulate:fp16", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["verdict"]["signature"]["kind"] == expected_kind
+
+
+# -- 2, 3. branches and outputs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("localize", [True, False], ids=["localize", "search"])
+def test_fault_in_one_branch_keeps_only_that_branch(tmp_path, localize):
+    model = sm.branch_fault()
+    path = sm.save(model, tmp_path / "branches.onnx")
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), localize_first=localize)
+    names = result.summary["minimal"]["node_names"]
+    assert result.summary["status"] == "done"
+    assert result.summary["signature"]["kind"] == "nonfinite"
+    assert "b/mm" in names
+    assert all(n.startswith("b/") for n in names), names
+    assert result.summary["one_minimal"] is True
+    assert_valid_minimal(result.out_dir, model)
+
+
+@pytest.mark.parametrize("localize", [True, False], ids=["localize", "search"])
+def test_only_the_diverging_output_side_is_kept(tmp_path, localize):
+    model = sm.two_outputs_one_diverges()
+    path = sm.save(model, tmp_path / "two_outputs.onnx")
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), localize_first=localize)
+    summary = result.summary
+    assert summary["signature"]["kind"] == "nonfinite"
+    assert summary["signature"]["outputs"] == ["total"]
+    density_side = {"d/sig", "d/half"}
+    assert not density_side & set(summary["minimal"]["node_names"])
+    assert "c/sum" in summary["minimal"]["node_names"]
+    minimal = assert_valid_minimal(result.out_dir, model)
+    producers = {t: n.name for n in minimal.graph.node for t in n.output}
+    for out in minimal.graph.output:
+        assert producers[out.name].startswith("c/"), out.name
+    assert summary["verdict"]["signature"]["kind"] == "nonfinite"
+
+
+# -- 4, 5, 13. cmd targets ------------------------------------------------------------------
+
+
+def test_failure_that_needs_two_distant_nodes_keeps_both(tmp_path):
+    model = sm.pair_chain(length=32, first=4, second=27)
+    path = sm.save(model, tmp_path / "chain.onnx")
+    script = sm.write_script(tmp_path, "pair_check.py", sm.PAIR_SCRIPT)
+    target = f"cmd:{PY} {script} {{model}}"
+    result = shrink(path, target, str(tmp_path / "out"), options=RunOptions(fail_regex="Error Code 2"))
+    summary = result.summary
+    assert summary["signature"]["kind"] == "build-error"
+    assert summary["signature"]["detail"] == "check failed matching /Error Code 2/"
+    assert sorted(summary["minimal"]["ops"]) == ["Sigmoid", "Tanh"]
+    assert summary["minimal"]["node_names"] == ["n04", "n27"]
+    assert summary["one_minimal"] is True
+    assert summary["verdict"]["signature"] == summary["signature"]
+    assert_valid_minimal(result.out_dir, model)
+
+
+def test_fusion_fault_that_vanishes_when_marked_is_found_by_the_search(tmp_path):
+    model = sm.conv_relu_fusion()
+    path = sm.save(model, tmp_path / "fusion.onnx")
+    script = sm.write_script(tmp_path, "fused_engine.py", sm.FUSION_SCRIPT)
+    target = f"cmd:{PY} {script} {{model}} {{inputs}} {{outputs}}"
+    result = shrink(path, target, str(tmp_path / "out"))
+    summary = result.summary
+    assert summary["signature"]["kind"] == "mismatch"
+    assert sorted(summary["minimal"]["node_names"]) == ["f/conv", "f/relu"]
+    assert summary["one_minimal"] is True
+    assert summary["verdict"]["signature"]["kind"] == "mismatch"
+    # The layerwise run marks every tensor, which prevents the fusion: it cannot localize.
+    assert step(summary, "layerwise")["calls"] == 1
+    assert step(summary, "localize")["accepted"] == 0
+    searched = sum(s["accepted"] for s in summary["steps"] if s["step"] in ("window", "branches", "ddmin"))
+    assert searched >= 1
+    minimal = assert_valid_minimal(result.out_dir, model)
+    # The Conv output stays internal in the minimal model, as the fusion needs.
+    assert "c1" not in {o.name for o in minimal.graph.output}
+
+
+def test_no_slippage_to_other_failures_which_are_listed(tmp_path):
+    model = sm.pair_chain(length=32, first=4, second=27)
+    path = sm.save(model, tmp_path / "chain.onnx")
+    script = sm.write_script(tmp_path, "flaky_engine.py", sm.SLIPPAGE_SCRIPT)
+    target = f"cmd:{PY} {script} {{model}}"
+    result = shrink(path, target, str(tmp_path / "out"))
+    summary = result.summary
+    signature = summary["signature"]
+    assert signature["kind"] == "build-error"
+    assert "myelin fusion" in signature["detail"]
+    assert summary["verdict"]["signature"] == signature
+    assert sorted(summary["minimal"]["ops"]) == ["Sigmoid", "Tanh"]
+    findings = summary["other_findings"]
+    assert any(k.startswith("crash") and "SIGSEGV" in k for k in findings), findings
+    assert any(k.startswith("build-error") and "tactic selection" in k for k in findings), findings
+    assert not any("myelin" in k for k in findings), findings
+
+
+# -- 6. nothing to reduce -------------------------------------------------------------------
+
+
+def test_model_that_agrees_exits_6_with_numbers_and_the_rerun_command(tmp_path):
+    path = sm.save(sm.agreeing_mlp(), tmp_path / "mlp.onnx")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:fp16", "-o", str(out))
+    error, hint = assert_user_error(proc, 6, contains="does not diverge under emulate:fp16")
+    assert "rel-l2" in error and "worst y" in error, error
+    assert any(ch.isdigit() for ch in error.split("worst y")[1]), error
+    command = hint.split("rerun the check by hand: ", 1)[1]
+    assert command.startswith(f"reprokit check {path} --target emulate:fp16"), hint
+    assert not (out / "minimal.onnx").exists()
+    assert not (out / "summary.json").exists()
+    # The hint's command runs as written and agrees (exit 0).
+    argv = shlex.split(command)
+    rerun = run_cli(*argv[1:])
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+
+
+# -- 7, 8, 9. resume, jobs, determinism -----------------------------------------------------
+
+
+def start_shrink(out, *extra):
+    args = [reprokit_exe(), "shrink", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
+            "--target", "emulate:fp16", "--inputs", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"),
+            "--no-localize", "-o", str(out), *extra]
+    env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env=env)
+
+
+def journal_lines(out) -> int:
+    try:
+        return sum(1 for line in open(os.path.join(out, ".reprokit", "journal.jsonl")) if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.parametrize("signum, after", [(signal.SIGINT, 3), (signal.SIGTERM, 7)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_interrupted_shrink_keeps_best_so_far_and_resumes_to_the_same_result(
+        tmp_path, search_baseline, signum, after):
+    out = tmp_path / "out"
+    proc = start_shrink(out)
+    try:
+        deadline = time.monotonic() + 90
+        while journal_lines(out) < after and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "shrink finished before it could be interrupted"
+        assert journal_lines(out) >= after
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("Error: interrupted"), err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    original = onnx.load(str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"))
+    interrupted = assert_valid_minimal(out, original)
+    assert len(interrupted.graph.node) <= summary["original"]["nodes"]
+    run_minimal_on_ort(out)  # best-so-far model and its feeds run as they are
+
+    resumed = run_cli("shrink", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "--target", "emulate:fp16",
+                      "--inputs", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"), "--no-localize",
+                      "-o", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "done"
+    assert sum(s["cached"] for s in summary["steps"]) >= after - 1  # the journal was replayed
+    baseline = Path(search_baseline.minimal_path).read_bytes()
+    assert (out / "minimal.onnx").read_bytes() == baseline
+
+
+def test_starting_over_an_unfinished_run_without_resume_is_refused(tmp_path, search_baseline):
+    proc = run_cli("shrink", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "--target", "emulate:fp16",
+                   "--inputs", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"), "--no-localize",
+                   "-o", search_baseline.out_dir)
+    assert_user_error(proc, 3, contains="already holds a shrink run", hint_contains="--resume")
+
+
+def test_jobs_2_gives_the_same_minimal_model_as_jobs_1(tmp_path, search_baseline):
+    assert search_baseline.summary["minimal"]["nodes"] < search_baseline.summary["original"]["nodes"]
+    assert step(search_baseline.summary, "window")["accepted"] >= 1
+    result = shrink(str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "emulate:fp16", str(tmp_path / "j2"),
+                    options=sample_options(NO_LOCALIZE_SAMPLE), localize_first=False, jobs=2)
+    assert Path(result.minimal_path).read_bytes() == Path(search_baseline.minimal_path).read_bytes()
+    assert result.summary["minimal"] == search_baseline.summary["minimal"]
+    assert result.summary["one_minimal"] == search_baseline.summary["one_minimal"]
+
+
+def test_two_runs_give_byte_identical_minimal_models(tmp_path, sample_shrink):
+    name = "layernorm_overflow"  # localize, then ddmin deletions: several accepted steps
+    first = sample_shrink(name)
+    again = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(tmp_path / "again"),
+                   options=sample_options(name))
+    assert Path(again.minimal_path).read_bytes() == Path(first.minimal_path).read_bytes()
+    assert again.summary["minimal"] == first.summary["minimal"]
+    with np.load(os.path.join(first.out_dir, "inputs.npz")) as a, \
+            np.load(os.path.join(again.out_dir, "inputs.npz")) as b:
+        assert sorted(a.files) == sorted(b.files)
+        for key in a.files:
+            assert np.array_equal(a[key], b[key])
+
+
+# -- 10. empty optional inputs and subgraphs ------------------------------------------------
+
+
+@pytest.mark.parametrize("localize", [True, False], ids=["localize", "search"])
+@pytest.mark.parametrize("make, fault", [(sm.clip_empty_min_fault, "mm"), (sm.if_loop_fault, "mm")],
+                         ids=["clip-empty-min", "if-loop"])
+def test_empty_optional_inputs_and_subgraphs_shrink_to_valid_models(tmp_path, make, fault, localize):
+    model = make()
+    path = sm.save(model, tmp_path / "model.onnx")
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), localize_first=localize)
+    summary = result.summary
+    assert summary["status"] == "done"
+    assert summary["signature"]["kind"] == "nonfinite"
+    assert fault in summary["minimal"]["node_names"]
+    assert summary["verdict"]["signature"]["kind"] == "nonfinite"
+    assert_valid_minimal(result.out_dir, model)
+    run_minimal_on_ort(result.out_dir)
+
+
+def test_subgraph_candidates_keep_outer_scope_reads(tmp_path):
+    """A candidate that keeps the If and the Loop but not the nodes they read from feeds their
+    outer-scope tensors as inputs: the fault needs the Loop here (its output is fine, the MatMul
+    is not in the candidate), so check the extraction the search builds runs on onnxruntime."""
+    from reprokit.activations import ActivationStore
+    from reprokit.subgraph import GraphIndex, extract
+
+    model = sm.if_loop_fault()
+    feeds = sm.uniform_feeds(model)
+    names = sm.node_output_names(model)
+    values = sm.ort_run(model, feeds, names)
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    files = {}
+    for i, name in enumerate(names):
+        np.save(store_dir / f"t{i}.npy", values[name])
+        files[name] = f"t{i}.npy"
+    store = ActivationStore(str(store_dir), files)
+    index = GraphIndex.build(model)
+    keep = [i for i, n in enumerate(model.graph.node) if n.name in ("branch", "loop")]
+    sub = extract(model, index, keep, store, feeds=feeds)
+    onnx.checker.check_model(sub.model, full_check=True)
+    assert sorted(sub.feeds) == ["a"]  # read only by the If branches and the Loop body
+    got = sm.ort_run(sub.model, sub.feeds)
+    assert np.array_equal(got["l"], values["l"])
