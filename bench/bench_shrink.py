@@ -396,6 +396,7 @@ def main(argv=None) -> int:
     partial = len(selected) != len(models())
 
     started = time.monotonic()
+    load_before = os.getloadavg()
     root = tempfile.mkdtemp(prefix="bench-shrink-")
     results = []
     try:
@@ -443,10 +444,14 @@ def main(argv=None) -> int:
         "polygraphy": polygraphy.__version__,
         "onnxruntime": onnxruntime.__version__,
         "openvino": openvino.__version__,
+        "reprokit_tree": _git_state(),
+        "load_average_1m": {"start": round(load_before[0], 2), "end": round(os.getloadavg()[0], 2)},
     }
     text = table(results)
-    header = (f"Benchmark wall time {total:.0f} s; {env['machine']} ({env['cpu']}); reprokit {env['reprokit']}, "
-              f"polygraphy {env['polygraphy']}, onnxruntime {env['onnxruntime']}, openvino {env['openvino']}.")
+    header = (f"Benchmark wall time {total:.0f} s; {env['machine']} ({env['cpu']}), 1-min load average "
+              f"{env['load_average_1m']['start']} at start, {env['load_average_1m']['end']} at end; reprokit "
+              f"{env['reprokit']} ({env['reprokit_tree']}), polygraphy {env['polygraphy']}, onnxruntime "
+              f"{env['onnxruntime']}, openvino {env['openvino']}.")
     print(text)
     print()
     print(header)
@@ -464,6 +469,18 @@ def _json_default(value):
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return str(value)
+
+
+def _git_state() -> str:
+    """Commit and whether reprokit/ has uncommitted edits (read-only git commands)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "reprokit"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "no git"
+    return f"commit {head}" + (f", {len(dirty.splitlines())} uncommitted file(s) in reprokit/" if dirty else "")
 
 
 def _cpu_name() -> str:

@@ -88,6 +88,18 @@ if [ -n "$refused" ]; then
   start=$(date +%s)
   $PY -m reprokit shrink "$work/refused.onnx" --target trt:compute-capability=8.9 -o "$work/shrink" --timeout 300
   echo "shrink exit code $? after $(( $(date +%s) - start )) s"
+  $PY - "$work/shrink/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+c = s["calls"]
+print("signature:", s["signature"]["kind"], s["signature"]["detail"])
+print("nodes:", s["original"]["nodes"], "->", s["minimal"]["nodes"], s["minimal"]["ops"], "one_minimal:", s["one_minimal"])
+print("target calls:", c["target"], "cached:", c["cached"], "builds timed:", len(c["build_seconds"]),
+      "build seconds:", c["build_seconds"], "mean s/call:", c["seconds_per_target_call"])
+for step in s["steps"]:
+    print("  step", step)
+PY
+  ls -la "$work/shrink/.reprokit/timing.cache" 2>&1
   cp "$work/shrink/summary.json" "$OUT/shrink_summary.json" 2>/dev/null
   cp "$work/shrink/report.tar.gz" "$OUT/report.tar.gz" 2>/dev/null
   $PY -m reprokit verify "$work/shrink/report.tar.gz"; echo "verify exit code $?"

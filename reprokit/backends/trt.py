@@ -252,7 +252,8 @@ def classify_failure(messages: list[str], rtx: bool = False) -> ReprokitError:
         return EngineUnavailable(
             f"{name} here lacks a feature this target needs: {missing[0]}", hint=TRT_HINT
         )
-    return BuildError(f"{name} could not build or run the model:\n" + "\n".join(lines))
+    first = next((m for m in lines if re.search(r"error", m, re.IGNORECASE)), lines[0] if lines else "")
+    return BuildError(f"{name} could not build or run the model: {first}\n" + "\n".join(lines))
 
 
 class TrtBackend(Backend):
@@ -425,14 +426,15 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
         config = ptrt.CreateConfig(**kwargs)
     if settings.config_flags:
         config = ptrt.PostprocessConfig(config, _set_flags(trt, settings.config_flags))
-    build = ptrt.EngineFromNetwork(
-        network, config=config, save_timing_cache=settings.save_timing_cache
-    )
     started = time.monotonic()
-    engine = build()
-    meta["build_seconds"] = round(time.monotonic() - started, 3)
-    if build_only:  # a build-error hunt: a model that builds no longer shows the bug
+    if build_only:
+        # Serialize only: deserializing needs a runtime that supports this GPU, and a
+        # build-error hunt only asks whether the build succeeds.
+        ptrt.EngineBytesFromNetwork(network, config=config, save_timing_cache=settings.save_timing_cache)()
+        meta["build_seconds"] = round(time.monotonic() - started, 3)
         return {}
+    engine = ptrt.EngineFromNetwork(network, config=config, save_timing_cache=settings.save_timing_cache)()
+    meta["build_seconds"] = round(time.monotonic() - started, 3)
     with ptrt.TrtRunner(engine) as runner:
         wanted = set(runner.get_input_metadata().keys())
         raw = runner.infer({k: np.ascontiguousarray(v) for k, v in feeds.items() if k in wanted})
