@@ -80,15 +80,18 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
     """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge."""
     from reprokit import session
     from reprokit.console import err, print_check
+    from reprokit.spec import parse_target
 
     options = make_run_options(kw)
+    parse_target(target)  # a bad spec is a usage error before any work
+    if out_dir:
+        _ensure_out_dir(out_dir)
     if not as_json:
         err.print(f"[dim]running {options.reference} and {target} on {model} …[/]")
     result = session.check(model, target, options=options, layerwise=layerwise)
     if out_dir:
         from reprokit.inputs import save_feeds
 
-        os.makedirs(out_dir, exist_ok=True)
         save_feeds(os.path.join(out_dir, "inputs.npz"), result.prepared.feeds.arrays)
         save_feeds(os.path.join(out_dir, "reference_outputs.npz"), result.reference_outputs)
         save_feeds(os.path.join(out_dir, "target_outputs.npz"), result.target_outputs)
@@ -132,14 +135,12 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
 def shrink(model, target, out_dir, jobs, replays, resume, no_localize, no_pack, fmt, redact, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
-    import signal
     import time
 
     from reprokit import shrink as shrinking
     from reprokit.console import err, print_shrink
 
     options = make_run_options(kw)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     start = time.monotonic()
 
     def progress(text):
@@ -220,6 +221,18 @@ def env(as_json):
     print_env(info)
 
 
+def _ensure_out_dir(path: str) -> None:
+    from reprokit.errors import UsageError
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--out {path} exists and is not a directory", hint="choose a directory path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out directory {path}: {exc.strerror}",
+                         hint="choose a writable directory") from exc
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -253,9 +266,13 @@ def _fail(message: str, hint: str | None, code: int) -> None:
 
 def main(argv=None) -> None:
     """Entry point: run the CLI and turn every failure into its exit code."""
+    import signal
+
     global _DEBUG
     args = list(sys.argv[1:] if argv is None else argv)
     _DEBUG = "--debug" in args or os.environ.get("REPROKIT_DEBUG") == "1"
+    # SIGTERM ends every command like Ctrl-C: workers are killed, best-so-far results kept.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         cli.main(args=args, prog_name="reprokit", standalone_mode=False)
     except SystemExit:
@@ -270,10 +287,9 @@ def main(argv=None) -> None:
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "reprokit"
         _fail(exc.format_message(), f"see '{command} --help'", ExitCode.USAGE)
-    except click.exceptions.Abort:
-        _fail("interrupted", None, ExitCode.INTERRUPTED)
-    except KeyboardInterrupt:
-        _fail("interrupted; results written so far are kept", None, ExitCode.INTERRUPTED)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _fail("interrupted", "results written so far are kept; `reprokit shrink --resume DIR` continues a shrink",
+              ExitCode.INTERRUPTED)
     except click.ClickException as exc:
         _fail(exc.format_message(), None, exc.exit_code)
     except Exception as exc:  # a bug: say so plainly, traceback only with --debug

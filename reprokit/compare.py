@@ -128,7 +128,7 @@ def compare_arrays(name: str, reference, target, criterion: Criterion) -> Output
         max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
         if np.isnan(max_abs):
             max_abs = float("inf")
-        cosine = _cosine_distance(r, t)
+        cosine = _cosine_distance(np.where(same_nonfinite, 0.0, r), np.where(same_nonfinite, 0.0, t))
         close = np.isclose(t, r, atol=criterion.atol, rtol=criterion.rtol, equal_nan=True)
         mismatched = int(close.size - int(np.count_nonzero(close)))
     error = {

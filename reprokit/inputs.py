@@ -27,18 +27,21 @@ class Feeds:
 
 
 def parse_shape_args(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
-    """``x:1x3x224x224`` or ``x:[1,3,224,224]``; several per argument, space separated."""
+    """``x:1x3x224x224`` or ``x:[1,3,224,224]``; several per argument, space separated.
+    Names may hold colons themselves (``input:0:1x3``): the last colon separates the dims."""
     shapes: dict[str, tuple[int, ...]] = {}
     for value in values:
-        for item in re.findall(r"[^\s:]+:(?:\[[^\]]*\]|[0-9x]+)", value) or [value]:
+        for item in re.findall(r"[^\s\[]+:\[[^\]]*\]|\S+", value):
             name, sep, dims = item.rpartition(":")
-            dims = dims.strip().strip("[]")
-            parts = [p for p in re.split(r"[x,]", dims) if p.strip()] if dims else []
-            if not sep or not name or not all(p.strip().isdigit() for p in parts):
+            text = dims.strip()
+            bracketed = re.fullmatch(r"\[\s*(\d+(?:\s*,\s*\d+)*)?\s*\]", text)
+            plain = re.fullmatch(r"\d+(?:x\d+)*", text)
+            if not sep or not name or not (bracketed or plain):
                 raise UsageError(
                     f"cannot parse input shape {item!r}",
                     hint="write NAME:1x3x224x224 or NAME:[1,3,224,224]",
                 )
+            parts = re.split(r"[x,]", text.strip("[] ")) if text.strip("[] ") else []
             shapes[name] = tuple(int(p) for p in parts)
     return shapes
 
@@ -119,6 +122,11 @@ def load_feeds(path: str, infos: list[InputInfo], *, sample: int = 0) -> Feeds:
 
 
 def _load_npz(path: str) -> dict[str, np.ndarray]:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"cannot read {path} as .npz: it is not a zip archive of arrays",
+                         hint="save the feeds with np.savez(path, name=array, ...)")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: np.array(data[k]) for k in data.files}

@@ -107,7 +107,7 @@ def normalize_message(message: str) -> str:
     if not lines:
         return ""
     chosen = next((line for line in lines if re.search(r"error|fail|unsupported|invalid", line, re.I)), lines[0])
-    chosen = re.sub(r"(/[\w.\-]+)+", "<path>", chosen)
+    chosen = re.sub(r"(?<![\w>])(?:/[\w.\-]+){2,}", "<path>", chosen)
     chosen = re.sub(r"(['\"`]).*?\1", "<name>", chosen)
     chosen = re.sub(r"0x[0-9a-fA-F]+|\d+", "N", chosen)
     return chosen[:200]
@@ -192,9 +192,17 @@ class Oracle:
             self.stats.reference += 1
         _raise_for_environment(result, "reference")
         if result.status != "ok":
+            text = result.message or ""
+            ir = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", text)
+            if ir:
+                raise ReferenceFailure(
+                    f"the reference ({self.reference}) cannot load the model: IR version {ir.group(1)} is newer "
+                    f"than this onnxruntime reads ({ir.group(2)})",
+                    hint=f"re-save it with an older IR: m = onnx.load(p); m.ir_version = {ir.group(2)}; onnx.save(m, p2) "
+                         "(or upgrade onnxruntime)")
             raise ReferenceFailure(
                 f"the reference ({self.reference}) fails on this model: {result.status}: "
-                f"{result.message.splitlines()[0] if result.message else ''}",
+                f"{text.splitlines()[0][-300:] if text else ''}",
                 hint="reprokit needs a working reference; check the model with `polygraphy run MODEL --onnxrt`",
             )
         return result

@@ -79,10 +79,12 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         raise InputError(f"{out_dir} already holds a shrink run",
                          hint=f"continue it with --resume {out_dir}, or choose another -o directory")
     os.makedirs(state_dir, exist_ok=True)
+    user_target = target
     target = _with_timing_cache(target, state_dir)
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
     backend_cls = backend_class(parse_target(target).engine)
     prepared = prepare(model_path, options, state_dir)
+    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume)
     model = fold_constants(prepared.model)
     original_nodes = len(model.graph.node)
     index = GraphIndex.build(model)
@@ -160,6 +162,28 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     writer.write(reducer, "done", final_verdict=final_verdict, minimal_model=minimal_model, feeds=final.feeds,
                  reference=reference)
     return ShrinkResult(writer.summary, out_dir, minimal_path, final_verdict, prepared.notes)
+
+
+def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume) -> None:
+    """--resume continues only the run that was started: same model, feeds, target, criterion."""
+    from reprokit.oracle import feeds_digest, file_digest
+
+    fingerprint = {
+        "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
+        "reference": oracle.reference, "criterion": oracle.criterion.describe(),
+        "fail_regex": options.fail_regex,
+        "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
+    }
+    path = os.path.join(state_dir, "run.json")
+    if resume and os.path.exists(path):
+        with open(path) as handle:
+            before = json.load(handle)
+        changed = [k for k in fingerprint if before.get(k) != fingerprint[k]]
+        if changed:
+            raise InputError(
+                f"--resume: this run differs from the one in {os.path.dirname(state_dir)} in {', '.join(changed)}",
+                hint="resume with the same model, inputs/seed, target and tolerances, or use a new -o directory")
+    _atomic_json(path, fingerprint)
 
 
 def _with_timing_cache(target: str, state_dir: str) -> str:

@@ -70,7 +70,9 @@ def parse_target(text: str) -> TargetSpec:
                 "the cmd engine needs a command: cmd:COMMAND",
                 hint="e.g. --target 'cmd:python my_check.py {model} {inputs}'",
             )
-        return TargetSpec(engine="cmd", command=rest.strip())
+        spec = TargetSpec(engine="cmd", command=rest.strip())
+        cls.validate(spec)
+        return spec
     options: list[tuple[str, object]] = []
     for raw in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = raw.partition("=")

@@ -405,11 +405,6 @@ def test_ppocr_v4_det_diverges_under_openvino_bf16(ov_bf16, tmp_path):
     assert sha_tree(model.parent) == digest  # the installed package's files are untouched
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: cli.check creates --out DIR with os.makedirs only after both engines ran; an "
-    "existing file there raises FileExistsError, reported as 'internal error' (exit 70)",
-)
 def test_out_dir_that_is_a_file_is_a_user_error(user_dir):
     (user_dir / "taken").write_text("not a directory\n")
     before = sha_tree(user_dir)
@@ -481,17 +476,11 @@ def interrupt_check(tmp_path, sig):
 def test_ctrl_c_exits_130_and_kills_the_engine_processes(tmp_path):
     code, err, alive = interrupt_check(tmp_path, signal.SIGINT)
     assert code == 130, err
-    assert "Error: interrupted" in err.splitlines()[-1]
+    assert any(line.startswith("Error: interrupted") for line in err.splitlines())
     assert "Traceback" not in err
     assert alive == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: only `shrink` turns SIGTERM into KeyboardInterrupt (cli.py, shrink); `check` "
-    "does not, and the worker runs in its own session (start_new_session=True), so SIGTERM "
-    "kills reprokit (exit -15, not the documented 130) and leaves the engine's process group running",
-)
 def test_sigterm_exits_130_and_kills_the_engine_processes(tmp_path):
     code, err, alive = interrupt_check(tmp_path, signal.SIGTERM)
     assert alive == []

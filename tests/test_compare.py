@@ -85,14 +85,6 @@ def test_opposite_infinities_are_a_divergence():
     assert not e.nonfinite_in_target_only  # same count of infs on both sides
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: compare._cosine_distance returns inf whenever either array holds a NaN/Inf, even where "
-        "reference and target hold the same non-finite value, so --metric cosine judges e.g. identical "
-        "-inf attention masks as diverging while rel-l2/max-abs/allclose do not"
-    ),
-)
 def test_same_nonfinite_is_not_a_divergence_under_cosine():
     ref = f32(1, 2, -INF)
     e = compare_arrays("y", ref, ref.copy(), Criterion(metric=Metric.COSINE, tolerance=1e-3))

@@ -114,14 +114,6 @@ def test_pickled_npz_is_refused(tmp_path, mlp_infos):
     assert info.value.exit_code == ExitCode.INPUT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: inputs._load_npz maps every ValueError to 'holds arrays that need pickling'; np.load "
-        "raises that ValueError for any file that is neither zip nor .npy, so a corrupt or non-npz "
-        "file is misreported as a pickled npz"
-    ),
-)
 def test_not_an_npz_is_refused(tmp_path, mlp_infos):
     path = tmp_path / "junk.npz"
     path.write_bytes(b"definitely not a zip file")
@@ -244,25 +236,11 @@ def test_unparseable_input_shape_is_a_usage_error(text):
     assert info.value.hint == "write NAME:1x3x224x224 or NAME:[1,3,224,224]"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: inputs.parse_shape_args uses re.findall, which skips text it cannot match, so "
-        "'x:1xAx8' is silently read as x:(1,) instead of being refused"
-    ),
-)
 def test_garbage_after_dims_is_a_usage_error():
     with pytest.raises(UsageError):
         parse_shape_args(["x:1xAx8"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: inputs.parse_shape_args' findall pattern [^\\s:]+: cannot take input names that hold "
-        "':' (tf2onnx names like 'input:0'), so 'input:0:1x3x8x8' parses as {'input': (0,)}"
-    ),
-)
 def test_input_names_with_colons():
     assert parse_shape_args(["input:0:1x3x8x8"]) == {"input:0": (1, 3, 8, 8)}
 

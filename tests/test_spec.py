@@ -80,14 +80,6 @@ def test_invalid_specs(text, message):
     assert usage_error(text).message == message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: spec.parse_target returns early for the cmd engine and never calls CmdBackend.validate, "
-        "so a missing check command is only found inside the target worker, after the reference has "
-        "already run on the whole model"
-    ),
-)
 def test_missing_check_command_is_found_while_parsing():
     with pytest.raises(EngineUnavailable) as info:
         parse_target("cmd:no-such-command-xyz {model}")

@@ -85,4 +85,5 @@ class OpenVinoBackend(Backend):
         except Exception as exc:
             raise BuildError(f"OpenVINO failed to run the model: {exc}") from exc
         actual = compiled.get_property("INFERENCE_PRECISION_HINT")
-        return RunResult(outputs=outputs, meta={"inference_precision": str(actual), "device": "CPU"})
+        name = actual.get_type_name() if hasattr(actual, "get_type_name") else str(actual)
+        return RunResult(outputs=outputs, meta={"inference_precision": name, "device": "CPU"})

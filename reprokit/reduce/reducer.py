@@ -126,14 +126,17 @@ class Reducer:
         reason = self._unrepresentable_feed(sub.feeds)
         if reason:
             return Outcome(False, "invalid", reason, None, True)
+        import tempfile
+
         import onnx
 
-        path = os.path.join(self.workdir, "candidates", key[5:] + ".onnx")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        onnx.save(sub.model, path)
-        reference = {name: self.store.get(name) for name in sub.outputs if name in self.store}
-        verdict: Verdict = self.oracle.judge(path, sub.feeds, reference_outputs=reference)
-        os.remove(path)
+        folder = os.path.join(self.workdir, "candidates")
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:  # one folder per evaluation: threads never share
+            path = os.path.join(tmp, "candidate.onnx")
+            onnx.save(sub.model, path)
+            reference = {name: self.store.get(name) for name in sub.outputs if name in self.store}
+            verdict: Verdict = self.oracle.judge(path, sub.feeds, reference_outputs=reference)
         outcome = Outcome(
             interesting=verdict.diverges and self.signature.same_bug(verdict.signature),
             kind=verdict.kind.value, detail=verdict.signature.detail,
@@ -185,7 +188,8 @@ class Reducer:
         With jobs == 1 this does nothing: results never depend on the number of jobs."""
         if self._pool is None:
             return
-        todo = [frozenset(c) for c in candidates if c and self.journal.get(self.key(c)) is None]
+        todo = list(dict.fromkeys(frozenset(c) for c in candidates
+                                  if c and self.journal.get(self.key(c)) is None))
         for future in [self._pool.submit(self._evaluate, c) for c in todo[: self.jobs]]:
             future.result()
 
