@@ -110,7 +110,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
         }
         click.echo(json.dumps(payload, indent=2))
     else:
-        print_check(result, model)
+        print_check(result, model, top)
         if out_dir:
             err.print(f"[dim]wrote inputs, outputs and verdict.json to {out_dir}[/]")
     sys.exit(ExitCode.DIVERGES if result.verdict.diverges else ExitCode.OK)

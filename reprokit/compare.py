@@ -170,7 +170,8 @@ def _cosine_distance(r: np.ndarray, t: np.ndarray) -> float:
 
 
 # Largest finite value and the magnitude below which a value rounds to zero, per storage type.
-_RANGE = {"fp16": (65504.0, 2.9802322e-08), "bf16": (3.3895314e38, 4.6e-41), "fp8": (448.0, 9.8e-4)}
+RANGE = {"fp16": (65504.0, 2.9802322e-08), "bf16": (3.3895314e38, 4.6e-41), "fp8": (448.0, 9.8e-4)}
+_RANGE = RANGE  # the old private name, kept for callers that use it
 UNDERFLOW_SHARE = 0.01
 
 
@@ -180,7 +181,7 @@ def unrepresentable(array, precision: str) -> str | None:
     Any value past the type's maximum (it would become inf), or at least 1 % of the non-zero
     values flushing to zero, counts: a cut fed with such a tensor moves the fault into the data.
     """
-    limits = _RANGE.get(precision)
+    limits = RANGE.get(precision)
     values = np.asarray(array)
     if limits is None or values.dtype.kind != "f" or values.size == 0:
         return None

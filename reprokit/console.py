@@ -36,7 +36,7 @@ def fmt(value: float) -> str:
     return f"{value:.3g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.2e}"
 
 
-def print_check(result, model_path: str) -> None:
+def print_check(result, model_path: str, top: int = 10) -> None:
     verdict = result.verdict
     feeds = result.prepared.feeds
     shapes = ", ".join(f"{k}{list(v.shape)} {v.dtype}" for k, v in feeds.arrays.items())
@@ -59,7 +59,7 @@ def print_check(result, model_path: str) -> None:
     if verdict.outputs:
         out.print(error_table(verdict.outputs, verdict.criterion.metric.value))
     if result.layerwise is not None:
-        print_layerwise(result.layerwise)
+        print_layerwise(result.layerwise, top)
 
 
 def error_table(errors, metric: str, title: str | None = None) -> Table:

@@ -16,7 +16,8 @@ _ENGINE_NAMES = {"ort": "ONNX Runtime", "emulate": "fp16/bf16 storage emulation 
 def engine_label(spec, env) -> str:
     if spec.engine == "trt":
         version = env["tensorrt"]["version"]
-        return f"TensorRT {version}" if version else "TensorRT"
+        name = "TensorRT-RTX" if "rtx" in (env["tensorrt"].get("distribution") or "") else "TensorRT"
+        return f"{name} {version}" if version else name
     if spec.engine == "openvino":
         return f"OpenVINO {env['packages'].get('openvino') or ''} CPU".replace("  ", " ")
     if spec.engine == "ort":
@@ -35,8 +36,9 @@ def title(verdict, spec, env, ops) -> str:
     }.get(verdict.kind, "Divergence")
     gpus = env.get("gpu") or []
     device = f"GPU {gpus[0]['name']}" if gpus else f"CPU {env.get('cpu') or 'unknown'}"
-    precision = verdict.precision.upper()
-    return (f"{what} failure of {engine_label(spec, env)} {precision} (`{spec}`) when running "
+    numeric = verdict.kind in (Kind.NONFINITE, Kind.MISMATCH)
+    precision = f" {verdict.precision.upper()}" if numeric else ""
+    return (f"{what} failure of {engine_label(spec, env)}{precision} (`{spec}`) when running "
             f"{', '.join(ops[:4])}{' …' if len(ops) > 4 else ''} on {device}")
 
 
@@ -56,7 +58,7 @@ def describe(verdict, spec, model, context) -> str:
                     f"{verdict.criterion.metric.value} error {worst.error:.3g} against a tolerance of "
                     f"{verdict.criterion.tolerance:g} (max abs error {worst.max_abs:.3g}).")
     elif verdict.kind is Kind.BUILD_ERROR:
-        sentence = f"{engine} fails to parse, build or run the model: {verdict.signature.detail}."
+        sentence = f"{engine} refuses the model: `{_key_line(verdict.message) or verdict.signature.detail}`."
     elif verdict.kind is Kind.CRASH:
         sentence = f"{engine} crashes ({verdict.signature.detail}) on the model."
     else:
@@ -74,6 +76,16 @@ def describe(verdict, spec, model, context) -> str:
         parts.append(f"TensorRT was driven {verdict.target_meta['mode']}"
                      + (f" with builder flags {', '.join(verdict.target_meta.get('builder_flags', []))}." if verdict.target_meta.get("builder_flags") else "."))
     return " ".join(parts)
+
+
+def _key_line(message: str) -> str:
+    """The engine's most telling line: an UNSUPPORTED_NODE line, else the first error line."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    for pattern in ("UNSUPPORTED_NODE", "ERROR", "Error", "error"):
+        for line in lines:
+            if pattern in line:
+                return line.split("could not build or run the model: ")[-1][:300]
+    return lines[0][:300] if lines else ""
 
 
 def _nonfinite_words(detail: str) -> str:
