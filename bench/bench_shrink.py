@@ -332,6 +332,36 @@ HEADER = ["model", "nodes", "target", "tool", "target calls", "wall time (s)", "
           "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept"]
 
 
+def render(payload: dict) -> str:
+    """The Markdown table, a line on the environment and per-model notes."""
+    env = payload["environment"]
+    results = payload["results"]
+    lines = [table(results), "",
+             f"Benchmark wall time {payload['total_wall_s']:.0f} s; {env['machine']} ({env['cpu']}), 1-min load "
+             f"average {env['load_average_1m']['start']} at start, {env['load_average_1m']['end']} at end; "
+             f"reprokit {env['reprokit']} ({env['reprokit_tree']}), polygraphy {env['polygraphy']}, onnxruntime "
+             f"{env['onnxruntime']}, openvino {env['openvino']}.", "",
+             "Notes per model (reprokit: total size of its `.reprokit/` state directory, which also keeps every "
+             "call's feeds and outputs; polygraphy: seconds per step; both: the oracle's verdict on the final model):",
+             ""]
+    for res in results:
+        if res.get("error"):
+            lines.append(f"- {res['name']}: {res['error']}")
+            continue
+        rk, pg = res["reprokit"], res["polygraphy"]
+        parts = []
+        if not rk.get("error"):
+            parts.append(f"reprokit state dir {rk['state_dir_mib']:.0f} MiB, {rk['cached']} cached verdicts, "
+                         f"1-minimal {'yes' if rk.get('one_minimal') else 'no'}; final: `{rk['judged']['line']}`")
+        if pg.get("step_s"):
+            steps = ", ".join(f"{k} {v:.1f}" for k, v in pg["step_s"].items())
+            parts.append(f"polygraphy steps (s): {steps}" + ("; it suggests `--mode=linear` next"
+                                                            if pg.get("suggests_linear") else "")
+                         + (f"; final: `{pg['judged']['line']}`" if pg.get("judged") else ""))
+        lines.append(f"- {res['name']}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def table(results: list[dict]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for res in results:
@@ -384,7 +414,12 @@ def main(argv=None) -> int:
                         help="run only models whose name contains this (repeatable)")
     parser.add_argument("--quick", action="store_true", help="the five samples only")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    parser.add_argument("--render", metavar="JSON", help="only print the table of an earlier results JSON")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as handle:
+            print(render(json.load(handle)))
+        return 0
 
     selected = models()
     if args.quick:
@@ -447,21 +482,16 @@ def main(argv=None) -> int:
         "reprokit_tree": _git_state(),
         "load_average_1m": {"start": round(load_before[0], 2), "end": round(os.getloadavg()[0], 2)},
     }
-    text = table(results)
-    header = (f"Benchmark wall time {total:.0f} s; {env['machine']} ({env['cpu']}), 1-min load average "
-              f"{env['load_average_1m']['start']} at start, {env['load_average_1m']['end']} at end; reprokit "
-              f"{env['reprokit']} ({env['reprokit_tree']}), polygraphy {env['polygraphy']}, onnxruntime "
-              f"{env['onnxruntime']}, openvino {env['openvino']}.")
+    payload = {"schema": "bench.shrink/1", "total_wall_s": round(total, 1), "environment": env,
+               "results": results}
+    text = render(payload)
     print(text)
-    print()
-    print(header)
     os.makedirs(RESULTS, exist_ok=True)
     stem = "shrink.partial" if partial else "shrink"
     with open(os.path.join(RESULTS, stem + ".md"), "w") as handle:
-        handle.write(text + "\n\n" + header + "\n")
+        handle.write(text + "\n")
     with open(os.path.join(RESULTS, stem + ".json"), "w") as handle:
-        json.dump({"schema": "bench.shrink/1", "total_wall_s": round(total, 1), "environment": env,
-                   "results": results}, handle, indent=1, default=_json_default)
+        json.dump(payload, handle, indent=1, default=_json_default)
     return 0
 
 

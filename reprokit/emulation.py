@@ -26,12 +26,14 @@ def round_through(array: np.ndarray, narrow: str) -> np.ndarray:
 def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
     """Return a copy of ``model`` whose float storage is rounded through ``narrow``.
 
-    ``keep_fp32`` names nodes whose outputs stay fp32 (the "keep this layer in FP32" knob).
-    Tensor names are unchanged: each float output ``t`` is produced as ``t`` by a Cast pair
-    fed from the node's renamed wide output.
+    ``keep_fp32`` names nodes whose outputs stay fp32 (the "keep this layer in FP32" knob);
+    weights that only such nodes read stay fp32 too. Tensor names are unchanged: each float
+    output or weight ``t`` is produced as ``t`` by a Cast pair fed from a renamed wide copy.
+    Weights are rounded by Casts in the graph, never loaded here, so a model whose weights are
+    external data is rewritten without reading them.
     """
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     try:
@@ -45,11 +47,22 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT
     }
     narrow_type = TensorProto.FLOAT16 if narrow == "fp16" else TensorProto.BFLOAT16
-    for init in graph.initializer:
-        if init.data_type == TensorProto.FLOAT:
-            rounded = round_through(numpy_helper.to_array(init), narrow)
-            init.CopyFrom(numpy_helper.from_array(rounded, init.name))
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
+    graph_inputs = {vi.name: vi for vi in graph.input}
     new_nodes = []
+    for init in graph.initializer:
+        name = init.name
+        if init.data_type != TensorProto.FLOAT or (readers.get(name) and readers[name] <= keep_fp32):
+            continue
+        wide, mid = f"{name}__rk_wide", f"{name}__rk_narrow"
+        init.name = wide
+        if name in graph_inputs:  # old models list weights among the inputs too
+            graph_inputs[name].name = wide
+        new_nodes.append(helper.make_node("Cast", [wide], [mid], to=narrow_type, name=mid))
+        new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=name + "__rk_cast"))
     for index, node in enumerate(graph.node):
         new_nodes.append(node)
         if node.name in keep_fp32:

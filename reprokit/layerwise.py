@@ -91,7 +91,8 @@ def run_layerwise(oracle, prepared, workdir: str) -> LayerwiseReport:
     os.makedirs(workdir, exist_ok=True)
     model = prepared.model
     names = [t for t, *_ in float_node_outputs(model)]
-    marked_path = save_model(mark_outputs(model, names), os.path.join(workdir, "marked.onnx"))
+    marked_path = save_model(mark_outputs(model, names), os.path.join(workdir, "marked.onnx"),
+                             base_dir=prepared.base_dir)
     reference = oracle.run_reference(marked_path, prepared.feeds.arrays, names)
     target = oracle.run_target(marked_path, prepared.feeds.arrays, names)
     marking = backend_class(parse_target(oracle.target).engine).marking_changes_engine

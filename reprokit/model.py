@@ -49,6 +49,8 @@ def load_model(path: str, *, load_weights: bool = True):
             hint="re-export the model",
         )
     check_external_data(model, path)
+    if load_weights and not external_locations(model):
+        return model
     if load_weights:
         from onnx.external_data_helper import load_external_data_for_model
 
@@ -93,11 +95,91 @@ def _all_initializers(model):
                 yield attr.t
 
 
-def save_model(model, path: str) -> str:
-    """Save self-contained when small, with external data (next to it) when over 2 GB."""
+def external_locations(model) -> set[str]:
+    """Files that the model's not-yet-loaded external tensors live in (relative paths)."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    found = set()
+    for tensor in _all_tensors(model.graph):
+        if uses_external_data(tensor):
+            found.add(ExternalDataInfo(tensor).location)
+    return found
+
+
+def _all_tensors(graph):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            for body in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                yield from _all_tensors(body)
+
+
+def stage_external_data(model, src_dir: str, dst_dir: str) -> None:
+    """Make the model's external data files in ``src_dir`` appear in ``dst_dir``, for engines
+    that read weights only from the model file's own folder and refuse links that resolve
+    elsewhere (OpenVINO, TensorRT's parser): a hard link where the file system allows, else a
+    copy. Callers remove ``dst_dir`` right after the engine call, because a hard link raises
+    the link count of the user's weight file and onnx refuses to load such a file meanwhile."""
+    import shutil
+
+    if os.path.abspath(src_dir) == os.path.abspath(dst_dir):
+        return
+    for location in external_locations(model):
+        src = os.path.join(src_dir, location)
+        dst = os.path.join(dst_dir, location)
+        if os.path.lexists(dst) or not os.path.exists(src):
+            continue
+        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+
+
+def inline_external_data(model, base_dir: str):
+    """Read the data of every external tensor the model still references into the proto.
+
+    Read here rather than through onnx's loader: the run folder holds hard links to the user's
+    weight files (no copies), which onnx's loader refuses as a possible link attack. Locations
+    must stay inside ``base_dir``."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    root = os.path.realpath(base_dir)
+    for tensor in _all_tensors(model.graph):
+        if not uses_external_data(tensor):
+            continue
+        info = ExternalDataInfo(tensor)
+        path = os.path.join(base_dir, info.location)
+        if os.path.isabs(info.location) or ".." in info.location.replace("\\", "/").split("/"):
+            raise InputError(f"external data location {info.location!r} of {tensor.name!r} leaves the model folder",
+                             hint="keep weight files next to the model")
+        if not os.path.realpath(path).startswith(root) and not os.path.islink(path):
+            raise InputError(f"external data of {tensor.name!r} resolves outside {base_dir}", hint="check the model")
+        with open(path, "rb") as handle:
+            handle.seek(info.offset or 0)
+            data = handle.read(info.length) if info.length else handle.read()
+        tensor.raw_data = data
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+    return model
+
+
+def save_model(model, path: str, *, base_dir: str | None = None, self_contained: bool = False) -> str:
+    """Save atomically. A model whose weights are still on disk (external data, not loaded)
+    keeps referencing them by relative location; engines are told where they are (the
+    ``weights_dir`` of a worker call). ``self_contained`` reads them from ``base_dir`` into the
+    file instead (small results that travel). Over 2 GB of inline data, the weights go to
+    ``<name>.data`` beside the file."""
     import onnx
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    if self_contained and base_dir and external_locations(model):
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        inline_external_data(model, base_dir)
     large = model.ByteSize() > _TWO_GB if _byte_size_ok(model) else True
     tmp = path + ".tmp"
     if large:
@@ -174,10 +256,14 @@ def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]]):
 
 
 def fold_constants(model):
-    """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept."""
+    """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept.
+    Models whose weights stay on disk (external data) are left unfolded: folding would pull
+    every weight into memory."""
     import onnx
     import onnx_graphsurgeon as gs
 
+    if external_locations(model):
+        return model
     ir_version, opsets = model.ir_version, list(model.opset_import)
     try:
         graph = gs.import_onnx(model)

@@ -162,6 +162,7 @@ class Oracle:
         self.fail_regex = fail_regex
         self.target_env = target_env
         self.build_only = False  # shrink sets it while hunting a build error
+        self.weights_dir: str | None = None  # external data of the models judged, if any
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="reprokit-")
         self.workdir = workdir or self._tmp.name
         os.makedirs(self.workdir, exist_ok=True)
@@ -186,7 +187,7 @@ class Oracle:
         job = self._job_dir("reference")
         result = run_in_worker(
             self.reference, model_path, self._feeds_file(job, feeds), job,
-            output_names=output_names, timeout=self.timeout,
+            output_names=output_names, timeout=self.timeout, weights_dir=self.weights_dir,
         )
         with self._lock:
             self.stats.reference += 1
@@ -212,7 +213,7 @@ class Oracle:
         result = run_in_worker(
             self.target, model_path, self._feeds_file(job, feeds), job, output_names=output_names,
             timeout=self.timeout, fail_regex=self.fail_regex, env=self.target_env,
-            build_only=self.build_only,
+            build_only=self.build_only, weights_dir=self.weights_dir,
         )
         with self._lock:
             self.stats.target += 1

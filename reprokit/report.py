@@ -73,12 +73,14 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
 
 
 def _redacted(result, target, options, tmp, notes):
-    from reprokit.model import save_model
+    from reprokit.model import inline_external_data, save_model
     from reprokit.redact import redact
 
     feeds = result.prepared.feeds.arrays
+    model = result.prepared.model
+    model = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
     for randomize in (True, False):
-        red = redact(result.prepared.model, feeds, randomize_weights=randomize)
+        red = redact(model, feeds, randomize_weights=randomize)
         path = save_model(red.model, os.path.join(tmp, f"redacted-{randomize}.onnx"))
         inputs = os.path.join(tmp, f"redacted-{randomize}.npz")
         np.savez(inputs, **red.feeds)
@@ -113,7 +115,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     spec = parse_target(target)
     feeds = result.prepared.feeds.arrays
     model = result.prepared.model
-    save_model(model, os.path.join(stage, "model.onnx"))
+    save_model(model, os.path.join(stage, "model.onnx"), base_dir=result.prepared.base_dir, self_contained=True)
     _save_npz(os.path.join(stage, "inputs.npz"), feeds)
     _save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
     _save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
@@ -122,7 +124,10 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         from reprokit.convert import convert_float_model
 
         narrow = "fp16" if spec.has("fp16") else "bf16"
-        save_model(convert_float_model(model, narrow), os.path.join(stage, f"model.{narrow}.onnx"))
+        from reprokit.model import inline_external_data
+
+        inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
+        save_model(convert_float_model(inline, narrow), os.path.join(stage, f"model.{narrow}.onnx"))
     with open(os.path.join(stage, "verdict.json"), "w") as handle:
         json.dump({**verdict.to_json(), "fail_regex": options.fail_regex, "reprokit": __version__,
                    "redaction": redaction}, handle, indent=2, default=str)

@@ -12,7 +12,14 @@ from reprokit.backends import backend_class
 from reprokit.compare import Criterion
 from reprokit.errors import UsageError
 from reprokit.inputs import Feeds, load_feeds, random_feeds
-from reprokit.model import InputInfo, freeze_input_shapes, input_infos, load_model, save_model
+from reprokit.model import (
+    InputInfo,
+    external_locations,
+    freeze_input_shapes,
+    input_infos,
+    load_model,
+    save_model,
+)
 from reprokit.oracle import Oracle, Verdict, check_reference_finite
 from reprokit.spec import parse_target
 
@@ -26,6 +33,7 @@ class Prepared:
     infos: list[InputInfo]
     feeds: Feeds
     notes: list[str] = field(default_factory=list)
+    base_dir: str = ""  # where the model's external data files are (weights are not loaded)
 
 
 @dataclass
@@ -48,13 +56,15 @@ class RunOptions:
 
 def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
     """Load and validate the model, freeze shapes if asked, make or load the feeds."""
-    model = load_model(model_path)
+    model = load_model(model_path, load_weights=False)
     notes: list[str] = []
     path = model_path
+    base_dir = os.path.dirname(os.path.abspath(model_path))
     if options.input_shapes:
         model = freeze_input_shapes(model, options.input_shapes)
         path = save_model(model, os.path.join(workdir, "prepared.onnx"))
-        notes.append(f"froze input shapes {options.input_shapes} and folded constants")
+        folded = "" if external_locations(model) else " and folded constants"
+        notes.append(f"froze input shapes {options.input_shapes}{folded}")
     infos = input_infos(model)
     if options.inputs:
         feeds = load_feeds(options.inputs, infos, sample=options.sample)
@@ -62,7 +72,7 @@ def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
                              val_ranges=options.val_ranges)
     notes.extend(feeds.notes)
-    return Prepared(model, path, infos, feeds, notes)
+    return Prepared(model, path, infos, feeds, notes, base_dir)
 
 
 def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None) -> Oracle:
@@ -103,6 +113,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         workdir = own_tmp.name
     oracle = make_oracle(target, options, os.path.join(workdir, "calls"))
     prepared = prepare(os.fspath(model), options, workdir)
+    oracle.weights_dir = prepared.base_dir
     reference = oracle.run_reference(prepared.path, prepared.feeds.arrays)
     check_reference_finite(reference.outputs, oracle.reference)
     result = oracle.run_target(prepared.path, prepared.feeds.arrays)

@@ -86,6 +86,11 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     prepared = prepare(model_path, options, state_dir)
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume)
     model = fold_constants(prepared.model)
+    # Every model file of this run lives in models/; external weights stay where they are and
+    # every engine call is told so (oracle.weights_dir): candidates never copy them.
+    oracle.weights_dir = prepared.base_dir
+    models_dir = os.path.join(state_dir, "models")
+    os.makedirs(models_dir, exist_ok=True)
     original_nodes = len(model.graph.node)
     index = GraphIndex.build(model)
     journal = Journal(os.path.join(state_dir, "journal.jsonl"))
@@ -93,13 +98,14 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     # 1. Capture every node output of the reference once; its graph outputs serve the confirm.
     event("capturing reference activations")
     all_tensors = [t for outs in index.node_outputs for t in outs]
-    capture_path = save_model(mark_outputs(model, all_tensors), os.path.join(state_dir, "capture.onnx"))
+    capture_path = save_model(mark_outputs(model, all_tensors), os.path.join(models_dir, "capture.onnx"),
+                              base_dir=prepared.base_dir)
     store = _capture(oracle, capture_path, prepared.feeds.arrays, all_tensors, state_dir, resume)
     graph_outputs = {name: store.get(name) for name in index.graph_outputs if name in store}
     check_reference_finite(graph_outputs, oracle.reference)
 
     # 2. Confirm: the original must diverge, every replay with the same signature.
-    model_file = save_model(model, os.path.join(state_dir, "original.onnx"))
+    model_file = save_model(model, os.path.join(models_dir, "original.onnx"), base_dir=prepared.base_dir)
     deterministic = backend_cls.deterministic
     replays = (0 if deterministic else 1) if replays is None else replays
     event(f"confirming the divergence ({1 + replays} target run{'s' if replays else ''})")
@@ -124,7 +130,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     oracle.build_only = signature.kind is Kind.BUILD_ERROR
 
     reducer = Reducer(model, index, store, prepared.feeds.arrays, oracle, signature,
-                      workdir=state_dir, journal=journal, jobs=jobs, on_event=event,
+                      workdir=models_dir, journal=journal, jobs=jobs, on_event=event,
                       best=frozenset(range(original_nodes)))
     reducer.stats["confirm"] = _confirm_stats(oracle)
     writer = _BestWriter(out_dir, model_path, target, options, original_nodes, started)
@@ -135,7 +141,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         if localize_first and signature.kind in (Kind.NONFINITE, Kind.MISMATCH):
             reducer.begin("layerwise")
             began = time.monotonic()
-            reducer.anchors = _anchors(oracle, model, store, prepared.feeds.arrays, state_dir,
+            reducer.anchors = _anchors(oracle, model, store, prepared.feeds.arrays, models_dir,
                                        signature, backend_cls.marking_changes_engine, journal, reducer)
             reducer.stats["layerwise"].seconds += time.monotonic() - began
             event(f"layerwise: anchors {[model.graph.node[a].name or a for a in reducer.anchors[:3]]}")
@@ -156,7 +162,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.begin("final")
     final = reducer.extraction(reducer.best)
     minimal_model = final.model
-    minimal_path = save_model(minimal_model, os.path.join(out_dir, "minimal.onnx"))
+    minimal_path = save_model(minimal_model, os.path.join(out_dir, "minimal.onnx"), base_dir=prepared.base_dir,
+                              self_contained=True)
     reference = {n: store.get(n) for n in final.outputs if n in store}
     final_verdict = oracle.judge(minimal_path, final.feeds, reference_outputs=reference)
     writer.write(reducer, "done", final_verdict=final_verdict, minimal_model=minimal_model, feeds=final.feeds,
@@ -214,13 +221,13 @@ def _capture(oracle, path, feeds, names, state_dir, resume) -> ActivationStore:
     return ActivationStore.from_worker(capture_dir, {})
 
 
-def _anchors(oracle, model, store, feeds, state_dir, signature, marking, journal, reducer) -> list[int]:
+def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journal, reducer) -> list[int]:
     """Node indices where the divergence starts, from one layerwise target run (journaled)."""
     saved = journal.get("layerwise")
     if saved is not None:
         return saved["anchors"]
     names = [t for t, *_ in float_node_outputs(model)]
-    marked = save_model(mark_outputs(model, names), os.path.join(state_dir, "layerwise.onnx"))
+    marked = save_model(mark_outputs(model, names), os.path.join(models_dir, "layerwise.onnx"), base_dir=models_dir)
     result = oracle.run_target(marked, feeds, names)
     reducer.stats["layerwise"].calls += 1
     anchors: list[int] = []
@@ -267,7 +274,8 @@ class _BestWriter:
         if minimal_model is None:
             extraction = reducer.extraction(reducer.best)
             minimal_model, feeds = extraction.model, extraction.feeds
-            save_model(minimal_model, os.path.join(self.out_dir, "minimal.onnx"))
+            save_model(minimal_model, os.path.join(self.out_dir, "minimal.onnx"),
+                       base_dir=reducer.oracle.weights_dir, self_contained=True)
         _atomic_npz(os.path.join(self.out_dir, "inputs.npz"), feeds)
         if reference is not None:
             _atomic_npz(os.path.join(self.out_dir, "reference_outputs.npz"), reference)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ def run_in_worker(
     fail_regex: str | None = None,
     env: dict[str, str] | None = None,
     build_only: bool = False,
+    weights_dir: str | None = None,
 ) -> WorkerResult:
     """Run ``spec`` on a model in a fresh process; never raises for engine failures."""
     os.makedirs(job_dir, exist_ok=True)
@@ -58,6 +60,7 @@ def run_in_worker(
         "outputs": output_names,
         "fail_regex": fail_regex,
         "build_only": build_only,
+        "weights_dir": os.path.abspath(weights_dir) if weights_dir else None,
     }
     with open(os.path.join(job_dir, "job.json"), "w") as handle:
         json.dump(job, handle)
@@ -148,9 +151,13 @@ def _child(job_dir: str) -> int:
         spec = parse_target(job["spec"])
         backend = CmdBackend(spec, job["fail_regex"]) if spec.engine == "cmd" else create_backend(spec)
         backend.build_only = bool(job.get("build_only"))
+        model_path = _place_weights(backend, job["model"], job.get("weights_dir"), job_dir)
         with np.load(job["feeds"], allow_pickle=False) as data:
             feeds = {k: np.array(data[k]) for k in data.files}
-        run = backend.run(job["model"], feeds, job["outputs"])
+        try:
+            run = backend.run(model_path, feeds, job["outputs"])
+        finally:
+            shutil.rmtree(os.path.join(job_dir, "staged"), ignore_errors=True)
         entries = []
         for index, (name, value) in enumerate(run.outputs.items()):
             file = f"out{index:05d}.npy"
@@ -170,6 +177,29 @@ def _child(job_dir: str) -> int:
         json.dump(result, handle, default=str)
     os.replace(tmp, os.path.join(job_dir, "result.json"))
     return 0
+
+
+def _place_weights(backend, model_path: str, weights_dir: str | None, job_dir: str) -> str:
+    """Tell the backend where external weights are, or stage links beside a copy of the model
+    file for engines that look only next to it. Returns the model path to run."""
+    if not weights_dir or os.path.abspath(weights_dir) == os.path.dirname(os.path.abspath(model_path)):
+        return model_path
+    if backend.reads_weights_dir:
+        backend.weights_dir = weights_dir
+        return model_path
+    import onnx
+
+    from reprokit.model import external_locations, stage_external_data
+
+    model = onnx.load(model_path, load_external_data=False)
+    if not external_locations(model):
+        return model_path
+    staged = os.path.join(job_dir, "staged")
+    os.makedirs(staged, exist_ok=True)
+    stage_external_data(model, weights_dir, staged)
+    target = os.path.join(staged, os.path.basename(model_path))
+    shutil.copyfile(model_path, target)
+    return target
 
 
 if __name__ == "__main__":

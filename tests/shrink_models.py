@@ -21,8 +21,12 @@ PY = sys.executable
 
 def make(nodes, inputs, outputs, initializers=(), name="g") -> onnx.ModelProto:
     graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
-    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="shrink-tests")
+    model = helper.make_model(
+        graph,
+        ir_version=8,
+        opset_imports=[helper.make_opsetid("", 17)],
+        producer_name="shrink-tests",
+    )
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -66,10 +70,13 @@ def agreeing_mlp() -> onnx.ModelProto:
     # x[1,8] -> MatMul(W) -> h -> Add(b) -> a -> Relu -> y[1,4]
     rng = np.random.default_rng(3)
     return make(
-        [node("MatMul", ["x", "W"], ["h"], "mm"),
-         node("Add", ["h", "b"], ["a"], "bias"),
-         node("Relu", ["a"], ["y"], "act")],
-        [vi("x", [1, 8])], [vi("y", [1, 4])],
+        [
+            node("MatMul", ["x", "W"], ["h"], "mm"),
+            node("Add", ["h", "b"], ["a"], "bias"),
+            node("Relu", ["a"], ["y"], "act"),
+        ],
+        [vi("x", [1, 8])],
+        [vi("y", [1, 4])],
         [const("W", rng.uniform(-0.5, 0.5, (8, 4))), const("b", rng.uniform(0.1, 0.2, (4,)))],
     )
 
@@ -90,9 +97,17 @@ def branch_fault() -> onnx.ModelProto:
         node("Tanh", ["a3"], ["ya"], "a/tanh"),
         node("Mul", ["b3", "two"], ["yb"], "b/out"),
     ]
-    return make(nodes, [vi("x", [1, 16])], [vi("ya", [1, 4]), vi("yb", [1, 4])],
-                [const("Wa", rng.uniform(-0.3, 0.3, (16, 4))), const("ba", [0.1, 0.2, 0.3, 0.4]),
-                 const("two", 2.0), const("Wb", np.full((16, 4), 1e4))])
+    return make(
+        nodes,
+        [vi("x", [1, 16])],
+        [vi("ya", [1, 4]), vi("yb", [1, 4])],
+        [
+            const("Wa", rng.uniform(-0.3, 0.3, (16, 4))),
+            const("ba", [0.1, 0.2, 0.3, 0.4]),
+            const("two", 2.0),
+            const("Wb", np.full((16, 4), 1e4)),
+        ],
+    )
 
 
 def two_outputs_one_diverges() -> onnx.ModelProto:
@@ -107,10 +122,17 @@ def two_outputs_one_diverges() -> onnx.ModelProto:
         node("Mul", ["d1", "half"], ["density"], "d/half"),
         node("Mul", ["c1", "milli"], ["total"], "c/scale"),
     ]
-    return make(nodes, [vi("x", [1, 4, 64, 64])],
-                [vi("density", [1, 4, 64, 64]), vi("total", [1, 1, 1, 1])],
-                [const("thirty", 30.0), const("half", 0.5), const("milli", 1e-3),
-                 const("axes", [1, 2, 3], np.int64)])
+    return make(
+        nodes,
+        [vi("x", [1, 4, 64, 64])],
+        [vi("density", [1, 4, 64, 64]), vi("total", [1, 1, 1, 1])],
+        [
+            const("thirty", 30.0),
+            const("half", 0.5),
+            const("milli", 1e-3),
+            const("axes", [1, 2, 3], np.int64),
+        ],
+    )
 
 
 UNARY_FILLERS = ("Neg", "Abs", "Softsign", "Relu")
@@ -121,7 +143,13 @@ def pair_chain(length: int = 32, first: int = 4, second: int = 27) -> onnx.Model
     # x[1,8] -> n00 -> ... -> n04 Sigmoid -> ... -> n27 Tanh -> ... -> n31 -> y[1,8]
     nodes = []
     for i in range(length):
-        op = "Sigmoid" if i == first else "Tanh" if i == second else UNARY_FILLERS[i % len(UNARY_FILLERS)]
+        op = (
+            "Sigmoid"
+            if i == first
+            else "Tanh"
+            if i == second
+            else UNARY_FILLERS[i % len(UNARY_FILLERS)]
+        )
         src = "x" if i == 0 else f"t{i - 1:02d}"
         dst = "y" if i == length - 1 else f"t{i:02d}"
         nodes.append(node(op, [src], [dst], f"n{i:02d}"))
@@ -142,10 +170,18 @@ def conv_relu_fusion() -> onnx.ModelProto:
         node("Add", ["c2", "k"], ["a2"], "post/add"),
         node("Tanh", ["a2"], ["y"], "post/tanh"),
     ]
-    return make(nodes, [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4, 8, 8])],
-                [const("k", 0.5), const("W1", rng.uniform(0.0, 0.2, (4, 3, 3, 3))),
-                 const("B1", np.full((4,), 0.5)), const("W2", rng.uniform(-0.1, 0.1, (4, 4, 3, 3))),
-                 const("B2", np.zeros(4))])
+    return make(
+        nodes,
+        [vi("x", [1, 3, 8, 8])],
+        [vi("y", [1, 4, 8, 8])],
+        [
+            const("k", 0.5),
+            const("W1", rng.uniform(0.0, 0.2, (4, 3, 3, 3))),
+            const("B1", np.full((4,), 0.5)),
+            const("W2", rng.uniform(-0.1, 0.1, (4, 4, 3, 3))),
+            const("B2", np.zeros(4)),
+        ],
+    )
 
 
 def clip_empty_min_fault() -> onnx.ModelProto:
@@ -158,8 +194,12 @@ def clip_empty_min_fault() -> onnx.ModelProto:
         node("Softmax", ["h"], ["p"], "softmax", axis=-1),
         node("Mul", ["p", "two"], ["y"], "out"),
     ]
-    return make(nodes, [vi("x", [1, 16])], [vi("y", [1, 4])],
-                [const("cmax", 6.0), const("W", np.full((16, 4), 3e4)), const("two", 2.0)])
+    return make(
+        nodes,
+        [vi("x", [1, 16])],
+        [vi("y", [1, 4])],
+        [const("cmax", 6.0), const("W", np.full((16, 4), 3e4)), const("two", 2.0)],
+    )
 
 
 def if_loop_fault() -> onnx.ModelProto:
@@ -167,16 +207,30 @@ def if_loop_fault() -> onnx.ModelProto:
     overflow is in the MatMul after them."""
     # x[1,8] -> relu -> a -> rsum -> gt -> cond; If(cond: a*k | a-k) -> b;
     # Loop(3: v = v*half + a) -> l -> mm(W = 3e4, inf in fp16) -> softmax (NaN) -> y
-    then_g = helper.make_graph([node("Mul", ["a", "k"], ["then_out"], "then/mul")], "then_branch",
-                               [], [vi("then_out", [1, 8])])
-    else_g = helper.make_graph([node("Sub", ["a", "k"], ["else_out"], "else/sub")], "else_branch",
-                               [], [vi("else_out", [1, 8])])
+    then_g = helper.make_graph(
+        [node("Mul", ["a", "k"], ["then_out"], "then/mul")],
+        "then_branch",
+        [],
+        [vi("then_out", [1, 8])],
+    )
+    else_g = helper.make_graph(
+        [node("Sub", ["a", "k"], ["else_out"], "else/sub")],
+        "else_branch",
+        [],
+        [vi("else_out", [1, 8])],
+    )
     body = helper.make_graph(
-        [node("Identity", ["cond_in"], ["cond_out"], "body/cond"),
-         node("Mul", ["v_in", "half"], ["v_half"], "body/mul"),
-         node("Add", ["v_half", "a"], ["v_out"], "body/add")],
+        [
+            node("Identity", ["cond_in"], ["cond_out"], "body/cond"),
+            node("Mul", ["v_in", "half"], ["v_half"], "body/mul"),
+            node("Add", ["v_half", "a"], ["v_out"], "body/add"),
+        ],
         "loop_body",
-        [vi("iter", [], TensorProto.INT64), vi("cond_in", [], TensorProto.BOOL), vi("v_in", [1, 8])],
+        [
+            vi("iter", [], TensorProto.INT64),
+            vi("cond_in", [], TensorProto.BOOL),
+            vi("v_in", [1, 8]),
+        ],
         [vi("cond_out", [], TensorProto.BOOL), vi("v_out", [1, 8])],
     )
     nodes = [
@@ -188,10 +242,19 @@ def if_loop_fault() -> onnx.ModelProto:
         node("MatMul", ["l", "W"], ["h"], "mm"),
         node("Softmax", ["h"], ["y"], "softmax", axis=-1),
     ]
-    return make(nodes, [vi("x", [1, 8])], [vi("y", [1, 4])],
-                [const("k", 2.0), const("zero", 0.0), const("half", 0.5),
-                 const("trips", 3, np.int64), const("true", True, np.bool_),
-                 const("W", np.full((8, 4), 3e4))])
+    return make(
+        nodes,
+        [vi("x", [1, 8])],
+        [vi("y", [1, 4])],
+        [
+            const("k", 2.0),
+            const("zero", 0.0),
+            const("half", 0.5),
+            const("trips", 3, np.int64),
+            const("true", True, np.bool_),
+            const("W", np.full((8, 4), 3e4)),
+        ],
+    )
 
 
 def random_dag(seed: int, n_nodes: int) -> onnx.ModelProto:
@@ -239,8 +302,15 @@ def random_dag(seed: int, n_nodes: int) -> onnx.ModelProto:
             continue
         else:
             value = rng.uniform(-1, 1, (2, 8)).astype(np.float32)
-            nodes.append(helper.make_node("Constant", [], [out], name=f"k{len(nodes):02d}",
-                                          value=numpy_helper.from_array(value, out + "_value")))
+            nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [out],
+                    name=f"k{len(nodes):02d}",
+                    value=numpy_helper.from_array(value, out + "_value"),
+                )
+            )
         pool.append(out)
     inits.append(const("halves", [4, 4], np.int64))
     outputs = [t for t in pool[1:] if t not in consumed]
@@ -256,7 +326,9 @@ def node_output_names(model: onnx.ModelProto) -> list[str]:
     return [t for n in model.graph.node for t in n.output if t]
 
 
-def ort_run(model: onnx.ModelProto, feeds: dict, names: list[str] | None = None) -> dict[str, np.ndarray]:
+def ort_run(
+    model: onnx.ModelProto, feeds: dict, names: list[str] | None = None
+) -> dict[str, np.ndarray]:
     """Run on onnxruntime CPU with graph optimizations off; ``names`` are marked as outputs."""
     import onnxruntime as ort
 
@@ -272,7 +344,9 @@ def ort_run(model: onnx.ModelProto, feeds: dict, names: list[str] | None = None)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    session = ort.InferenceSession(marked.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        marked.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     return dict(zip(names, session.run(names, feeds)))
 
 

@@ -35,10 +35,6 @@ def sample_options(name: str) -> RunOptions:
     return RunOptions(inputs=str(SAMPLES / f"{name}.inputs.npz"))
 
 
-def node_names(path) -> list[str]:
-    return [n.name for n in onnx.load(os.fspath(path)).graph.node]
-
-
 def real_inputs(model: onnx.ModelProto) -> list[str]:
     init = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in init]
@@ -55,8 +51,9 @@ def assert_valid_minimal(out_dir, original: onnx.ModelProto) -> onnx.ModelProto:
     minimal = onnx.load(os.path.join(out_dir, "minimal.onnx"))
     onnx.checker.check_model(minimal, full_check=True)
     assert minimal.ir_version == original.ir_version
-    assert [(o.domain, o.version) for o in minimal.opset_import] == \
-        [(o.domain, o.version) for o in original.opset_import]
+    assert [(o.domain, o.version) for o in minimal.opset_import] == [
+        (o.domain, o.version) for o in original.opset_import
+    ]
     summary = json.loads(Path(out_dir, "summary.json").read_text())
     assert summary["minimal"]["node_names"] == [n.name for n in minimal.graph.node]
     assert summary["minimal"]["nodes"] == len(minimal.graph.node)
@@ -86,8 +83,12 @@ def sample_shrink(session_dir):
     def get(name: str):
         if name not in done:
             out = session_dir / f"sample-{name}"
-            done[name] = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(out),
-                                options=sample_options(name))
+            done[name] = shrink(
+                str(SAMPLES / f"{name}.onnx"),
+                "emulate:fp16",
+                str(out),
+                options=sample_options(name),
+            )
         return done[name]
 
     return get
@@ -101,8 +102,14 @@ def search_baseline(session_dir):
     """An uninterrupted ``--no-localize --jobs 1`` shrink of a sample: the result every other
     way of running the same search (resumed, parallel, repeated) must reproduce byte for byte."""
     out = session_dir / "baseline-no-localize"
-    result = shrink(str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "emulate:fp16", str(out),
-                    options=sample_options(NO_LOCALIZE_SAMPLE), localize_first=False, jobs=1)
+    result = shrink(
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
+        "emulate:fp16",
+        str(out),
+        options=sample_options(NO_LOCALIZE_SAMPLE),
+        localize_first=False,
+        jobs=1,
+    )
     return result
 
 
@@ -144,8 +151,15 @@ def test_sample_shrinks_to_a_small_model_around_its_fault(sample_shrink, name):
         assert np.array_equal(value, truth[tensor]), f"{tensor} is not the original's activation"
 
     # The minimal model and its feeds reproduce on their own, through the CLI.
-    proc = run_cli("check", os.path.join(out, "minimal.onnx"), "--inputs",
-                   os.path.join(out, "inputs.npz"), "--target", "emulate:fp16", "--json")
+    proc = run_cli(
+        "check",
+        os.path.join(out, "minimal.onnx"),
+        "--inputs",
+        os.path.join(out, "inputs.npz"),
+        "--target",
+        "emulate:fp16",
+        "--json",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["verdict"]["signature"]["kind"] == expected_kind
 
@@ -193,7 +207,9 @@ def test_failure_that_needs_two_distant_nodes_keeps_both(tmp_path):
     path = sm.save(model, tmp_path / "chain.onnx")
     script = sm.write_script(tmp_path, "pair_check.py", sm.PAIR_SCRIPT)
     target = f"cmd:{PY} {script} {{model}}"
-    result = shrink(path, target, str(tmp_path / "out"), options=RunOptions(fail_regex="Error Code 2"))
+    result = shrink(
+        path, target, str(tmp_path / "out"), options=RunOptions(fail_regex="Error Code 2")
+    )
     summary = result.summary
     assert summary["signature"]["kind"] == "build-error"
     assert summary["signature"]["detail"] == "check failed matching /Error Code 2/"
@@ -218,7 +234,9 @@ def test_fusion_fault_that_vanishes_when_marked_is_found_by_the_search(tmp_path)
     # The layerwise run marks every tensor, which prevents the fusion: it cannot localize.
     assert step(summary, "layerwise")["calls"] == 1
     assert step(summary, "localize")["accepted"] == 0
-    searched = sum(s["accepted"] for s in summary["steps"] if s["step"] in ("window", "branches", "ddmin"))
+    searched = sum(
+        s["accepted"] for s in summary["steps"] if s["step"] in ("window", "branches", "ddmin")
+    )
     assert searched >= 1
     minimal = assert_valid_minimal(result.out_dir, model)
     # The Conv output stays internal in the minimal model, as the fusion needs.
@@ -270,27 +288,49 @@ def test_model_that_agrees_exits_6_with_numbers_and_the_rerun_command(tmp_path):
 
 
 def start_shrink(out, *extra):
-    args = [reprokit_exe(), "shrink", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
-            "--target", "emulate:fp16", "--inputs", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"),
-            "--no-localize", "-o", str(out), *extra]
+    args = [
+        reprokit_exe(),
+        "shrink",
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
+        "--target",
+        "emulate:fp16",
+        "--inputs",
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"),
+        "--no-localize",
+        "-o",
+        str(out),
+        *extra,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, env=env)
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def journal_lines(out) -> int:
     try:
-        return sum(1 for line in open(os.path.join(out, ".reprokit", "journal.jsonl")) if line.strip())
+        return sum(
+            1 for line in open(os.path.join(out, ".reprokit", "journal.jsonl")) if line.strip()
+        )
     except FileNotFoundError:
         return 0
 
 
 # The baseline search journals 11 candidates: the end bisection takes 6 (then keeps 33 of 65
 # nodes), the start bisection 4, ddmin 1. SIGINT comes before any step is accepted, SIGTERM after.
-@pytest.mark.parametrize("signum, after, reduced", [(signal.SIGINT, 3, False), (signal.SIGTERM, 7, True)],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum, after, reduced",
+    [(signal.SIGINT, 3, False), (signal.SIGTERM, 7, True)],
+    ids=["SIGINT", "SIGTERM"],
+)
 def test_interrupted_shrink_keeps_best_so_far_and_resumes_to_the_same_result(
-        tmp_path, search_baseline, signum, after, reduced):
+    tmp_path, search_baseline, signum, after, reduced
+):
     out = tmp_path / "out"
     proc = start_shrink(out)
     try:
@@ -319,9 +359,18 @@ def test_interrupted_shrink_keeps_best_so_far_and_resumes_to_the_same_result(
         assert len(interrupted.graph.node) <= summary["original"]["nodes"]
     run_minimal_on_ort(out)  # best-so-far model and its feeds run as they are
 
-    resumed = run_cli("shrink", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "--target", "emulate:fp16",
-                      "--inputs", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"), "--no-localize",
-                      "-o", str(out), "--resume")
+    resumed = run_cli(
+        "shrink",
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
+        "--target",
+        "emulate:fp16",
+        "--inputs",
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"),
+        "--no-localize",
+        "-o",
+        str(out),
+        "--resume",
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "done"
@@ -331,60 +380,91 @@ def test_interrupted_shrink_keeps_best_so_far_and_resumes_to_the_same_result(
 
 
 def test_starting_over_an_unfinished_run_without_resume_is_refused(tmp_path, search_baseline):
-    proc = run_cli("shrink", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "--target", "emulate:fp16",
-                   "--inputs", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"), "--no-localize",
-                   "-o", search_baseline.out_dir)
+    proc = run_cli(
+        "shrink",
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
+        "--target",
+        "emulate:fp16",
+        "--inputs",
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"),
+        "--no-localize",
+        "-o",
+        search_baseline.out_dir,
+    )
     assert_user_error(proc, 3, contains="already holds a shrink run", hint_contains="--resume")
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError, reason=(
-    "BUG: with --jobs 2 window.run prefetches the same candidate twice (order[:mid] when "
-    "hi == lo + 1); two threads save, judge and os.remove the same candidates/<key>.onnx, and "
-    "Reducer._evaluate crashes with FileNotFoundError (see test_reducer.py)"))
+# Found by this test: window prefetched one candidate twice and two threads shared its file
+# (FileNotFoundError); fixed in 2e2d54f (prefetch dedupe, one temp folder per evaluation).
 def test_jobs_2_gives_the_same_minimal_model_as_jobs_1(tmp_path, search_baseline):
-    assert search_baseline.summary["minimal"]["nodes"] < search_baseline.summary["original"]["nodes"]
+    assert (
+        search_baseline.summary["minimal"]["nodes"] < search_baseline.summary["original"]["nodes"]
+    )
     assert step(search_baseline.summary, "window")["accepted"] >= 1
-    result = shrink(str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "emulate:fp16", str(tmp_path / "j2"),
-                    options=sample_options(NO_LOCALIZE_SAMPLE), localize_first=False, jobs=2)
+    result = shrink(
+        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
+        "emulate:fp16",
+        str(tmp_path / "j2"),
+        options=sample_options(NO_LOCALIZE_SAMPLE),
+        localize_first=False,
+        jobs=2,
+    )
     assert Path(result.minimal_path).read_bytes() == Path(search_baseline.minimal_path).read_bytes()
     assert result.summary["minimal"] == search_baseline.summary["minimal"]
     assert result.summary["one_minimal"] == search_baseline.summary["one_minimal"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: --resume reuses .reprokit/activations and the journal whatever the new options say: "
-    "resuming with another --seed/--inputs/--target silently keeps the old run's activations "
-    "(inputs.npz) while summary.json's rerun command names the new options"))
-def test_resume_with_other_feeds_is_refused_or_uses_them(tmp_path):
-    from reprokit.errors import InputError
-    from reprokit.inputs import random_feeds
-    from reprokit.model import input_infos
-
+def test_resume_with_other_options_is_refused_and_leaves_the_run_alone(tmp_path):
+    """Found by this test: --resume reused the old activations and journal whatever the new
+    options said (another --seed gave the old run's activations in inputs.npz while summary's
+    rerun named --seed 5); fixed in 2e2d54f by the run fingerprint .reprokit/run.json."""
     model = sm.branch_fault()
     path = sm.save(model, tmp_path / "branches.onnx")
-    out = str(tmp_path / "out")
-    shrink(path, "emulate:fp16", out, options=RunOptions(seed=0))
-    try:
-        resumed = shrink(path, "emulate:fp16", out, options=RunOptions(seed=5), resume=True)
-    except InputError:
-        return  # refusing a resume with other options is a fine answer
-    assert resumed.summary["rerun"].endswith("--seed 5")
-    seed5 = random_feeds(input_infos(model), seed=5).arrays
-    truth = {**sm.ort_run(model, seed5, sm.node_output_names(model)), **seed5}
-    with np.load(os.path.join(out, "inputs.npz")) as data:
-        for name in data.files:
-            assert np.array_equal(data[name], truth[name]), f"{name} holds another run's activation"
+    out = tmp_path / "out"
+    shrink(path, "emulate:fp16", str(out), options=RunOptions(seed=0))
+    before = {
+        p: p.read_bytes() for p in (out / "minimal.onnx", out / "inputs.npz", out / "summary.json")
+    }
+    changes = {
+        "feeds": ("emulate:fp16", RunOptions(seed=5)),
+        "target": ("emulate:bf16", RunOptions(seed=0)),
+        "criterion": ("emulate:fp16", RunOptions(seed=0, tolerance=0.5)),
+    }
+    for field, (target, options) in changes.items():
+        proc = run_cli(
+            "shrink",
+            path,
+            "--target",
+            target,
+            "-o",
+            str(out),
+            "--resume",
+            *(["--seed", str(options.seed)]),
+            *(["--tol", str(options.tolerance)] if options.tolerance else []),
+        )
+        assert_user_error(proc, 3, contains=field, hint_contains="new -o directory")
+        assert all(p.read_bytes() == data for p, data in before.items()), field
+    # The same options resume (and finish at once: every candidate is in the journal).
+    same = run_cli("shrink", path, "--target", "emulate:fp16", "-o", str(out), "--resume", "--json")
+    assert same.returncode == 0, same.stderr
+    assert (out / "minimal.onnx").read_bytes() == before[out / "minimal.onnx"]
 
 
 def test_two_runs_give_byte_identical_minimal_models(tmp_path, sample_shrink):
     name = "layernorm_overflow"  # localize, then ddmin deletions: several accepted steps
     first = sample_shrink(name)
-    again = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(tmp_path / "again"),
-                   options=sample_options(name))
+    again = shrink(
+        str(SAMPLES / f"{name}.onnx"),
+        "emulate:fp16",
+        str(tmp_path / "again"),
+        options=sample_options(name),
+    )
     assert Path(again.minimal_path).read_bytes() == Path(first.minimal_path).read_bytes()
     assert again.summary["minimal"] == first.summary["minimal"]
-    with np.load(os.path.join(first.out_dir, "inputs.npz")) as a, \
-            np.load(os.path.join(again.out_dir, "inputs.npz")) as b:
+    with (
+        np.load(os.path.join(first.out_dir, "inputs.npz")) as a,
+        np.load(os.path.join(again.out_dir, "inputs.npz")) as b,
+    ):
         assert sorted(a.files) == sorted(b.files)
         for key in a.files:
             assert np.array_equal(a[key], b[key])
@@ -394,9 +474,14 @@ def test_two_runs_give_byte_identical_minimal_models(tmp_path, sample_shrink):
 
 
 @pytest.mark.parametrize("localize", [True, False], ids=["localize", "search"])
-@pytest.mark.parametrize("make, fault", [(sm.clip_empty_min_fault, "mm"), (sm.if_loop_fault, "mm")],
-                         ids=["clip-empty-min", "if-loop"])
-def test_empty_optional_inputs_and_subgraphs_shrink_to_valid_models(tmp_path, make, fault, localize):
+@pytest.mark.parametrize(
+    "make, fault",
+    [(sm.clip_empty_min_fault, "mm"), (sm.if_loop_fault, "mm")],
+    ids=["clip-empty-min", "if-loop"],
+)
+def test_empty_optional_inputs_and_subgraphs_shrink_to_valid_models(
+    tmp_path, make, fault, localize
+):
     model = make()
     path = sm.save(model, tmp_path / "model.onnx")
     result = shrink(path, "emulate:fp16", str(tmp_path / "out"), localize_first=localize)
@@ -405,6 +490,8 @@ def test_empty_optional_inputs_and_subgraphs_shrink_to_valid_models(tmp_path, ma
     assert summary["signature"]["kind"] == "nonfinite"
     assert fault in summary["minimal"]["node_names"]
     assert summary["verdict"]["signature"]["kind"] == "nonfinite"
+    # Candidates holding the Clip / If / Loop ran (window prefixes hold them): none was a model
+    # the engine refused.
+    assert not any(k.startswith(("build-error", "crash")) for k in summary["other_findings"])
     assert_valid_minimal(result.out_dir, model)
     run_minimal_on_ort(result.out_dir)
-

@@ -70,8 +70,12 @@ def assert_extraction_is_exact(cap: Captured, keep) -> onnx.ModelProto:
 
     produced = {t for i in keep for t in cap.index.node_outputs[i]}
     consumed = {t for i in keep for t in cap.index.node_inputs[i]}
-    wanted_outputs = [t for i in sorted(keep) for t in cap.index.node_outputs[i]
-                      if t not in consumed or t in cap.index.graph_outputs]
+    wanted_outputs = [
+        t
+        for i in sorted(keep)
+        for t in cap.index.node_outputs[i]
+        if t not in consumed or t in cap.index.graph_outputs
+    ]
     assert [o.name for o in model.graph.output] == wanted_outputs == sub.outputs
     init = {t.name for t in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in init]
@@ -100,7 +104,9 @@ def dag_and_subset(draw):
     return seed, n_nodes, sorted(subset)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=dag_and_subset())
 def test_any_node_subset_extracts_to_a_valid_model_computing_the_same_tensors(captured, case):
     seed, n_nodes, subset = case
@@ -109,12 +115,18 @@ def test_any_node_subset_extracts_to_a_valid_model_computing_the_same_tensors(ca
     assert_extraction_is_exact(cap, subset)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_contiguous_windows_of_real_fault_models_extract_exactly(captured, data):
-    makers = {"branch_fault": sm.branch_fault, "two_outputs": sm.two_outputs_one_diverges,
-              "fusion": sm.conv_relu_fusion, "clip": sm.clip_empty_min_fault,
-              "if_loop": sm.if_loop_fault}
+    makers = {
+        "branch_fault": sm.branch_fault,
+        "two_outputs": sm.two_outputs_one_diverges,
+        "fusion": sm.conv_relu_fusion,
+        "clip": sm.clip_empty_min_fault,
+        "if_loop": sm.if_loop_fault,
+    }
     name = data.draw(st.sampled_from(sorted(makers)))
     cap = captured(name, makers[name])
     n = len(cap.model.graph.node)
@@ -153,7 +165,9 @@ def test_subgraph_nodes_get_their_outer_scope_reads_as_inputs(captured):
     assert "a" in inputs  # read only inside the If branches and the Loop body
     assert "cond" not in inputs  # a bool cut tensor: a constant
     assert {"k", "half", "trips", "true"} <= {t.name for t in model.graph.initializer}
-    assert cap.index.ancestors(loop) == {names.index(n) for n in ("relu", "rsum", "gt", "branch", "loop")}
+    assert cap.index.ancestors(loop) == {
+        names.index(n) for n in ("relu", "rsum", "gt", "branch", "loop")
+    }
 
 
 def test_ancestors_within_a_subset_stop_at_its_border(captured):

@@ -26,7 +26,7 @@ _CANCELLING_OPS = ("Add", "Sub")
 class RangeRow:
     """One tensor (activation or weight) and what its values do in the narrow type."""
 
-    index: int  # topological position of the producer (-1 for weights)
+    index: int  # depth: position in the layerwise table's topological order (-1 for weights)
     tensor: str
     node: str  # producer (activations) or first consumer (weights)
     op: str
@@ -133,12 +133,12 @@ def audit_ranges(model, activations, constants: dict, feeds: dict, precision: st
     unit = UNIT_ROUNDOFF[precision]
     producer = {t: (i, n.name, n.op_type) for i, n in enumerate(model.graph.node) for t in n.output if t}
     rows: list[RangeRow] = []
-    for tensor, node, op, inputs in float_node_outputs(model):
+    for depth, (tensor, node, op, inputs) in enumerate(float_node_outputs(model)):
         if op == "Constant" or tensor not in activations:
             continue
         array = activations[tensor]
         stats = _stats(array, maximum, tiny)
-        row = RangeRow(producer[tensor][0], tensor, node, op, list(np.shape(array)), *stats)
+        row = RangeRow(depth, tensor, node, op, list(np.shape(array)), *stats)
         _judge(row, precision, maximum, tiny)
         if not row.finding and op in _CANCELLING_OPS:
             _cancellation(row, inputs, activations, constants, feeds, producer, unit, tolerance, precision)

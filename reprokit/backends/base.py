@@ -54,12 +54,16 @@ class Backend:
     # True when two runs of the same model give the same outputs; shrink replays the original
     # to detect flakiness only for engines that are not.
     deterministic: ClassVar[bool] = False
+    # True when run() honours ``weights_dir``; for the others the worker stages symbolic links.
+    reads_weights_dir: ClassVar[bool] = False
 
     def __init__(self, spec: TargetSpec):
         self.spec = spec
         # Set by the worker when only parsing/building matters (shrinking a build error): an
         # engine that can stop after its build does so and returns no outputs.
         self.build_only = False
+        # Where the model's external data files are, when not next to the model file.
+        self.weights_dir: str | None = None
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:

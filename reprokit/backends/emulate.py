@@ -33,6 +33,7 @@ class EmulateBackend(Backend):
         ),
     }
     deterministic = True
+    reads_weights_dir = True
     install_hint = "pip install onnxruntime ml-dtypes"
 
     @classmethod
@@ -60,11 +61,13 @@ class EmulateBackend(Backend):
         from reprokit.backends.ort import make_session, run_session
 
         keep = frozenset(filter(None, str(self.spec.get("fp32-nodes", "")).split(";")))
-        model = emulate_model(onnx.load(model_path), self.narrow(), keep)
+        source = onnx.load(model_path, load_external_data=False)
+        model = emulate_model(source, self.narrow(), keep)
+        weights = self.weights_dir or os.path.dirname(os.path.abspath(model_path))
         with tempfile.TemporaryDirectory(prefix="reprokit-emulate-") as tmp:
             path = os.path.join(tmp, "emulated.onnx")
-            onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_800_000_000)
-            session = make_session(path)
+            onnx.save(model, path)
+            session = make_session(path, weights_dir=weights)
             rounded = {k: round_through(np.asarray(v), self.narrow()) for k, v in feeds.items()}
             outputs = run_session(session, rounded, output_names)
         return RunResult(outputs=outputs, meta={"storage": self.narrow(), "fp32_nodes": sorted(keep)})

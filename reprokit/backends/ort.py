@@ -6,12 +6,15 @@
 
 from __future__ import annotations
 
+import os
+
 from reprokit.backends.base import Availability, Backend, BuildError, RunResult, module_version
 from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.spec import OptionDoc, TargetSpec
 
 
-def make_session(model_path: str, *, optimize: bool = False, providers=None, threads: int = 0):
+def make_session(model_path: str, *, optimize: bool = False, providers=None, threads: int = 0,
+                 weights_dir: str | None = None):
     """An InferenceSession on a model file; parse/load failures become BuildError."""
     import onnxruntime as ort
 
@@ -24,6 +27,9 @@ def make_session(model_path: str, *, optimize: bool = False, providers=None, thr
     options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads = threads
+    if weights_dir:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         os.path.abspath(weights_dir))
     try:
         return ort.InferenceSession(
             model_path, options, providers=providers or ["CPUExecutionProvider"]
@@ -51,6 +57,7 @@ class OrtBackend(Backend):
         "fp16": OptionDoc("with trt: enable FP16 in the TensorRT execution provider"),
     }
     deterministic = True
+    reads_weights_dir = True
     install_hint = "pip install onnxruntime  (GPU providers: pip install 'reprokit[gpu]')"
 
     @classmethod
@@ -101,7 +108,8 @@ class OrtBackend(Backend):
 
     def run(self, model_path, feeds, output_names):
         session = make_session(
-            model_path, optimize=self.spec.has("opt"), providers=self._providers()
+            model_path, optimize=self.spec.has("opt"), providers=self._providers(),
+            weights_dir=self.weights_dir,
         )
         return RunResult(
             outputs=run_session(session, feeds, output_names),

@@ -126,17 +126,20 @@ class Reducer:
         reason = self._unrepresentable_feed(sub.feeds)
         if reason:
             return Outcome(False, "invalid", reason, None, True)
-        import tempfile
+        import uuid
 
         import onnx
 
-        folder = os.path.join(self.workdir, "candidates")
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:  # one folder per evaluation: threads never share
-            path = os.path.join(tmp, "candidate.onnx")
+        # A unique file per evaluation (threads never share one), in the folder where the
+        # model's external weights are linked, so the candidate references them as they are.
+        path = os.path.join(self.workdir, f"candidate-{uuid.uuid4().hex}.onnx")
+        try:
             onnx.save(sub.model, path)
             reference = {name: self.store.get(name) for name in sub.outputs if name in self.store}
             verdict: Verdict = self.oracle.judge(path, sub.feeds, reference_outputs=reference)
+        finally:
+            if os.path.exists(path):
+                os.remove(path)
         outcome = Outcome(
             interesting=verdict.diverges and self.signature.same_bug(verdict.signature),
             kind=verdict.kind.value, detail=verdict.signature.detail,

@@ -1,0 +1,258 @@
+"""``reprokit audit``: why a model diverges under a target and which setting avoids it.
+
+One reference run captures every tensor; from it the range audit (:mod:`.ranges`) names the
+tensors and weights the target's narrow type cannot hold, with no target call. One target run
+gives the layerwise error table; the knob sweep and the random-inputs/random-weights explain
+(:mod:`.sweep`) are one target call per setting. :mod:`.report` writes audit.json, audit.md,
+audit.html and layerwise.png. Knows nothing of click; raises ReprokitError subclasses only.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from reprokit.audit.calls import Ledger
+from reprokit.audit.ranges import RangeReport, audit_ranges, suspects_from_ranges
+from reprokit.audit.sweep import Bench, SweepRow, explain, plan, run_setting, workaround
+
+SCHEMA = "reprokit.audit/1"
+__all__ = ["SCHEMA", "AuditResult", "audit"]
+
+
+@dataclass
+class AuditResult:
+    payload: dict  # audit.json
+    out_dir: str | None
+    files: dict  # kind -> path written
+    sweep: list[SweepRow]
+    ranges: RangeReport
+    layerwise: object  # reprokit.layerwise.LayerwiseReport
+    verdict: object  # reprokit.oracle.Verdict
+
+    @property
+    def workaround(self) -> dict | None:
+        return self.payload.get("workaround")
+
+    def issue_rows(self) -> list[dict]:
+        """The tried settings, for ISSUE.md's "what we tried" list (setting, verdict, error)."""
+        return [{"setting": f"{r.setting}" + (f" ({r.change})" if r.key in ("layernorm", "batch") else ""),
+                 "verdict": r.verdict, "error": r.error}
+                for r in self.sweep if r.verdict not in ("not applicable",)]
+
+
+def _name_nodes(model) -> int:
+    """Give unnamed nodes the names the layerwise table shows, so fp32-nodes can name them."""
+    named = 0
+    taken = {n.name for n in model.graph.node if n.name}
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{index}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+            named += 1
+    return named
+
+
+def audit(model_path: str, target: str, out_dir: str | None = None, *, options=None, sweep: bool = True,
+          explain_inputs: bool = True, kept_nodes: list[str] | None = None, on_event=None) -> AuditResult:
+    """Audit ``model_path`` under ``target``; write the report files to ``out_dir`` when given."""
+    from onnx import numpy_helper
+
+    from reprokit.layerwise import float_node_outputs
+    from reprokit.model import fold_constants, mark_outputs, save_model
+    from reprokit.oracle import check_reference_finite
+    from reprokit.session import RunOptions, make_oracle, prepare
+
+    options = options or RunOptions()
+    event = on_event or (lambda text: None)
+    started = time.monotonic()
+    ledger = Ledger()
+    with tempfile.TemporaryDirectory(prefix="reprokit-audit-") as work:
+        oracle = make_oracle(target, options, os.path.join(work, "calls"))
+        prepared = prepare(model_path, options, work)
+        model = fold_constants(prepared.model)
+        notes = list(prepared.notes)
+        if _name_nodes(model):
+            notes.append("unnamed nodes were given the names the layerwise table shows (OP_INDEX)")
+        path = save_model(model, os.path.join(work, "original.onnx"))
+        feeds = prepared.feeds.arrays
+        graph_outputs = [o.name for o in model.graph.output]
+        tensors = [t for t, *_ in float_node_outputs(model) if t not in graph_outputs]
+        marked = save_model(mark_outputs(model, tensors), os.path.join(work, "marked.onnx"))
+
+        event("capturing every tensor on the reference (one call)")
+        capture = ledger.run("capture", "reference", oracle, "every tensor of the model", marked, feeds,
+                             graph_outputs + tensors)
+        activations = dict(capture.outputs)
+        reference = {n: activations[n] for n in graph_outputs if n in activations}
+        check_reference_finite(reference, oracle.reference)
+
+        event("range audit (no target call)")
+        constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        ranges = audit_ranges(model, activations, constants, feeds, oracle.precision, oracle.criterion.tolerance)
+
+        event(f"running {target} on the model")
+        verdict = oracle.verdict_from(ledger.run("verdict", "target", oracle, "the model as given", path, feeds), reference)
+        event(f"verdict: {verdict.signature.describe() if verdict.diverges else 'agree'}; layerwise run")
+        layer = _layerwise(oracle, ledger, model, marked, feeds, graph_outputs + tensors, activations, target)
+
+        suspects = _suspects(model, ranges, layer, verdict)
+        bench = Bench(model, path, feeds, reference, options, work, ledger)
+        rows: list[SweepRow] = []
+        explained = None
+        if verdict.diverges and sweep:
+            rows = _sweep(bench, target, verdict, suspects, prepared, event)
+        if verdict.diverges and explain_inputs:
+            event("explain: random inputs, random weights")
+            explained = explain(bench, oracle, verdict.signature, seed=options.seed + 1)
+        payload = _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
+                           rows, explained, kept_nodes, ledger, started, sweep, explain_inputs)
+        files = {}
+        if out_dir:
+            from reprokit.audit.output import write_outputs
+
+            files = write_outputs(payload, layer, ranges, out_dir)
+    return AuditResult(payload, out_dir, files, rows, ranges, layer, verdict)
+
+
+def _layerwise(oracle, ledger, model, marked, feeds, names, activations, target):
+    from reprokit.backends import backend_class
+    from reprokit.layerwise import LayerwiseReport, compare_layerwise
+    from reprokit.spec import parse_target
+
+    marking = backend_class(parse_target(target).engine).marking_changes_engine
+    result = ledger.run("layerwise", "target", oracle, "every tensor marked as an output", marked, feeds, names)
+    if result.status != "ok":
+        return LayerwiseReport([], marking, [f"target failed with tensors marked: {result.status}: {result.message[:200]}"])
+    return compare_layerwise(model, activations, result.outputs, oracle.criterion, marking)
+
+
+def _kind(row) -> str:
+    if row.error.nonfinite_in_target_only:
+        return "nonfinite"
+    return "mismatch" if row.error.exceeds else "agree"
+
+
+def _suspects(model, ranges, layer, verdict) -> dict:
+    """Nodes to keep in fp32: the range audit's first finding (with its connected run), the
+    layerwise first diverging nodes, and where the verdict's own kind starts (as shrink does)."""
+    from reprokit.layerwise import float_node_outputs
+
+    first = [r.node for r in layer.first][:3]
+    status = {r.tensor: _kind(r) for r in layer.rows}
+    inputs = {t: ins for t, _, _, ins in float_node_outputs(model)}
+    wanted = verdict.kind.value
+    anchors = [r.node for r in layer.rows
+               if status[r.tensor] == wanted and not any(status.get(i) == wanted for i in inputs.get(r.tensor, []))]
+    region = suspects_from_ranges(model, ranges)
+    candidates: list[list[str]] = []
+    # Where the verdict's kind starts (shrink's anchors) is reported, not tried: its inputs
+    # already carry the error, so keeping that node alone in fp32 cannot help.
+    for group in (region, first[:1], first, region + [n for n in first if n not in region][:1]):
+        group = list(dict.fromkeys(group))[:3]
+        if group and group not in candidates:
+            candidates.append(group)
+    candidates.sort(key=len)
+    return {"range_region": region, "layerwise_first": first, "kind_starts": list(dict.fromkeys(anchors))[:3],
+            "candidates": candidates[:3]}
+
+
+def _sweep(bench, target, verdict, suspects, prepared, event) -> list[SweepRow]:
+    from reprokit.audit.layernorm import fuse_layernorms
+    from reprokit.model import save_model
+
+    fused, matches = fuse_layernorms(bench.model)
+    if matches:
+        bench.variants["layernorm"] = save_model(fused, os.path.join(bench.workdir, "layernorm.onnx"))
+        removed = len(bench.model.graph.node) - len(fused.graph.node)
+        words = (f"{len(matches)} decomposed LayerNorm{'s' if len(matches) > 1 else ''} rewritten as one "
+                 f"LayerNormalization node each (opset 17; {removed} fewer nodes)")
+    else:
+        words = "no decomposed LayerNorm (ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div) in the model"
+    batch = _batch_variant(bench, prepared)
+    settings = plan(target, suspects["candidates"], (bool(matches), words), batch)
+    rows: list[SweepRow] = []
+    nodes_fixed = False
+    for setting in sorted(settings, key=lambda s: s.rank):
+        if setting.key == "fp32-nodes" and nodes_fixed:
+            continue  # a smaller set of nodes already avoids it
+        if setting.target == target and setting.model == "original":
+            continue
+        event(f"sweep: {setting.change}" + (f" ({setting.target})" if setting.target else " — not applicable"))
+        row = run_setting(bench, setting, verdict.signature)
+        nodes_fixed = nodes_fixed or (setting.key == "fp32-nodes" and row.fixes)
+        rows.append(row)
+    return rows
+
+
+def _batch_variant(bench, prepared):
+    """For TensorRT: the model with its batch dim made static (if dynamic) or dynamic (if static)."""
+    from reprokit.model import freeze_input_shapes, save_model
+
+    dims = [i.shape[0] for i in prepared.infos if len(i.shape) >= 2]
+    if not dims:
+        return None
+    shapes = {k: tuple(np.shape(v)) for k, v in bench.feeds.items()}
+    if all(isinstance(d, int) and d > 0 for d in dims):
+        import onnx
+
+        model = onnx.ModelProto.FromString(bench.model.SerializeToString())
+        for vi in list(model.graph.input) + list(model.graph.output):
+            if len(vi.type.tensor_type.shape.dim) >= 2:
+                vi.type.tensor_type.shape.dim[0].Clear()
+                vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+        del model.graph.value_info[:]
+        bench.variants["dynamic-batch"] = save_model(model, os.path.join(bench.workdir, "dynamic-batch.onnx"))
+        return "dynamic-batch", "dynamic batch dim (profile pinned to the feed shapes) instead of static"
+    frozen = freeze_input_shapes(bench.model, shapes)
+    bench.variants["static-batch"] = save_model(frozen, os.path.join(bench.workdir, "static-batch.onnx"))
+    return "static-batch", "static input shapes (batch frozen to the feeds) instead of dynamic"
+
+
+def _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
+             kept_nodes, ledger, started, swept, explained_asked) -> dict:
+    found = workaround(rows)
+    first = layer.first[0] if layer.first else None
+    minimal = None
+    if kept_nodes is not None:
+        named = set(suspects["range_region"]) | set(suspects["layerwise_first"]) | set(suspects["kind_starts"])
+        minimal = {"node_names": list(kept_nodes), "among_suspects": sorted(set(kept_nodes) & named),
+                   "range_first": ranges.first.node if ranges.first else None}
+    not_run = []
+    if not verdict.diverges:
+        not_run.append(f"the model does not diverge under {target}: no sweep and no explain")
+    elif not swept:
+        not_run.append("sweep skipped (--no-sweep)")
+    return {
+        "schema": SCHEMA, "model": model_path, "target": target, "reference": oracle.reference,
+        "precision": oracle.precision,
+        "criterion": {"metric": oracle.criterion.metric.value, "tolerance": oracle.criterion.tolerance,
+                      "text": oracle.criterion.describe()},
+        "feeds": {"source": prepared.feeds.source,
+                  "inputs": {k: {"shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
+                             for k, v in prepared.feeds.arrays.items()}},
+        "notes": notes + not_run,
+        "verdict": verdict.to_json(),
+        "ranges": ranges.to_json(),
+        "weights": {"checked": ranges.weights_checked, "flagged": [w.to_json() for w in ranges.weights]},
+        "layerwise": {"compared": len(layer.rows), "diverging": len(layer.diverging),
+                      "first": first.to_json() if first else None,
+                      "first_rows": [r.to_json() for r in layer.first[:10]],
+                      "marking_changes_engine": layer.marking_changes_engine,
+                      "missing_in_target": layer.missing[:20], "rows": [r.to_json() for r in layer.rows]},
+        "suspects": suspects,
+        "sweep": [r.to_json() for r in rows],
+        "workaround": found.to_json() if found else None,
+        "explain": explained,
+        "minimal": minimal,
+        "calls": [c.to_json() for c in ledger.calls],
+        "cost": ledger.summary(),
+        "wall_s": round(time.monotonic() - started, 3),
+    }

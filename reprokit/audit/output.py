@@ -1,0 +1,68 @@
+"""Write an audit's files: audit.json (schema reprokit.audit/1), layerwise.png, audit.md (for
+reports and issues) and audit.html (self-contained: the PNG embedded as base64)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+FILES = {"json": "audit.json", "markdown": "audit.md", "html": "audit.html", "plot": "layerwise.png"}
+
+
+def _json_safe(value):
+    """JSON has no inf/nan: write them as strings, as check --json does."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def table_rows(payload: dict, top: int = 12) -> list[dict]:
+    """Layerwise rows worth a table: the first divergence, then the largest errors, depth order."""
+    rows = payload["layerwise"]["rows"]
+    first = payload["layerwise"]["first"]
+
+    def size(row):
+        value = row["error"]
+        return float(value) if not isinstance(value, str) else float("inf")
+
+    chosen = {r["index"] for r in sorted(rows, key=size, reverse=True)[:top] if r["exceeds"]}
+    if first:
+        chosen.add(first["index"])
+    return [r for r in rows if r["index"] in chosen]
+
+
+def worst_error(verdict: dict):
+    """The largest metric value over a verdict's outputs (JSON form), or None."""
+    errors = [o["error"] for o in verdict.get("outputs", [])]
+    return max(errors, key=lambda e: float(e) if not isinstance(e, str) else float("inf"), default=None)
+
+
+def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
+    from reprokit.audit.plot import plot_layerwise
+    from reprokit.render import render
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {k: os.path.join(out_dir, v) for k, v in FILES.items()}
+    payload["files"] = {k: os.path.basename(v) for k, v in paths.items()}
+    safe = _json_safe(payload)
+    if layer.rows:
+        plot_layerwise(safe, ranges, paths["plot"])
+        with open(paths["plot"], "rb") as handle:
+            image = base64.b64encode(handle.read()).decode("ascii")
+    else:
+        paths.pop("plot")
+        safe["files"].pop("plot")
+        image = None
+    values = {"a": safe, "layer_rows": table_rows(safe), "image": image, "worst_error": worst_error}
+    with open(paths["markdown"], "w") as handle:
+        handle.write(render("audit.md.j2", **values))
+    with open(paths["html"], "w") as handle:
+        handle.write(render("audit.html.j2", **values))
+    with open(paths["json"], "w") as handle:
+        json.dump(safe, handle, indent=2)
+    return {k: v for k, v in paths.items()}
