@@ -45,6 +45,19 @@ def run_options(func):
     return func
 
 
+def parse_size(text: str, option: str) -> int:
+    """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
+    import re
+
+    from reprokit.errors import UsageError
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
+    if not match:
+        raise UsageError(f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2).lower()]
+    return int(float(match.group(1)) * scale)
+
+
 def make_run_options(kw: dict):
     from reprokit.inputs import parse_shape_args, parse_val_ranges
     from reprokit.session import RunOptions
@@ -127,13 +140,20 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--replays", default=None, type=click.IntRange(0, 10),
               help="Extra runs of the original to detect flakiness (default: 0 for deterministic engines, 1 otherwise).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out DIR.")
+@click.option("--max-activation-disk", default=None, metavar="SIZE",
+              help="Stop with an error if the captured activations would pass SIZE (e.g. 20G, 500M).")
+@click.option("--capture-chunk", default="1G", show_default=True, metavar="SIZE",
+              help="Activations one reference run may return at once; more runs when the model needs more.")
 @click.option("--no-localize", is_flag=True, help="Skip the layerwise localization; search the unmarked graph only.")
 @click.option("--no-pack", is_flag=True, help="Do not write the report archive OUT/report.tar.gz.")
 @click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default="tar.gz", show_default=True,
               help="Report archive format.")
 @click.option("--redact", is_flag=True, help="Redact names, metadata and (if it still reproduces) weights in the report.")
+@click.option("--audit", "with_audit", is_flag=True,
+              help="Also audit the original model (OUT/audit/; the report gets audit/ and a sweep).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
-def shrink(model, target, out_dir, jobs, replays, resume, no_localize, no_pack, fmt, redact, as_json, **kw):
+def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, capture_chunk, no_localize,
+           no_pack, fmt, redact, with_audit, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
@@ -147,11 +167,24 @@ def shrink(model, target, out_dir, jobs, replays, resume, no_localize, no_pack, 
         if not as_json:
             err.print(f"[dim]{time.monotonic() - start:7.1f}s[/] {text}")
 
+    limits = shrinking.Limits(
+        capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
+        max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
+    )
     result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
-                              resume=resume, localize_first=not no_localize, on_event=progress)
+                              resume=resume, localize_first=not no_localize, on_event=progress, limits=limits)
+    audited = None
+    if with_audit:  # --- audit (reprokit/audit): the ORIGINAL model, naming what shrink kept
+        from reprokit.audit import audit as run_audit
+
+        progress("auditing the original model")
+        audited = run_audit(model, target, os.path.join(out_dir, "audit"), options=options,
+                            kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
+        result.summary["audit"] = os.path.join(out_dir, "audit", "audit.json")
     if not no_pack:
         progress("packing the report archive")
-        packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress)
+        packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress,
+                                       audit=audited)
         result.summary["report"] = packed.archive
         result.notes.extend(packed.notes)
     if as_json:
@@ -169,21 +202,59 @@ def shrink(model, target, out_dir, jobs, replays, resume, no_localize, no_pack, 
 @click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default=None,
               help="Archive format (default: from the file name).")
 @click.option("--redact", is_flag=True, help="Generic names, no metadata; random weights if it still reproduces.")
+@click.option("--audit", "with_audit", is_flag=True,
+              help="Audit the model first (written beside the archive as NAME.audit/); the archive gets audit/.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def pack(model, target, out_path, fmt, redact, as_json, **kw):
+def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
     """Bundle a small diverging MODEL into a report archive ready to file."""
     from reprokit import report
     from reprokit.console import err, print_pack
 
     options = make_run_options(kw)
+    on_event = None if as_json else (lambda t: err.print(f"[dim]{t}[/]"))
+    context = audit_dir = None
+    if with_audit:  # --- audit (reprokit/audit)
+        import re
+
+        from reprokit.audit import audit as run_audit
+
+        audit_dir = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path) + ".audit"
+        audited = run_audit(model, target, audit_dir, options=options, on_event=on_event)
+        context = audited.issue_context()
     result = report.pack(model, target, out_path, options=options, fmt=fmt, redact=redact,
-                         on_event=None if as_json else (lambda t: err.print(f"[dim]{t}[/]")))
+                         on_event=on_event, context=context, audit_dir=audit_dir)
     if as_json:
         click.echo(json.dumps({"schema": "reprokit.pack/1", "archive": result.archive,
                                "reproduces": result.reproduces, "notes": result.notes,
                                "redaction": result.redaction, "verdict": result.verdict.to_json()}, indent=2))
     else:
         print_pack(result)
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--target", "-t", required=True, help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16.")
+@run_options
+@click.option("--out", "-o", "out_dir", default="reprokit-audit", show_default=True, metavar="DIR",
+              help="Where audit.json, audit.md, audit.html and layerwise.png go.")
+@click.option("--no-sweep", is_flag=True, help="Skip the knob sweep (one target call per setting).")
+@click.option("--no-explain", is_flag=True, help="Skip the random-inputs / random-weights runs.")
+@click.option("--ranges-only", is_flag=True, help="Only the range audit: one reference run, no target call.")
+@click.option("--json", "as_json", is_flag=True, help="Print audit.json (schema reprokit.audit/1).")
+def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **kw):
+    """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
+    from reprokit.audit import audit as run_audit
+    from reprokit.console import err, print_audit
+
+    options = make_run_options(kw)
+    _ensure_out_dir(out_dir)
+    result = run_audit(model, target, out_dir, options=options, sweep=not no_sweep, explain_inputs=not no_explain,
+                       ranges_only=ranges_only, on_event=None if as_json else (lambda t: err.print(f"[dim]{t}[/]")))
+    if as_json:
+        with open(result.files["json"]) as handle:
+            click.echo(handle.read())
+    else:
+        print_audit(result)
 
 
 @cli.command()

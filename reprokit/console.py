@@ -170,3 +170,48 @@ def print_env(info: dict) -> None:
             value = "; ".join(str(v) for v in value)
         table.add_row(key, "(missing)" if value is None else str(value))
     out.print(table)
+
+
+def print_audit(result) -> None:
+    """``reprokit audit``: the verdict, first range finding, first divergence, sweep, explain."""
+    a = result.payload
+    verdict = result.verdict
+    out.print(f"[bold]reprokit audit[/] {a['model']} under {a['target']}")
+    if verdict is None:
+        out.print("  verdict    not run (--ranges-only: no target call)")
+    else:
+        out.print("  verdict    " + (f"[bold red]DIVERGES[/]: {verdict.signature.describe()}" if verdict.diverges
+                                     else "[bold green]AGREES[/]"))
+    first = result.ranges.first
+    if not result.ranges.applicable:
+        out.print(f"  ranges     {result.ranges.reason}")
+    else:
+        found = f"first [bold]{escape(first.node)}[/] ({first.op}): {escape(first.message)}" if first else "every tensor fits"
+        out.print(f"  ranges     {found}  [dim](no engine call)[/]")
+        for weight in result.ranges.weights[:3]:
+            out.print(f"  weights    {escape(weight.tensor)}: {escape(weight.message)}")
+    lw = result.layerwise
+    if lw.first:
+        row = lw.first[0]
+        out.print(f"  layerwise  first divergence at [bold]{escape(row.node)}[/] ({row.op}, depth {row.index}, "
+                  f"{a['criterion']['metric']} {fmt(row.error.error)}); {len(lw.diverging)} of {len(lw.rows)} diverge")
+    if result.sweep:
+        table = Table(title="knob sweep (smallest change first)", show_edge=False)
+        for col in ("change", "setting", "verdict", "error", "calls"):
+            table.add_column(col, overflow="fold", justify="right" if col in ("error", "calls") else "left")
+        for row in result.sweep:
+            verdict_text = f"[green]{row.verdict}[/]" if row.fixes else row.verdict
+            table.add_row(escape(row.change), escape(row.setting), verdict_text, fmt(row.error),
+                          str(row.target_calls + row.reference_calls))
+        out.print(table)
+        found = a.get("workaround")
+        out.print("  workaround " + (f"[bold green]{escape(found['change'])}[/]: {escape(found['setting'])} ({found['basis']})"
+                                     if found else "[red]none of the settings tried avoids it[/]"))
+    if a.get("explain"):
+        out.print(f"  explain    {escape(a['explain']['conclusion'])}")
+    cost = a["cost"]
+    out.print(f"  calls      target {cost['target_calls']}, reference {cost['reference_calls']}, "
+              f"{cost['seconds']:.1f} s in engines; range audit 0 target calls")
+    for note in a["notes"]:
+        out.print(f"  [yellow]note[/]       {escape(note)}")
+    out.print("  wrote      " + ", ".join(result.files.get(k, "") for k in ("html", "markdown", "json", "plot") if k in result.files))

@@ -248,6 +248,7 @@ class Oracle:
             check_reference_finite(reference_outputs, self.reference)
         result = self.run_target(model_path, feeds, output_names)
         verdict = self.verdict_from(result, reference_outputs)
+        result.discard()
         self._cache[key] = verdict
         return verdict
 

@@ -44,8 +44,10 @@ class PackResult:
 
 
 def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | None = None,
-         fmt: str | None = None, redact: bool = False, context: dict | None = None, on_event=None) -> PackResult:
-    """Check the model once more, then write the archive ``out_path`` (.tar.gz or .zip)."""
+         fmt: str | None = None, redact: bool = False, context: dict | None = None, on_event=None,
+         audit_dir: str | None = None) -> PackResult:
+    """Check the model once more, then write the archive ``out_path`` (.tar.gz or .zip).
+    ``audit_dir`` (a ``reprokit audit`` output folder) goes into the archive as audit/."""
     options = options or RunOptions()
     event = on_event or (lambda text: None)
     fmt = fmt or ("zip" if out_path.endswith(".zip") else "tar.gz")
@@ -66,6 +68,10 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         os.makedirs(os.path.join(stage, "logs"))
         event("writing the bundle and running repro.py")
         reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes)
+        if audit_dir and redact:
+            notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
+        elif audit_dir:
+            shutil.copytree(audit_dir, os.path.join(stage, "audit"))
         write_manifest(stage, {"reprokit": __version__, "target": str(parse_target(target))})
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_archive(stage, out_path, fmt)

@@ -28,6 +28,14 @@ from reprokit.subgraph import GraphIndex
 STATE_DIR = ".reprokit"
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Resource bounds of a shrink run."""
+
+    capture_chunk_bytes: int = 1 << 30  # activations one reference run may return at once
+    max_activation_disk_bytes: int | None = None  # --max-activation-disk
+
+
 @dataclass
 class ShrinkResult:
     summary: dict
@@ -69,9 +77,10 @@ def rerun_command(model_path: str, target: str, options: RunOptions) -> str:
 
 def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
            jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
-           on_event=None) -> ShrinkResult:
+           on_event=None, limits: Limits | None = None) -> ShrinkResult:
     """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``."""
     options = options or RunOptions()
+    limits = limits or Limits()
     started = time.monotonic()
     event = on_event or (lambda text: None)
     state_dir = os.path.join(out_dir, STATE_DIR)
@@ -98,9 +107,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     # 1. Capture every node output of the reference once; its graph outputs serve the confirm.
     event("capturing reference activations")
     all_tensors = [t for outs in index.node_outputs for t in outs]
-    capture_path = save_model(mark_outputs(model, all_tensors), os.path.join(models_dir, "capture.onnx"),
-                              base_dir=prepared.base_dir)
-    store = _capture(oracle, capture_path, prepared.feeds.arrays, all_tensors, state_dir, resume)
+    store = _capture(oracle, model, index, prepared.feeds.arrays, all_tensors, state_dir, models_dir, resume,
+                     limits, event)
     graph_outputs = {name: store.get(name) for name in index.graph_outputs if name in store}
     check_reference_finite(graph_outputs, oracle.reference)
 
@@ -119,7 +127,9 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
             f"the original model does not diverge under {target} ({verdict.criterion.describe()}; {numbers})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")
     for replay in range(replays):
-        again = oracle.verdict_from(oracle.run_target(model_file, prepared.feeds.arrays), graph_outputs)
+        replayed = oracle.run_target(model_file, prepared.feeds.arrays)
+        again = oracle.verdict_from(replayed, graph_outputs)
+        replayed.discard()
         if not signature.same_bug(again.signature):
             raise NothingToReduce(
                 f"the divergence is flaky: run 1 gave {signature.describe()}, replay {replay + 1} gave "
@@ -207,18 +217,21 @@ def _confirm_stats(oracle):
     return PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds)
 
 
-def _capture(oracle, path, feeds, names, state_dir, resume) -> ActivationStore:
+def _capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event) -> ActivationStore:
+    """Every node output of the reference, on disk, in as many runs as the memory budget needs."""
+    from reprokit.activations import tensor_bytes
+
     capture_dir = os.path.join(state_dir, "activations")
     if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
         return ActivationStore.open(capture_dir)
-    result = oracle.run_reference(path, feeds, names)
-    job_dir = result.job_dir
-    if os.path.exists(capture_dir):
-        import shutil
+    sizes = {n: tensor_bytes(index.value_info[n]) for n in names if n in index.value_info}
 
-        shutil.rmtree(capture_dir)
-    os.replace(job_dir, capture_dir)
-    return ActivationStore.from_worker(capture_dir, {})
+    def run_chunk(chunk):
+        path = save_model(mark_outputs(model, chunk), os.path.join(models_dir, "capture.onnx"))
+        return oracle.run_reference(path, feeds, chunk)
+
+    return ActivationStore.capture(run_chunk, names, sizes, capture_dir, chunk_bytes=limits.capture_chunk_bytes,
+                                   max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
 
 
 def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journal, reducer) -> list[int]:
@@ -234,6 +247,7 @@ def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journa
     if result.status == "ok":
         reference = {n: store.get(n) for n in names if n in store}
         report = compare_layerwise(model, reference, result.outputs, oracle.criterion, marking)
+        result.discard()
         producer = reducer.index.producer
         status = {r.tensor: _row_kind(r) for r in report.rows}
         wanted = signature.kind.value
@@ -314,8 +328,9 @@ class _BestWriter:
 
 
 def pack_result(result: ShrinkResult, target: str, options: RunOptions, *, fmt: str = "tar.gz",
-                redact: bool = False, on_event=None):
-    """Pack the minimal model of a finished shrink into OUT/report.<fmt>, with shrink's context."""
+                redact: bool = False, on_event=None, audit=None):
+    """Pack the minimal model of a finished shrink into OUT/report.<fmt>, with shrink's context.
+    ``audit`` (a reprokit.audit.AuditResult of the original model) adds audit/ and the sweep."""
     from dataclasses import replace
 
     from reprokit.report import pack
@@ -324,10 +339,13 @@ def pack_result(result: ShrinkResult, target: str, options: RunOptions, *, fmt: 
     context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
                "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
                "original_model": summary["model"]}
+    if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
+        context.update(audit.issue_context())
     packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
                   options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
                                   input_shapes={}, val_ranges={}),
-                  fmt=fmt, redact=redact, context=context, on_event=on_event)
+                  fmt=fmt, redact=redact, context=context, on_event=on_event,
+                  audit_dir=audit.out_dir if audit is not None else None)
     summary["report"] = packed.archive
     _atomic_json(os.path.join(result.out_dir, "summary.json"), summary)
     return packed

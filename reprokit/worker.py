@@ -37,6 +37,12 @@ class WorkerResult:
     exit_code: int | None = None  # ReprokitError exit code for status "error"/"unavailable"
     job_dir: str = ""  # where the outputs' .npy files live
 
+    def discard(self) -> None:
+        """Free the disk the call used, once its outputs are no longer needed."""
+        self.outputs = {}
+        if self.job_dir:
+            shutil.rmtree(self.job_dir, ignore_errors=True)
+
 
 def run_in_worker(
     spec: str,

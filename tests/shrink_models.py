@@ -379,6 +379,18 @@ SLIPPAGE_SCRIPT = """
         sys.exit(1)
 """
 
+SLOW_SCRIPT = """
+    # Fails at once on the whole chain (it holds the last node, n31); any smaller candidate
+    # takes a minute, like a long engine build.
+    import sys, time
+    data = open(sys.argv[1], "rb").read()
+    if b"n31" not in data:
+        time.sleep(60)
+    if b"Sigmoid" in data and b"Tanh" in data:
+        print("[E] Error Code 2: unsupported pair")
+        sys.exit(1)
+"""
+
 FUSION_SCRIPT = """
     # An engine with a buggy Conv+Relu fusion: when a Conv's output is read only by a Relu and is
     # not a graph output (so the pair is fused), the fused Relu's result comes out 1.5x too big.

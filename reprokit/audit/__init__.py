@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,11 +39,37 @@ class AuditResult:
     def workaround(self) -> dict | None:
         return self.payload.get("workaround")
 
-    def issue_rows(self) -> list[dict]:
-        """The tried settings, for ISSUE.md's "what we tried" list (setting, verdict, error)."""
-        return [{"setting": f"{r.setting}" + (f" ({r.change})" if r.key in ("layernorm", "batch") else ""),
-                 "verdict": r.verdict, "error": r.error}
-                for r in self.sweep if r.verdict not in ("not applicable",)]
+    def issue_context(self) -> dict:
+        """ISSUE.md's "what we tried" list (rows with setting, verdict, error) and the smallest
+        workaround, for the report archive's context."""
+        extra = {"layernorm": " + one LayerNormalization node per LayerNorm (opset 17)",
+                 "batch": " + the batch dim " + ("dynamic" if any(r.change.startswith("dynamic") for r in self.sweep)
+                                                 else "static")}
+        rows = [{"setting": r.setting + extra.get(r.key, ""), "verdict": r.verdict, "error": r.error}
+                for r in self.sweep if r.verdict != "not applicable"]
+        found = self.workaround
+        words = (f"{found['change']} (`{found['setting']}` → {found['verdict']}, {found['basis']})"
+                 if found else "")
+        return {"sweep": rows, "workaround": words}
+
+
+class _Weights(Mapping):
+    """Initializers by name, read one at a time (external data stays on disk until asked)."""
+
+    def __init__(self, model, base_dir: str):
+        self._protos = {t.name: t for t in model.graph.initializer}
+        self._base_dir = base_dir
+
+    def __getitem__(self, name):
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(self._protos[name], self._base_dir)
+
+    def __iter__(self):
+        return iter(self._protos)
+
+    def __len__(self) -> int:
+        return len(self._protos)
 
 
 def _name_nodes(model) -> int:
@@ -61,10 +88,12 @@ def _name_nodes(model) -> int:
 
 
 def audit(model_path: str, target: str, out_dir: str | None = None, *, options=None, sweep: bool = True,
-          explain_inputs: bool = True, kept_nodes: list[str] | None = None, on_event=None) -> AuditResult:
-    """Audit ``model_path`` under ``target``; write the report files to ``out_dir`` when given."""
-    from onnx import numpy_helper
+          explain_inputs: bool = True, ranges_only: bool = False, kept_nodes: list[str] | None = None,
+          on_event=None) -> AuditResult:
+    """Audit ``model_path`` under ``target``; write the report files to ``out_dir`` when given.
 
+    ``ranges_only``: the range audit alone — one reference call, no target call, no engine
+    build (the target spec only says which narrow type to audit against)."""
     from reprokit.layerwise import float_node_outputs
     from reprokit.model import fold_constants, mark_outputs, save_model
     from reprokit.oracle import check_reference_finite
@@ -77,15 +106,16 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
     with tempfile.TemporaryDirectory(prefix="reprokit-audit-") as work:
         oracle = make_oracle(target, options, os.path.join(work, "calls"))
         prepared = prepare(model_path, options, work)
+        oracle.weights_dir = prepared.base_dir
         model = fold_constants(prepared.model)
         notes = list(prepared.notes)
         if _name_nodes(model):
             notes.append("unnamed nodes were given the names the layerwise table shows (OP_INDEX)")
-        path = save_model(model, os.path.join(work, "original.onnx"))
+        path = save_model(model, os.path.join(work, "original.onnx"), base_dir=prepared.base_dir)
         feeds = prepared.feeds.arrays
         graph_outputs = [o.name for o in model.graph.output]
         tensors = [t for t, *_ in float_node_outputs(model) if t not in graph_outputs]
-        marked = save_model(mark_outputs(model, tensors), os.path.join(work, "marked.onnx"))
+        marked = save_model(mark_outputs(model, tensors), os.path.join(work, "marked.onnx"), base_dir=prepared.base_dir)
 
         event("capturing every tensor on the reference (one call)")
         capture = ledger.run("capture", "reference", oracle, "every tensor of the model", marked, feeds,
@@ -95,21 +125,29 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         check_reference_finite(reference, oracle.reference)
 
         event("range audit (no target call)")
-        constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        constants = _Weights(model, prepared.base_dir)
         ranges = audit_ranges(model, activations, constants, feeds, oracle.precision, oracle.criterion.tolerance)
 
-        event(f"running {target} on the model")
-        verdict = oracle.verdict_from(ledger.run("verdict", "target", oracle, "the model as given", path, feeds), reference)
-        event(f"verdict: {verdict.signature.describe() if verdict.diverges else 'agree'}; layerwise run")
-        layer = _layerwise(oracle, ledger, model, marked, feeds, graph_outputs + tensors, activations, target)
+        if ranges_only:
+            from reprokit.layerwise import LayerwiseReport
+
+            verdict = None
+            layer = LayerwiseReport([], False, ["not run (--ranges-only)"])
+        else:
+            event(f"running {target} on the model")
+            verdict = oracle.verdict_from(ledger.run("verdict", "target", oracle, "the model as given", path, feeds),
+                                          reference)
+            event(f"verdict: {verdict.signature.describe() if verdict.diverges else 'agree'}; layerwise run")
+            layer = _layerwise(oracle, ledger, model, marked, feeds, graph_outputs + tensors, activations, target)
 
         suspects = _suspects(model, ranges, layer, verdict)
-        bench = Bench(model, path, feeds, reference, options, work, ledger)
+        bench = Bench(model, path, feeds, reference, options, work, ledger, prepared.base_dir)
         rows: list[SweepRow] = []
         explained = None
-        if verdict.diverges and sweep:
+        diverges = verdict is not None and verdict.diverges
+        if diverges and sweep:
             rows = _sweep(bench, target, verdict, suspects, prepared, event)
-        if verdict.diverges and explain_inputs:
+        if diverges and explain_inputs:
             event("explain: random inputs, random weights")
             explained = explain(bench, oracle, verdict.signature, seed=options.seed + 1)
         payload = _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
@@ -148,7 +186,7 @@ def _suspects(model, ranges, layer, verdict) -> dict:
     first = [r.node for r in layer.first][:3]
     status = {r.tensor: _kind(r) for r in layer.rows}
     inputs = {t: ins for t, _, _, ins in float_node_outputs(model)}
-    wanted = verdict.kind.value
+    wanted = verdict.kind.value if verdict is not None else "-"
     anchors = [r.node for r in layer.rows
                if status[r.tensor] == wanted and not any(status.get(i) == wanted for i in inputs.get(r.tensor, []))]
     region = suspects_from_ranges(model, ranges)
@@ -168,7 +206,7 @@ def _sweep(bench, target, verdict, suspects, prepared, event) -> list[SweepRow]:
     from reprokit.audit.layernorm import fuse_layernorms
     from reprokit.model import save_model
 
-    fused, matches = fuse_layernorms(bench.model)
+    fused, matches = fuse_layernorms(bench.model, bench.base_dir)
     if matches:
         bench.variants["layernorm"] = save_model(fused, os.path.join(bench.workdir, "layernorm.onnx"))
         removed = len(bench.model.graph.node) - len(fused.graph.node)
@@ -186,7 +224,7 @@ def _sweep(bench, target, verdict, suspects, prepared, event) -> list[SweepRow]:
         if setting.target == target and setting.model == "original":
             continue
         event(f"sweep: {setting.change}" + (f" ({setting.target})" if setting.target else " — not applicable"))
-        row = run_setting(bench, setting, verdict.signature)
+        row = run_setting(bench, setting, verdict.signature, verdict.criterion)
         nodes_fixed = nodes_fixed or (setting.key == "fp32-nodes" and row.fixes)
         rows.append(row)
     return rows
@@ -218,7 +256,7 @@ def _batch_variant(bench, prepared):
 
 def _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
              kept_nodes, ledger, started, swept, explained_asked) -> dict:
-    found = workaround(rows)
+    found, basis = workaround(rows)
     first = layer.first[0] if layer.first else None
     minimal = None
     if kept_nodes is not None:
@@ -226,7 +264,9 @@ def _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer
         minimal = {"node_names": list(kept_nodes), "among_suspects": sorted(set(kept_nodes) & named),
                    "range_first": ranges.first.node if ranges.first else None}
     not_run = []
-    if not verdict.diverges:
+    if verdict is None:
+        not_run.append("range audit only (--ranges-only): no target call, no layerwise, sweep or explain")
+    elif not verdict.diverges:
         not_run.append(f"the model does not diverge under {target}: no sweep and no explain")
     elif not swept:
         not_run.append("sweep skipped (--no-sweep)")
@@ -239,7 +279,7 @@ def _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer
                   "inputs": {k: {"shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
                              for k, v in prepared.feeds.arrays.items()}},
         "notes": notes + not_run,
-        "verdict": verdict.to_json(),
+        "verdict": verdict.to_json() if verdict is not None else None,
         "ranges": ranges.to_json(),
         "weights": {"checked": ranges.weights_checked, "flagged": [w.to_json() for w in ranges.weights]},
         "layerwise": {"compared": len(layer.rows), "diverging": len(layer.diverging),
@@ -249,7 +289,7 @@ def _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer
                       "missing_in_target": layer.missing[:20], "rows": [r.to_json() for r in layer.rows]},
         "suspects": suspects,
         "sweep": [r.to_json() for r in rows],
-        "workaround": found.to_json() if found else None,
+        "workaround": {**found.to_json(), "basis": basis} if found else None,
         "explain": explained,
         "minimal": minimal,
         "calls": [c.to_json() for c in ledger.calls],

@@ -33,19 +33,19 @@ class LayerNormMatch:
 class _Graph:
     """Producer/consumer links and constant values of a graph, for pattern matching."""
 
-    def __init__(self, model):
-        from onnx import numpy_helper
-
+    def __init__(self, model, base_dir: str = ""):
         graph = model.graph
+        self.base_dir = base_dir
         self.nodes = list(graph.node)
         self.consumers: dict[str, list[int]] = {}
         for index, node in enumerate(self.nodes):
             for name in node.input:
                 self.consumers.setdefault(name, []).append(index)
-        self.constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        # Tensor protos by name, read only when a pattern asks (weights may be external data).
+        self.constants = {t.name: t for t in graph.initializer}
         for node in self.nodes:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                self.constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+                self.constants[node.output[0]] = node.attribute[0].t
         self.outputs = {o.name for o in graph.output}
         self.shapes = _shapes(model)
 
@@ -56,7 +56,10 @@ class _Graph:
         return users[0]
 
     def const(self, tensor: str):
-        return self.constants.get(tensor)
+        from onnx import numpy_helper
+
+        proto = self.constants.get(tensor)
+        return None if proto is None else numpy_helper.to_array(proto, self.base_dir)
 
 
 def _shapes(model) -> dict[str, list]:
@@ -169,16 +172,16 @@ def _prefix(names: list[str]) -> str:
     return common or names[0]
 
 
-def fuse_layernorms(model):
+def fuse_layernorms(model, base_dir: str = ""):
     """A copy of ``model`` with every decomposed LayerNorm replaced; and the matches.
 
     Models below opset 17 are first converted with onnx's version converter. Returns
-    ``(model, [])`` unchanged when no pattern is found.
+    ``(model, [])`` unchanged when no pattern is found. ``base_dir``: where external weights are.
     """
     import onnx
     from onnx import helper, numpy_helper
 
-    probe = _Graph(model)
+    probe = _Graph(model, base_dir)
     if not any(_match(probe, i) for i, n in enumerate(probe.nodes) if n.op_type == "ReduceMean"):
         return model, []
     model = onnx.ModelProto.FromString(model.SerializeToString())
@@ -187,7 +190,7 @@ def fuse_layernorms(model):
         from onnx import version_converter
 
         model = version_converter.convert_version(model, LAYERNORM_OPSET)
-    g = _Graph(model)
+    g = _Graph(model, base_dir)
     replaced: dict[int, list] = {}  # index of a pattern's last node -> new nodes
     dropped: set[int] = set()
     matches: list[LayerNormMatch] = []

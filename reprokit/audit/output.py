@@ -50,7 +50,7 @@ def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
     paths = {k: os.path.join(out_dir, v) for k, v in FILES.items()}
     payload["files"] = {k: os.path.basename(v) for k, v in paths.items()}
     safe = _json_safe(payload)
-    if layer.rows:
+    if layer.rows or ranges.rows:
         plot_layerwise(safe, ranges, paths["plot"])
         with open(paths["plot"], "rb") as handle:
             image = base64.b64encode(handle.read()).decode("ascii")

@@ -24,6 +24,16 @@ def plot_layerwise(payload: dict, ranges, path: str) -> str:
     rows = payload["layerwise"]["rows"]
     tolerance = payload["criterion"]["tolerance"]
     metric = payload["criterion"]["metric"]
+    model = payload["model"].rsplit("/", 1)[-1]
+    if not rows:  # range audit only: the magnitudes panel alone
+        fig, bottom = plt.subplots(1, 1, figsize=(11, 3.4))
+        _ranges_panel(bottom, ranges)
+        bottom.set_title(f"{model}: largest magnitude per tensor against the {ranges.precision} range", fontsize=10)
+        bottom.set_xlabel("depth (tensor index in topological order)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.2), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
     finite = [(_number(r["error"]), r) for r in rows]
@@ -50,7 +60,6 @@ def plot_layerwise(payload: dict, ranges, path: str) -> str:
         top.annotate(f"first divergence: {first['node']} ({first['op']})", xy=(first["index"], ceiling),
                      xytext=(6, -4), textcoords="offset points", fontsize=8, color="#c0142a", va="top")
     top.legend(loc="upper left", fontsize=7, framealpha=0.85)
-    model = payload["model"].rsplit("/", 1)[-1]
     top.set_title(f"{model} under {payload['target']}: error per tensor (topological order)", fontsize=10)
     _ranges_panel(bottom, ranges)
     bottom.set_xlabel("depth (tensor index in topological order)")

@@ -40,7 +40,8 @@ class SweepRow:
     verdict: str  # agree, nonfinite, mismatch, build-error, …, not applicable, unavailable, failed
     error: float | str | None = None
     tolerance: float | None = None
-    fixes: bool = False
+    fixes: bool = False  # agrees under the setting's own criterion, as `reprokit check` judges it
+    within_original: bool | None = None  # error within the tolerance that flagged the divergence
     target_calls: int = 0
     reference_calls: int = 0
     seconds: float = 0.0
@@ -90,8 +91,8 @@ def plan(target: str, candidates: list[list[str]], layernorm: tuple[bool, str], 
         settings.append(Setting("fp32-nodes", "keep the suspected nodes in fp32", 1, None, reason=why))
     # 2. LayerNorm as one node
     available, words = layernorm
-    settings.append(Setting("layernorm", words, 2, target if available else None,
-                            model="layernorm", reason="" if available else words))
+    settings.append(Setting("layernorm", "LayerNorm as one LayerNormalization node (opset 17)", 2,
+                            target if available else None, model="layernorm", reason=words))
     # 3. static versus dynamic batch
     if engine != "trt":
         settings.append(Setting("batch", "static versus dynamic batch profile", 3, None, reason=CPU_BATCH))
@@ -143,10 +144,13 @@ class Bench:
     options: object  # RunOptions
     workdir: str
     ledger: object  # calls.Ledger
+    base_dir: str = ""  # where the model's external weights are (engines are told)
     variants: dict = field(default_factory=dict)  # variant name -> model path
 
 
-def run_setting(bench: Bench, setting: Setting, signature) -> SweepRow:
+def run_setting(bench: Bench, setting: Setting, signature, original) -> SweepRow:
+    """Run one setting (one target call; two for a rewritten model, whose reference is rerun).
+    ``original`` is the Criterion that flagged the divergence."""
     from reprokit.compare import compare_arrays
     from reprokit.session import make_oracle
 
@@ -154,6 +158,7 @@ def run_setting(bench: Bench, setting: Setting, signature) -> SweepRow:
                    note=setting.reason)
     if setting.target is None:
         return row
+    row.note = ""
     path = bench.variants.get(setting.model, bench.path) if setting.model != "original" else bench.path
     if setting.model != "original" and setting.model not in bench.variants:
         row.note = f"the {setting.model} model could not be made"
@@ -161,6 +166,7 @@ def run_setting(bench: Bench, setting: Setting, signature) -> SweepRow:
     before = len(bench.ledger.calls)
     try:
         oracle = make_oracle(setting.target, bench.options, os.path.join(bench.workdir, "sweep"))
+        oracle.weights_dir = bench.base_dir or None
         reference = bench.reference
         if setting.model == "layernorm":
             ref = bench.ledger.run("sweep", "reference", oracle, f"reference of the {setting.model} model",
@@ -168,7 +174,8 @@ def run_setting(bench: Bench, setting: Setting, signature) -> SweepRow:
             reference = {k: np.asarray(v) for k, v in ref.outputs.items()}
             worst = max((compare_arrays(k, bench.reference[k], v, oracle.criterion).rel_l2
                          for k, v in reference.items() if k in bench.reference), default=0.0)
-            row.note = f"rewritten model equals the original on the reference: rel L2 {worst:.2g}"
+            row.note = (f"{setting.reason}; the rewritten model equals the original on the reference "
+                        f"(rel L2 {worst:.2g})")
         result = bench.ledger.run("sweep", "target", oracle, setting.change, path, bench.feeds)
         verdict = oracle.verdict_from(result, reference)
     except EngineUnavailable as exc:
@@ -181,6 +188,8 @@ def run_setting(bench: Bench, setting: Setting, signature) -> SweepRow:
         row.error = float(worst.error) if worst is not None else None
         row.tolerance = verdict.criterion.tolerance
         row.fixes = not verdict.diverges
+        if original.metric.value != "allclose" and worst is not None and verdict.kind.value in ("agree", "mismatch"):
+            row.within_original = bool(worst.error <= original.tolerance)
         if verdict.diverges and not verdict.signature.same_bug(signature):
             row.note = (row.note + "; " if row.note else "") + f"a different failure: {verdict.signature.describe()}"
         if verdict.message and not row.note:
@@ -192,10 +201,16 @@ def run_setting(bench: Bench, setting: Setting, signature) -> SweepRow:
     return row
 
 
-def workaround(rows: list[SweepRow]) -> SweepRow | None:
-    """The smallest change that makes the divergence go away."""
-    fixing = sorted((r for r in rows if r.fixes), key=lambda r: r.rank)
-    return fixing[0] if fixing else None
+def workaround(rows: list[SweepRow]) -> tuple[SweepRow | None, str]:
+    """The smallest change that makes the divergence go away, and on what basis: the setting
+    agrees under its own criterion, or (failing that) its error is within the tolerance that
+    flagged the divergence."""
+    for basis, test in (("agrees under its own tolerance", lambda r: r.fixes),
+                        ("error within the tolerance that flagged the divergence", lambda r: r.within_original)):
+        found = sorted((r for r in rows if test(r)), key=lambda r: r.rank)
+        if found:
+            return found[0], basis
+    return None, ""
 
 
 # ---------------------------------------------------------------- explain
@@ -210,7 +225,7 @@ def random_like_feeds(feeds: dict, seed: int) -> dict:
             for k, v in feeds.items()}
 
 
-def random_weights_model(model, seed: int):
+def random_weights_model(model, seed: int, base_dir: str = ""):
     """Float weights (more than 16 values) replaced by random values of the same shape, mean and
     std, as ``reprokit pack --redact`` does; BatchNormalization variances kept positive."""
     import onnx
@@ -223,7 +238,7 @@ def random_weights_model(model, seed: int):
     variances = {n.input[4] for n in model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 4}
     replaced = 0
     for tensor in model.graph.initializer:
-        array = numpy_helper.to_array(tensor)
+        array = numpy_helper.to_array(tensor, base_dir)
         if array.dtype.kind == "f" and array.size > _SMALL:
             new = _like(array, rng)
             if tensor.name in variances:
@@ -239,7 +254,7 @@ def explain(bench: Bench, oracle, signature, seed: int) -> dict:
     from reprokit.oracle import check_reference_finite
 
     out = {}
-    weights, replaced = random_weights_model(bench.model, seed)
+    weights, replaced = random_weights_model(bench.model, seed, bench.base_dir)
     variants = {
         "random_inputs": (bench.path, random_like_feeds(bench.feeds, seed),
                           f"inputs replaced by random values of the same shape, mean and std (seed {seed})"),

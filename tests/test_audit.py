@@ -1,0 +1,259 @@
+"""``reprokit audit`` with real engines: the range audit names a planted fault with no target
+call, the weights audit flags a BatchNormalization variance past fp16, the LayerNorm rewrite is
+numerically equivalent on onnxruntime fp32, the sweep on a sample keeps the fault node in fp32,
+explain tells data from weights, and the CLI writes every file, prints JSON and fails cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+
+import models
+import numpy as np
+import onnx
+import pytest
+from conftest import REPO, assert_user_error
+from onnx import helper
+
+from reprokit.audit import audit
+from reprokit.audit.layernorm import fuse_layernorms
+from reprokit.session import RunOptions
+
+SAMPLES = REPO / "samples"
+CATALOG = {s["name"]: s for s in json.loads((SAMPLES / "catalog.json").read_text())["samples"]}
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def batchnorm_big_variance() -> onnx.ModelProto:
+    """A BatchNormalization whose running variance (1e6) is past fp16's 65504."""
+    # x[1,4,8,8] -> Conv(1x1) "conv" -> BatchNormalization(var = 1e6) "bn" -> Relu "relu" -> y
+    rng = np.random.default_rng(3)
+    return _model(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"], name="bn"),
+         helper.make_node("Relu", ["b"], ["y"], name="relu")],
+        [models.vi("x", [1, 4, 8, 8])], [models.vi("y", [1, 4, 8, 8])],
+        [models.const("w", rng.uniform(-1, 1, (4, 4, 1, 1))), models.const("scale", np.full(4, 500.0)),
+         models.const("bias", np.full(4, 0.1)), models.const("mean", np.zeros(4)),
+         models.const("var", np.full(4, 1e6))],
+    )
+
+
+def decomposed_layernorm(axes, shape, *, opset=17, square="pow") -> onnx.ModelProto:
+    """LayerNorm exported as primitives, then a Relu."""
+    # x -> ReduceMean(axes) -> Sub -> Pow(2)|Mul(d,d) -> ReduceMean -> Add(eps) -> Sqrt -> Div
+    #   -> Mul(gamma) -> Add(beta) -> Relu -> y
+    rng = np.random.default_rng(4)
+    param = [1] * len(shape)
+    for a in axes:
+        param[a] = shape[a]
+    inits = [models.const("two", np.float32(2.0)), models.const("eps", np.float32(1e-5)),
+             models.const("gamma", rng.uniform(0.5, 1.5, param)), models.const("beta", rng.uniform(-0.2, 0.2, param))]
+
+    def reduce(name, src, out):
+        if opset >= 18:
+            return helper.make_node("ReduceMean", [src, "axes"], [out], name=name, keepdims=1)
+        return helper.make_node("ReduceMean", [src], [out], name=name, axes=list(axes), keepdims=1)
+
+    if opset >= 18:
+        inits.append(onnx.numpy_helper.from_array(np.asarray(axes, dtype=np.int64), "axes"))
+    squared = (helper.make_node("Pow", ["d", "two"], ["d2"], name="ln/pow") if square == "pow"
+               else helper.make_node("Mul", ["d", "d"], ["d2"], name="ln/square"))
+    return _model(
+        [reduce("ln/mean", "x", "mu"), helper.make_node("Sub", ["x", "mu"], ["d"], name="ln/sub"), squared,
+         reduce("ln/var", "d2", "var"), helper.make_node("Add", ["var", "eps"], ["ve"], name="ln/add_eps"),
+         helper.make_node("Sqrt", ["ve"], ["std"], name="ln/sqrt"),
+         helper.make_node("Div", ["d", "std"], ["n"], name="ln/div"),
+         helper.make_node("Mul", ["n", "gamma"], ["g"], name="ln/mul"),
+         helper.make_node("Add", ["g", "beta"], ["ln_out"], name="ln/add"),
+         helper.make_node("Relu", ["ln_out"], ["y"], name="after")],
+        [models.vi("x", list(shape))], [models.vi("y", list(shape))], inits, opset=opset,
+    )
+
+
+def spike_bias(n: int = 256) -> onnx.ModelProto:
+    """One bias entry of 1e5 among zeros: any input overflows fp16 there; random weights with
+    the same mean and std (max ~2e4) do not."""
+    # x[1,n] -> Add(B: zeros, B[7] = 1e5) "spike" -> Relu -> y
+    bias = np.zeros(n)
+    bias[7] = 1e5
+    return models.make([helper.make_node("Add", ["x", "B"], ["h"], name="spike"),
+                        helper.make_node("Relu", ["h"], ["y"], name="relu")],
+                       [models.vi("x", [1, n])], [models.vi("y", [1, n])], [models.const("B", bias)])
+
+
+def flat_scale(n: int = 256) -> onnx.ModelProto:
+    """x * 1000 everywhere: overflows fp16 only where an input passes 65.5."""
+    # x[1,n] -> Mul(W = 1000 * ones) "scale" -> y
+    return models.make([helper.make_node("Mul", ["x", "W"], ["y"], name="scale")],
+                       [models.vi("x", [1, n])], [models.vi("y", [1, n])], [models.const("W", np.full(n, 1000.0))])
+
+
+def _ort(model, feeds):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def test_range_audit_names_the_planted_overflow_with_no_target_call(tmp_path, model_file):
+    path = model_file("planted_overflow")
+    result = audit(path, "emulate:fp16", str(tmp_path / "out"), ranges_only=True)
+    first = result.ranges.first
+    assert (first.node, first.finding) == ("boom", "overflow")
+    assert [r.node for r in result.ranges.flagged] == ["boom"]
+    assert result.payload["cost"]["target_calls"] == 0
+    assert [c["role"] for c in result.payload["calls"]] == ["reference"]
+    # trt:fp16 needs no TensorRT here: the range audit builds no engine
+    again = audit(path, "trt:fp16", None, ranges_only=True)
+    assert again.ranges.first.node == "boom" and again.payload["cost"]["target_calls"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_range_audit_of_each_sample_names_its_planted_fault_first(name):
+    sample = CATALOG[name]
+    options = RunOptions(inputs=str(SAMPLES / sample["inputs"]))
+    result = audit(str(SAMPLES / sample["file"]), "emulate:fp16", None, options=options, ranges_only=True)
+    assert result.ranges.first.node == sample["fault_node"] or result.ranges.first.node in sample["keep_fp32"]
+
+
+def test_weights_audit_flags_a_batchnorm_variance_past_fp16(tmp_path):
+    path = models.save(batchnorm_big_variance(), tmp_path / "bn.onnx")
+    result = audit(path, "emulate:fp16", None, ranges_only=True)
+    flagged = {w.tensor: w for w in result.ranges.weights}
+    assert flagged["var"].finding == "overflow"
+    assert flagged["var"].consumers == ["bn (BatchNormalization input 'input_var')"]
+    assert "bias" not in flagged and "mean" not in flagged
+    assert result.payload["weights"]["flagged"][0]["tensor"] == "var"
+    bf16 = audit(path, "emulate:bf16", None, ranges_only=True)
+    assert bf16.ranges.weights == []
+
+
+@pytest.mark.parametrize("axes,shape,opset,square", [
+    ([-1], [2, 5, 16], 17, "pow"),  # trailing axis, as torch exports nn.LayerNorm
+    ([1], [1, 8, 4, 4], 17, "pow"),  # channel LayerNorm on NCHW (NAFNet): Transposes around
+    ([2], [2, 3, 12], 13, "mul"),  # opset 13, Mul(d, d): converted to opset 17 first
+    ([-2, -1], [2, 6, 5], 18, "pow"),  # opset 18: ReduceMean takes its axes as an input
+])
+def test_layernorm_rewrite_is_equivalent_and_smaller(axes, shape, opset, square):
+    model = decomposed_layernorm(axes, shape, opset=opset, square=square)
+    fused, matches = fuse_layernorms(model)
+    assert len(matches) == 1 and matches[0].affine
+    assert [n.op_type for n in fused.graph.node].count("LayerNormalization") == 1
+    assert len(fused.graph.node) < len(model.graph.node)
+    assert matches[0].transposed == (axes == [1])
+    feeds = {"x": np.random.default_rng(5).normal(3.0, 2.0, shape).astype(np.float32)}
+    (want,), (got,) = _ort(model, feeds), _ort(fused, feeds)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_layernorm_rewrite_leaves_other_graphs_alone(model_file):
+    model = onnx.load(model_file("small_mlp"))
+    same, matches = fuse_layernorms(model)
+    assert matches == [] and same is model
+
+
+@pytest.mark.parametrize("name", ["static_batch_broadcast", "conv_clip"])
+def test_sweep_on_a_sample_keeps_the_fault_node_in_fp32(tmp_path, name):
+    sample = CATALOG[name]
+    options = RunOptions(inputs=str(SAMPLES / sample["inputs"]))
+    result = audit(str(SAMPLES / sample["file"]), "emulate:fp16", str(tmp_path / "out"), options=options,
+                   explain_inputs=False)
+    found = result.workaround
+    assert found["key"] == "fp32-nodes" and found["verdict"] == "agree"
+    kept = found["setting"].split("fp32-nodes=", 1)[1].split(";")
+    assert set(kept) <= set(sample["keep_fp32"]) | {sample["fault_node"]}
+    by_key = {r.key: r for r in result.sweep}
+    assert by_key["fp32"].setting == "ort" and by_key["fp32"].fixes  # plain fp32 fixes it too
+    assert by_key["no-tf32"].verdict == "not applicable" and by_key["batch"].verdict == "not applicable"
+    ranks = [r.rank for r in result.sweep]
+    assert ranks == sorted(ranks)
+    # every engine call is listed with its cost; the range audit added none
+    cost = result.payload["cost"]
+    assert cost["target_calls"] == sum(1 for c in result.payload["calls"] if c["role"] == "target")
+    assert cost["target_calls"] == 2 + sum(r.target_calls for r in result.sweep)
+
+
+def test_sweep_fuses_the_layernorm_of_the_nafnet_sample(tmp_path):
+    sample = CATALOG["layernorm_overflow"]
+    options = RunOptions(inputs=str(SAMPLES / sample["inputs"]))
+    result = audit(str(SAMPLES / sample["file"]), "emulate:fp16", None, options=options, explain_inputs=False)
+    rows = {r.key: r for r in result.sweep}
+    assert rows["layernorm"].fixes and "rel L2" in rows["layernorm"].note
+    assert rows["layernorm"].reference_calls == 1  # the rewritten model's reference, checked equal
+    assert result.workaround["key"] == "fp32-nodes"  # 3 nodes in fp32 is the smaller change
+    assert set(result.workaround["setting"].split("=", 1)[1].split(";")) == set(sample["keep_fp32"])
+
+
+def test_explain_tells_weights_from_data(tmp_path):
+    path = models.save(spike_bias(), tmp_path / "spike.onnx")
+    weights = audit(path, "emulate:fp16", None, sweep=False)
+    explained = weights.payload["explain"]
+    assert explained["random_inputs"]["diverges"] and not explained["random_weights"]["diverges"]
+    assert explained["conclusion"].startswith("weights")
+
+    path = models.save(flat_scale(), tmp_path / "scale.onnx")
+    x = np.random.default_rng(6).uniform(0, 0.01, (1, 256)).astype(np.float32)
+    x[0, 3] = 100.0  # 100 * 1000 > 65504
+    np.savez(tmp_path / "x.npz", x=x)
+    data = audit(path, "emulate:fp16", None, options=RunOptions(inputs=str(tmp_path / "x.npz")), sweep=False)
+    explained = data.payload["explain"]
+    assert not explained["random_inputs"]["diverges"] and explained["random_weights"]["diverges"]
+    assert explained["conclusion"].startswith("data")
+
+
+def test_cli_audit_writes_every_file_and_json(tmp_path, model_file, cli):
+    path = model_file("matmul_overflow_softmax")
+    out = tmp_path / "audit"
+    proc = cli("audit", path, "--target", "emulate:fp16", "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(proc.stdout)
+    assert payload["schema"] == "reprokit.audit/1"
+    assert sorted(os.listdir(out)) == ["audit.html", "audit.json", "audit.md", "layerwise.png"]
+    assert json.loads((out / "audit.json").read_text()) == payload
+    assert payload["ranges"]["first"]["node"] == "matmul"
+    assert payload["layerwise"]["first"]["node"] == "matmul"
+    assert payload["workaround"]["setting"] == "emulate:fp16,fp32-nodes=matmul"
+    html = (out / "audit.html").read_text()
+    assert "data:image/png;base64," in html and "<script" not in html
+    md = (out / "audit.md").read_text()
+    assert "## Knob sweep" in md and "emulate:fp16,fp32-nodes=matmul" in md
+    human = cli("audit", path, "--target", "emulate:fp16", "-o", str(tmp_path / "again"), "--no-sweep",
+                "--no-explain")
+    assert human.returncode == 0 and "first divergence at matmul" in human.stdout
+
+
+def test_cli_audit_bad_input(tmp_path, cli):
+    assert_user_error(cli("audit", str(tmp_path / "missing.onnx"), "--target", "emulate:fp16",
+                          "-o", str(tmp_path / "o")), 3, contains="model file not found")
+    (tmp_path / "model.onnx").write_bytes(models.planted_overflow().SerializeToString())
+    assert_user_error(cli("audit", str(tmp_path / "model.onnx"), "--target", "emulate:fp99",
+                          "-o", str(tmp_path / "o")), 2, contains="unknown option")
+    (tmp_path / "file").write_text("x")
+    assert_user_error(cli("audit", str(tmp_path / "model.onnx"), "--target", "emulate:fp16",
+                          "-o", str(tmp_path / "file")), 2, contains="not a directory")
+
+
+def test_shrink_audit_puts_audit_and_sweep_into_the_report(tmp_path, model_file, cli):
+    path = model_file("planted_overflow")
+    out = tmp_path / "out"
+    proc = cli("shrink", path, "--target", "emulate:fp16", "-o", str(out), "--audit")
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads((out / "audit" / "audit.json").read_text())
+    assert payload["model"] == path  # the ORIGINAL model is audited
+    assert payload["minimal"]["node_names"] == ["boom"] and payload["minimal"]["among_suspects"] == ["boom"]
+    with tarfile.open(out / "report.tar.gz") as archive:
+        names = archive.getnames()
+        issue = archive.extractfile(next(n for n in names if n.endswith("/ISSUE.md"))).read().decode()
+    assert any(n.endswith("/audit/audit.html") for n in names)
+    assert "What we tried" in issue and "`emulate:fp16,fp32-nodes=boom` → agree" in issue
+    assert "Smallest change that avoids it: keep 1 node in fp32: boom" in issue
