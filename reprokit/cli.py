@@ -58,6 +58,16 @@ def parse_size(text: str, option: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
+def _parse_max_calls(text: str) -> int | None:
+    from reprokit.errors import UsageError
+
+    if text.strip().lower() == "auto":
+        return -1
+    if not text.strip().isdigit():
+        raise UsageError(f"--max-calls takes a number or 'auto', got {text!r}", hint="e.g. --max-calls 40, or 0 for no limit")
+    return int(text) or None
+
+
 def make_run_options(kw: dict):
     from reprokit.inputs import parse_shape_args, parse_val_ranges
     from reprokit.session import RunOptions
@@ -142,6 +152,8 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out DIR.")
 @click.option("--max-activation-disk", default=None, metavar="SIZE",
               help="Stop with an error if the captured activations would pass SIZE (e.g. 20G, 500M).")
+@click.option("--max-calls", default="auto", show_default=True, metavar="N|auto",
+              help="Target calls in all (engine builds). auto: about polygraphy's bisect cost; 0: no limit.")
 @click.option("--capture-chunk", default="1G", show_default=True, metavar="SIZE",
               help="Activations one reference run may return at once; more runs when the model needs more.")
 @click.option("--no-localize", is_flag=True, help="Skip the layerwise localization; search the unmarked graph only.")
@@ -152,8 +164,8 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--audit", "with_audit", is_flag=True,
               help="Also audit the original model (OUT/audit/; the report gets audit/ and a sweep).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
-def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, capture_chunk, no_localize,
-           no_pack, fmt, redact, with_audit, as_json, **kw):
+def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
+           no_localize, no_pack, fmt, redact, with_audit, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
@@ -170,6 +182,7 @@ def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, c
     limits = shrinking.Limits(
         capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
         max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
+        max_calls=_parse_max_calls(max_calls),
     )
     result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
                               resume=resume, localize_first=not no_localize, on_event=progress, limits=limits)

@@ -186,15 +186,19 @@ def print_audit(result) -> None:
     if not result.ranges.applicable:
         out.print(f"  ranges     {result.ranges.reason}")
     else:
-        found = f"first [bold]{escape(first.node)}[/] ({first.op}): {escape(first.message)}" if first else "every tensor fits"
+        weight = f", its weight {escape(first.tensor)}" if first is not None and first.readers else ""
+        found = f"first [bold]{escape(first.node)}[/] ({first.op}{weight}): {escape(first.message)}" if first else "every tensor fits"
         out.print(f"  ranges     {found}  [dim](no engine call)[/]")
-        for weight in result.ranges.weights[:3]:
-            out.print(f"  weights    {escape(weight.tensor)}: {escape(weight.message)}")
+        for row in sorted(result.ranges.weights, key=lambda w: not w.severe)[:3]:
+            out.print(f"  weights    {escape(row.tensor)}: {escape(row.message)}")
     lw = result.layerwise
     if lw.first:
         row = lw.first[0]
         out.print(f"  layerwise  first divergence at [bold]{escape(row.node)}[/] ({row.op}, depth {row.index}, "
                   f"{a['criterion']['metric']} {fmt(row.error.error)}); {len(lw.diverging)} of {len(lw.rows)} diverge")
+    for grow in a["layerwise"].get("amplifiers", [])[:1]:
+        out.print(f"  grows at   {escape(grow['node'])} ({grow['op']}): rel L2 {fmt(grow['input_rel_l2'])} → "
+                  f"{fmt(grow['rel_l2'])} (×{grow['growth']:.3g})")
     if result.sweep:
         table = Table(title="knob sweep (smallest change first)", show_edge=False)
         for col in ("change", "setting", "verdict", "error", "calls"):

@@ -6,6 +6,7 @@ accepted step; ``resume`` replays the journal of candidate outcomes and continue
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import time
@@ -20,7 +21,7 @@ from reprokit.layerwise import compare_layerwise, float_node_outputs
 from reprokit.model import fold_constants, mark_outputs, save_model
 from reprokit.oracle import Kind, check_reference_finite
 from reprokit.reduce.passes import branches, ddmin, localize, window
-from reprokit.reduce.reducer import Journal, Reducer
+from reprokit.reduce.reducer import BudgetExhausted, Journal, Reducer
 from reprokit.session import RunOptions, make_oracle, prepare
 from reprokit.spec import parse_target
 from reprokit.subgraph import GraphIndex
@@ -34,6 +35,14 @@ class Limits:
 
     capture_chunk_bytes: int = 1 << 30  # activations one reference run may return at once
     max_activation_disk_bytes: int | None = None  # --max-activation-disk
+    max_calls: int | None = -1  # target calls in all; -1 = auto (polygraphy parity), None = no limit
+
+
+def auto_call_budget(nodes: int) -> int:
+    """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for
+    each end), plus four: where localization settles a divergence it needs far fewer, and
+    where it cannot, reprokit stops near polygraphy's cost with the best model found so far."""
+    return 2 * math.ceil(math.log2(nodes + 1)) + 4
 
 
 @dataclass
@@ -147,26 +156,38 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.on_accept = lambda r, step: writer.write(r, "running")
 
     # 3. Localize from a layerwise run of the target (one call), then reduce.
+    setup_calls = 1 + replays
+    budget_note = ""
     try:
+        localized = False
         if localize_first and signature.kind in (Kind.NONFINITE, Kind.MISMATCH):
             reducer.begin("layerwise")
             began = time.monotonic()
             reducer.anchors = _anchors(oracle, model, store, prepared.feeds.arrays, models_dir,
                                        signature, backend_cls.marking_changes_engine, journal, reducer)
             reducer.stats["layerwise"].seconds += time.monotonic() - began
-            event(f"layerwise: anchors {[model.graph.node[a].name or a for a in reducer.anchors[:3]]}")
-        reducer.begin("localize")
-        localized = localize.run(reducer)
-        if not localized:
-            reducer.begin("window")
-            window.run(reducer)
-        reducer.begin("branches")
-        branches.run(reducer)
-        reducer.begin("ddmin")
-        ddmin.run(reducer)
+            setup_calls += 1
+            event(f"layerwise: anchors {[node_label(model, a) for a in reducer.anchors[:3]]}")
+        max_calls = auto_call_budget(original_nodes) if limits.max_calls == -1 else limits.max_calls
+        reducer.budget = None if not max_calls else max(0, max_calls - setup_calls)
+        try:
+            if reducer.anchors:
+                reducer.begin("localize")
+                localized = localize.run(reducer)
+            if not localized:
+                reducer.begin("window")
+                window.run(reducer)
+            reducer.begin("branches")
+            branches.run(reducer)
+            reducer.begin("ddmin")
+            ddmin.run(reducer)
+        except BudgetExhausted:
+            budget_note = (f"stopped at the call budget ({max_calls} target calls, --max-calls); the model is the "
+                           "smallest found so far. `--resume` with a larger --max-calls (0: no limit) continues")
+            event(budget_note)
     except BaseException:
+        reducer.close(interrupted=True)
         writer.write(reducer, "interrupted")
-        reducer.close()
         raise
     reducer.close()
     reducer.begin("final")
@@ -177,8 +198,15 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reference = {n: store.get(n) for n in final.outputs if n in store}
     final_verdict = oracle.judge(minimal_path, final.feeds, reference_outputs=reference)
     writer.write(reducer, "done", final_verdict=final_verdict, minimal_model=minimal_model, feeds=final.feeds,
-                 reference=reference)
-    return ShrinkResult(writer.summary, out_dir, minimal_path, final_verdict, prepared.notes)
+                 reference=reference, note=budget_note)
+    notes = prepared.notes + ([budget_note] if budget_note else [])
+    return ShrinkResult(writer.summary, out_dir, minimal_path, final_verdict, notes)
+
+
+def node_label(model, index: int) -> str:
+    """A node's name, or op_index for unnamed nodes (never an empty string)."""
+    node = model.graph.node[index]
+    return node.name or f"{node.op_type}_{index}"
 
 
 def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume) -> None:
@@ -283,7 +311,8 @@ class _BestWriter:
         self.started = started
         self.summary: dict = {}
 
-    def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None):
+    def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
+              note: str = ""):
         extraction = None
         if minimal_model is None:
             extraction = reducer.extraction(reducer.best)
@@ -307,7 +336,7 @@ class _BestWriter:
             "minimal": {
                 "nodes": len(nodes),
                 "ops": sorted(n.op_type for n in nodes),
-                "node_names": [n.name for n in nodes],
+                "node_names": [n.name or f"{n.op_type}_{i}" for i, n in enumerate(nodes)],
                 "inputs": [{"name": i.name, "shape": list(np.asarray(feeds[i.name]).shape)} for i in minimal_model.graph.input if i.name in feeds],
                 "outputs": [{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim]} for o in minimal_model.graph.output],
             },
@@ -317,11 +346,15 @@ class _BestWriter:
                       "seconds_per_target_call": round(stats.target_seconds / max(1, stats.target), 3),
                       "build_seconds": [round(b, 3) for b in stats.build_seconds]},
             "one_minimal": reducer.one_minimal,
+            "budget": {"target_calls_for_passes": reducer.budget, "spent": reducer.spent,
+                       "stopped": bool(note)},
             "wall_s": round(time.monotonic() - self.started, 3),
             "steps": [s.to_json(name) for name, s in reducer.stats.items()],
             "other_findings": reducer.findings,
             "rerun": rerun_command(self.model_path, self.target, self.options),
         }
+        if note:
+            self.summary["note"] = note
         if final_verdict is not None:
             self.summary["verdict"] = final_verdict.to_json()
         _atomic_json(os.path.join(self.out_dir, "summary.json"), self.summary)

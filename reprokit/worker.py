@@ -14,12 +14,26 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 _STDERR_TAIL = 4000
+_RUNNING: set = set()  # live engine processes, so an interrupt can kill them from any thread
+_RUNNING_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    """Kill the process group of every engine call in flight (used on interrupts)."""
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 @dataclass
@@ -82,6 +96,8 @@ def run_in_worker(
             start_new_session=True,  # its own process group: a kill takes its children too
             env=child_env,
         )
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -95,6 +111,9 @@ def run_in_worker(
         except BaseException:
             _kill_group(proc)
             raise
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
     seconds = time.monotonic() - start
     result_path = os.path.join(job_dir, "result.json")
     if code != 0 or not os.path.exists(result_path):

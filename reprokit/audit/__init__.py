@@ -3,7 +3,7 @@
 One reference run captures every tensor; from it the range audit (:mod:`.ranges`) names the
 tensors and weights the target's narrow type cannot hold, with no target call. One target run
 gives the layerwise error table; the knob sweep and the random-inputs/random-weights explain
-(:mod:`.sweep`) are one target call per setting. :mod:`.report` writes audit.json, audit.md,
+(:mod:`.sweep`) are one target call per setting. :mod:`.output` writes audit.json, audit.md,
 audit.html and layerwise.png. Knows nothing of click; raises ReprokitError subclasses only.
 """
 
@@ -150,7 +150,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         if diverges and explain_inputs:
             event("explain: random inputs, random weights")
             explained = explain(bench, oracle, verdict.signature, seed=options.seed + 1)
-        payload = _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
+        payload = _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
                            rows, explained, kept_nodes, ledger, started, sweep, explain_inputs)
         files = {}
         if out_dir:
@@ -170,6 +170,27 @@ def _layerwise(oracle, ledger, model, marked, feeds, names, activations, target)
     if result.status != "ok":
         return LayerwiseReport([], marking, [f"target failed with tensors marked: {result.status}: {result.message[:200]}"])
     return compare_layerwise(model, activations, result.outputs, oracle.criterion, marking)
+
+
+def amplifiers(model, layer, limit: int = 5) -> list[dict]:
+    """Diverging tensors whose relative error is much larger than their inputs' (where the error
+    grows: a saturated Sigmoid, a cancellation), largest growth first."""
+    import math
+
+    from reprokit.layerwise import float_node_outputs
+
+    inputs = {t: ins for t, _, _, ins in float_node_outputs(model)}
+    errors = {r.tensor: r.error.rel_l2 for r in layer.rows}
+    found = []
+    for row in layer.rows:
+        if not row.error.exceeds or not math.isfinite(row.error.rel_l2):
+            continue
+        before = [errors[i] for i in inputs.get(row.tensor, []) if i in errors and math.isfinite(errors[i])]
+        if before and max(before) > 0 and row.error.rel_l2 >= 2 * max(before):
+            found.append({"index": row.index, "node": row.node, "op": row.op, "tensor": row.tensor,
+                          "input_rel_l2": max(before), "rel_l2": row.error.rel_l2,
+                          "growth": row.error.rel_l2 / max(before)})
+    return sorted(found, key=lambda f: -f["growth"])[:limit]
 
 
 def _kind(row) -> str:
@@ -254,7 +275,7 @@ def _batch_variant(bench, prepared):
     return "static-batch", "static input shapes (batch frozen to the feeds) instead of dynamic"
 
 
-def _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
+def _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
              kept_nodes, ledger, started, swept, explained_asked) -> dict:
     found, basis = workaround(rows)
     first = layer.first[0] if layer.first else None
@@ -286,7 +307,8 @@ def _payload(model_path, target, oracle, prepared, notes, verdict, ranges, layer
                       "first": first.to_json() if first else None,
                       "first_rows": [r.to_json() for r in layer.first[:10]],
                       "marking_changes_engine": layer.marking_changes_engine,
-                      "missing_in_target": layer.missing[:20], "rows": [r.to_json() for r in layer.rows]},
+                      "missing_in_target": layer.missing[:20], "amplifiers": amplifiers(model, layer),
+                      "rows": [r.to_json() for r in layer.rows]},
         "suspects": suspects,
         "sweep": [r.to_json() for r in rows],
         "workaround": {**found.to_json(), "basis": basis} if found else None,

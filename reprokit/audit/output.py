@@ -50,19 +50,23 @@ def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
     paths = {k: os.path.join(out_dir, v) for k, v in FILES.items()}
     payload["files"] = {k: os.path.basename(v) for k, v in paths.items()}
     safe = _json_safe(payload)
-    if layer.rows or ranges.rows:
-        plot_layerwise(safe, ranges, paths["plot"])
-        with open(paths["plot"], "rb") as handle:
-            image = base64.b64encode(handle.read()).decode("ascii")
-    else:
+    image = None
+    try:
+        if layer.rows or ranges.rows:
+            plot_layerwise(safe, ranges, paths["plot"])
+            with open(paths["plot"], "rb") as handle:
+                image = base64.b64encode(handle.read()).decode("ascii")
+    except ImportError:
+        safe["notes"].append("layerwise.png not drawn: matplotlib is not installed (pip install 'reprokit[plot]')")
+    if image is None:
         paths.pop("plot")
         safe["files"].pop("plot")
-        image = None
     values = {"a": safe, "layer_rows": table_rows(safe), "image": image, "worst_error": worst_error}
     with open(paths["markdown"], "w") as handle:
         handle.write(render("audit.md.j2", **values))
     with open(paths["html"], "w") as handle:
         handle.write(render("audit.html.j2", **values))
+    payload["files"] = dict(safe["files"])
     with open(paths["json"], "w") as handle:
         json.dump(safe, handle, indent=2)
     return {k: v for k, v in paths.items()}

@@ -59,6 +59,13 @@ def plot_layerwise(payload: dict, ranges, path: str) -> str:
             axis.axvline(first["index"], color="#c0142a", linewidth=1.2, alpha=0.7)
         top.annotate(f"first divergence: {first['node']} ({first['op']})", xy=(first["index"], ceiling),
                      xytext=(6, -4), textcoords="offset points", fontsize=8, color="#c0142a", va="top")
+    grows = payload["layerwise"].get("amplifiers") or []
+    if grows and (not first or grows[0]["index"] != first["index"]):
+        grow = grows[0]
+        top.annotate(f"error grows ×{grow['growth']:.3g} at {grow['node']} ({grow['op']})",
+                     xy=(grow["index"], max(_number(grow["rel_l2"]), floor)), xytext=(-12, -28),
+                     textcoords="offset points", fontsize=8, color="#8a4b00", ha="right",
+                     arrowprops={"arrowstyle": "->", "color": "#8a4b00", "lw": 0.8})
     top.legend(loc="upper left", fontsize=7, framealpha=0.85)
     top.set_title(f"{model} under {payload['target']}: error per tensor (topological order)", fontsize=10)
     _ranges_panel(bottom, ranges)
@@ -84,6 +91,9 @@ def _ranges_panel(axis, ranges) -> None:
             if hits:
                 axis.scatter(*zip(*hits), s=36, marker=marker, facecolors="none", edgecolors=color,
                              linewidths=1.4, label=f"range audit: {kind}")
+    weights = [(r.index, max(r.max_abs, 1e-30)) for r in ranges.weights if r.severe and r.index >= 0]
+    if weights:
+        axis.scatter(*zip(*weights), s=40, marker="x", color="#c0142a", label="range audit: weight (at its reader)")
     axis.set_yscale("log")
     axis.set_ylabel("max |x|")
     if not ranges.applicable:

@@ -26,7 +26,7 @@ _CANCELLING_OPS = ("Add", "Sub")
 class RangeRow:
     """One tensor (activation or weight) and what its values do in the narrow type."""
 
-    index: int  # depth: position in the layerwise table's topological order (-1 for weights)
+    index: int  # depth in the layerwise table's topological order (weights: of their first reader)
     tensor: str
     node: str  # producer (activations) or first consumer (weights)
     op: str
@@ -40,6 +40,7 @@ class RangeRow:
     severe: bool = False
     message: str = ""
     consumers: list = field(default_factory=list)  # weights: "node (op input 'slot')"
+    readers: list = field(default_factory=list)  # weights: names of the nodes that read it
     large_inputs: list = field(default_factory=list)  # cancellation: producers of the big inputs
 
     def to_json(self) -> dict:
@@ -66,8 +67,10 @@ class RangeReport:
 
     @property
     def first(self) -> RangeRow | None:
-        """The first severe finding in topological order (else the first finding of any kind)."""
-        severe = [r for r in self.flagged if r.severe]
+        """The first severe finding in topological order, a weight counting at its first reader
+        (else the first activation flagged at all; a weight with only a few flushed values is
+        listed, never first)."""
+        severe = sorted((r for r in self.flagged + self.weights if r.severe), key=lambda r: (r.index if r.index >= 0 else float("inf"), bool(r.readers)))
         return (severe or self.flagged or [None])[0]
 
     def to_json(self, limit: int = 200) -> dict:
@@ -143,7 +146,10 @@ def audit_ranges(model, activations, constants: dict, feeds: dict, precision: st
         if not row.finding and op in _CANCELLING_OPS:
             _cancellation(row, inputs, activations, constants, feeds, producer, unit, tolerance, precision)
         rows.append(row)
-    weights, checked = audit_weights(model, constants, precision)
+    depth = {}
+    for row in rows:
+        depth.setdefault(row.node, row.index)
+    weights, checked = audit_weights(model, constants, precision, depth)
     return RangeReport(precision, True, f"{precision}: max {maximum:g}, values below {tiny:.3g} flush to zero",
                        maximum, tiny, rows, weights, checked)
 
@@ -181,17 +187,20 @@ def _slot_names(node, opset: int) -> list[str]:
     return [names[i] if i < len(names) else f"input {i}" for i in range(len(node.input))]
 
 
-def audit_weights(model, constants: dict, precision: str) -> tuple[list[RangeRow], int]:
+def audit_weights(model, constants: dict, precision: str, depth: dict | None = None) -> tuple[list[RangeRow], int]:
     """Flag float weights the narrow type cannot hold, and BatchNormalization folds that
     overflow (TensorRT folds scale / sqrt(var + eps) into the preceding layer's weights)."""
     maximum, tiny = RANGE[precision]
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    depth = depth or {}
     consumers: dict[str, list[str]] = {}
+    readers: dict[str, list[str]] = {}
     first_consumer: dict[str, tuple[str, str]] = {}
     for node in model.graph.node:
         for name, slot in zip(node.input, _slot_names(node, opset)):
             if name in constants:
                 consumers.setdefault(name, []).append(f"{node.name} ({node.op_type} input '{slot}')")
+                readers.setdefault(name, []).append(node.name)
                 first_consumer.setdefault(name, (node.name, node.op_type))
     flagged: list[RangeRow] = []
     checked = 0
@@ -200,8 +209,8 @@ def audit_weights(model, constants: dict, precision: str) -> tuple[list[RangeRow
             continue
         checked += 1
         node, op = first_consumer[name]
-        row = RangeRow(-1, name, node, op, list(np.shape(array)), *_stats(array, maximum, tiny),
-                       consumers=consumers[name][:6])
+        row = RangeRow(depth.get(node, -1), name, node, op, list(np.shape(array)), *_stats(array, maximum, tiny),
+                       consumers=consumers[name][:6], readers=list(dict.fromkeys(readers[name])))
         _judge(row, precision, maximum, tiny)
         if row.finding:
             flagged.append(row)
@@ -209,6 +218,7 @@ def audit_weights(model, constants: dict, precision: str) -> tuple[list[RangeRow
         if node.op_type == "BatchNormalization":
             row = _batchnorm_fold(node, constants, precision, maximum)
             if row is not None:
+                row.index = depth.get(node.name, -1)
                 flagged.append(row)
     return flagged, checked
 
@@ -229,7 +239,7 @@ def _batchnorm_fold(node, constants, precision, maximum) -> RangeRow | None:
                     finding="overflow", severe=True,
                     message=(f"the folded BatchNormalization multiplier scale/sqrt(var+eps) exceeds the "
                              f"{precision} maximum {maximum:g} in {over} channels (tiny variances)"),
-                    consumers=[f"{node.name} (BatchNormalization)"])
+                    consumers=[f"{node.name} (BatchNormalization)"], readers=[node.name])
 
 
 def overflow_region(model, report: RangeReport, start: RangeRow, limit: int = 3) -> list[str]:
@@ -258,6 +268,8 @@ def suspects_from_ranges(model, report: RangeReport) -> list[str]:
     first = report.first
     if first is None:
         return []
+    if first.readers:  # a weight: keep its readers in fp32 (their weights stay fp32 with them)
+        return first.readers[:3]
     if first.finding == "cancellation":
         return list(dict.fromkeys(first.large_inputs))[:3]
     return overflow_region(model, report, first)

@@ -206,7 +206,7 @@ def workaround(rows: list[SweepRow]) -> tuple[SweepRow | None, str]:
     agrees under its own criterion, or (failing that) its error is within the tolerance that
     flagged the divergence."""
     for basis, test in (("agrees under its own tolerance", lambda r: r.fixes),
-                        ("error within the tolerance that flagged the divergence", lambda r: r.within_original)):
+                        ("not within its own tolerance, but within the one that flagged the divergence", lambda r: r.within_original)):
         found = sorted((r for r in rows if test(r)), key=lambda r: r.rank)
         if found:
             return found[0], basis

@@ -48,6 +48,10 @@ class Outcome:
     from_cache: bool = False
 
 
+class BudgetExhausted(Exception):
+    """The run's target-call budget is spent: stop reducing, keep the best so far."""
+
+
 class Journal:
     """Append-only record of candidate outcomes, replayed on --resume."""
 
@@ -96,12 +100,16 @@ class Reducer:
     stats: dict[str, PassStats] = field(default_factory=dict)
     findings: dict[str, int] = field(default_factory=dict)  # other signatures seen, with counts
     one_minimal: bool = False
+    budget: int | None = None  # target calls the passes may spend; None = no limit
+    spent: int = 0  # distinct candidates the passes asked about that needed an engine call
+    cancelled: bool = False  # set on interrupt: outcomes of killed calls are not journaled
     _current: str = "setup"
 
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
         self._lock = threading.Lock()
         self._feed_ok: dict[str, str | None] = {}
+        self._asked: set[str] = set()
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -130,8 +138,8 @@ class Reducer:
 
         import onnx
 
-        # A unique file per evaluation (threads never share one), in the folder where the
-        # model's external weights are linked, so the candidate references them as they are.
+        # A unique file per evaluation: threads never share one. External weights stay where
+        # they are; the engines are told the folder (oracle.weights_dir).
         path = os.path.join(self.workdir, f"candidate-{uuid.uuid4().hex}.onnx")
         try:
             onnx.save(sub.model, path)
@@ -146,6 +154,8 @@ class Reducer:
             error=max((o.error for o in verdict.outputs), default=None),
             from_cache=verdict.cached,
         )
+        if self.cancelled:  # the call was killed by the interrupt: its outcome means nothing
+            return outcome
         self.journal.put(key, {"interesting": outcome.interesting, "kind": outcome.kind,
                                "detail": outcome.detail, "error": _jsonable(outcome.error),
                                "nodes": len(nodes)})
@@ -168,8 +178,16 @@ class Reducer:
     def test(self, nodes) -> bool:
         """Is this node set interesting? Counts the call (or the cache hit) for the current pass."""
         nodes = frozenset(nodes)
+        key = self.key(nodes)
+        fresh = key not in self._asked
+        if fresh and self.budget is not None and self.spent >= self.budget and self._needs_call(nodes):
+            raise BudgetExhausted
         start = time.monotonic()
         outcome = self._evaluate(nodes)
+        if fresh:
+            self._asked.add(key)
+            if outcome.kind not in ("empty", "no-outputs", "invalid"):
+                self.spent += 1
         stats = self.stats.setdefault(self._current, PassStats())
         with self._lock:
             if outcome.kind in ("empty", "no-outputs"):
@@ -186,13 +204,20 @@ class Reducer:
                 self.findings[label] = self.findings.get(label, 0) + 1
         return outcome.interesting
 
+    def _needs_call(self, nodes: frozenset) -> bool:
+        """Would asking about ``nodes`` count against the budget (not journaled, not trivial)?"""
+        return bool(nodes) and self.journal.get(self.key(nodes)) is None
+
     def prefetch(self, candidates: list) -> None:
         """Evaluate upcoming candidates in parallel so the sequential order finds them cached.
-        With jobs == 1 this does nothing: results never depend on the number of jobs."""
+        With jobs == 1 this does nothing: results never depend on the number of jobs (the
+        budget counts what the sequential order asks for, not what was speculated)."""
         if self._pool is None:
             return
         todo = list(dict.fromkeys(frozenset(c) for c in candidates
                                   if c and self.journal.get(self.key(c)) is None))
+        if self.budget is not None:
+            todo = todo[: max(0, self.budget - self.spent)]
         for future in [self._pool.submit(self._evaluate, c) for c in todo[: self.jobs]]:
             future.result()
 
@@ -228,9 +253,16 @@ class Reducer:
     def ordered(self, nodes=None) -> list[int]:
         return sorted(self.best if nodes is None else nodes)
 
-    def close(self) -> None:
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop the pool. On an interrupt, kill the engine calls in flight first, so Ctrl-C
+        does not wait for a long build, and keep their outcomes out of the journal."""
+        if interrupted:
+            from reprokit.worker import kill_running
+
+            self.cancelled = True
+            kill_running()
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=interrupted)
 
 
 def _jsonable(value):
