@@ -22,6 +22,8 @@ def engine_label(spec, env) -> str:
         return f"OpenVINO {env['packages'].get('openvino') or ''} CPU".replace("  ", " ")
     if spec.engine == "ort":
         return f"ONNX Runtime {env['packages'].get('onnxruntime') or ''}".strip()
+    if spec.engine == "emulate":
+        return f"reprokit's {'fp16' if spec.has('fp16') else 'bf16'} storage emulator"
     return _ENGINE_NAMES[spec.engine]
 
 
@@ -36,7 +38,7 @@ def title(verdict, spec, env, ops) -> str:
     }.get(verdict.kind, "Divergence")
     gpus = env.get("gpu") or []
     device = f"GPU {gpus[0]['name']}" if gpus else f"CPU {env.get('cpu') or 'unknown'}"
-    numeric = verdict.kind in (Kind.NONFINITE, Kind.MISMATCH)
+    numeric = verdict.kind in (Kind.NONFINITE, Kind.MISMATCH) and spec.engine != "emulate"
     precision = f" {verdict.precision.upper()}" if numeric else ""
     return (f"{what} failure of {engine_label(spec, env)}{precision} (`{spec}`) when running "
             f"{', '.join(ops[:4])}{' …' if len(ops) > 4 else ''} on {device}")
@@ -64,6 +66,12 @@ def describe(verdict, spec, model, context) -> str:
     else:
         sentence = f"{engine} does not finish on the model ({verdict.signature.detail})."
     parts = [sentence, f"The model is {len(nodes)} node{'s' if len(nodes) != 1 else ''}: {ops}{more}; inputs {inputs}."]
+    original = (context or {}).get("original_signature")
+    if original and (original.get("detail"), original.get("outputs")) != (verdict.signature.detail, list(verdict.signature.outputs)):
+        where = ", ".join(f"`{o}`" for o in original.get("outputs", [])[:3])
+        shown = _nonfinite_words(original["detail"]) if original["kind"] == "nonfinite" else original["kind"]
+        parts.append(f"In the original {context['original_nodes']}-node model it shows as {shown}"
+                     + (f" in {where}" if where else "") + ".")
     big = max((o.max_abs_reference for o in verdict.outputs), default=0.0)
     if verdict.precision == "fp16" and big > FP16_MAX:
         parts.append(f"The reference values reach {big:.4g}, beyond the fp16 maximum {FP16_MAX:g}: "

@@ -94,14 +94,19 @@ def _redacted(result, target, options, tmp, notes):
         if again.verdict.diverges and again.verdict.signature.same_bug(result.verdict.signature):
             info = {"renamed_tensors": len(red.names), "randomized_weights": len(red.randomized),
                     "weights": "replaced by random values (same shape, mean, std)" if randomize else "KEPT",
-                    "verdict_before": result.verdict.signature.describe(),
-                    "verdict_after": again.verdict.signature.describe()}
+                    # kind and detail only: output names would leak the real tensor names
+                    "verdict_before": _kind_words(result.verdict.signature),
+                    "verdict_after": _kind_words(again.verdict.signature)}
             if not randomize:
                 notes.append("WARNING: with random weights the divergence does NOT reproduce; the real "
                              "weights were KEPT in the archive (names, doc strings and metadata are redacted)")
             return again, info
     raise InputError("the redacted model no longer diverges, even with the real weights kept",
                      hint="pack without --redact, or share the model another way")
+
+
+def _kind_words(signature) -> str:
+    return signature.kind.value + (f" ({signature.detail})" if signature.detail else "")
 
 
 def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:

@@ -371,7 +371,7 @@ def pack_result(result: ShrinkResult, target: str, options: RunOptions, *, fmt: 
     summary = result.summary
     context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
                "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
-               "original_model": summary["model"]}
+               "original_model": summary["model"], "original_signature": summary["signature"]}
     if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
         context.update(audit.issue_context())
     packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
