@@ -212,7 +212,7 @@ def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
     if spec["tol"] is not None:
         cmd += ["--tol", repr(spec["tol"])]
     log = os.path.join(work, "shrink.log")
-    m = measured(cmd, work, log)
+    m = measured(cmd, work, log, timeout=spec.get("step_timeout", 900))
     row = {"tool": "reprokit", "commands": [shlex.join(cmd)], "wall_s": m["wall_s"],
            "peak_mib": m["maxrss_kib"] / 1024, "rc": m["rc"]}
     summary_path = os.path.join(out, "summary.json")
@@ -243,6 +243,7 @@ def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
         "steps": summary.get("steps"),
         "activations_mib": dir_mib(os.path.join(out, ".reprokit", "activations")),
         "state_dir_mib": dir_mib(os.path.join(out, ".reprokit")),
+        "resources": summary.get("resources"),
     })
     return row
 
@@ -272,12 +273,18 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
                     "--load-inputs", "layerwise_inputs.json", "--fail-regex", f"DIVERGES {feeds['kind']}",
                     "--check", *check]),
     ]
+    extra = spec.get("polygraphy_extra", {})  # e.g. external-data flags for models over 2 GB
+    def with_extra(name, cmd):  # before --check, which takes the rest of the command line
+        at = cmd.index("--check") if "--check" in cmd else len(cmd)
+        return cmd[:at] + extra.get(name, []) + cmd[at:]
+
+    steps = [(name, with_extra(name, cmd)) for name, cmd in steps]
     call_log = os.path.join(work, "calls.log")
     open(call_log, "w").close()
     row = {"tool": "polygraphy", "commands": [], "wall_s": 0.0, "peak_mib": 0.0, "step_s": {}}
     for name, cmd in steps:
         log = os.path.join(work, f"{name}.log")
-        m = measured(cmd, work, log, env={"BENCH_CALL_LOG": call_log})
+        m = measured(cmd, work, log, env={"BENCH_CALL_LOG": call_log}, timeout=spec.get("step_timeout", 900))
         row["commands"].append(shlex.join(cmd))
         row["wall_s"] += m["wall_s"]
         row["step_s"][name] = round(m["wall_s"], 3)

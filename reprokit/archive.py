@@ -5,7 +5,6 @@ paths, no '..', no links or devices, a size cap, manifest check).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -14,18 +13,11 @@ import tarfile
 import zipfile
 
 from reprokit.errors import InputError
+from reprokit.oracle import file_digest as sha256
 
 MANIFEST = "MANIFEST.json"
 MAX_TOTAL_BYTES = 4 * 2**30  # unpacked size cap: a decompression bomb stops here
 MAX_MEMBERS = 10_000
-
-
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def files_under(root: str) -> list[str]:

@@ -194,6 +194,9 @@ def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, m
         audited = run_audit(model, target, os.path.join(out_dir, "audit"), options=options,
                             kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
         result.summary["audit"] = os.path.join(out_dir, "audit", "audit.json")
+        found = audited.workaround
+        result.notes.append(f"audit: {out_dir}/audit/audit.html"
+                            + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
     if not no_pack:
         progress("packing the report archive")
         packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress,

@@ -136,6 +136,7 @@ class CallStats:
     reference: int = 0
     cached: int = 0
     target_seconds: float = 0.0
+    reference_seconds: float = 0.0
     build_seconds: list = field(default_factory=list)  # per engine build, where the engine says
 
 
@@ -191,6 +192,7 @@ class Oracle:
         )
         with self._lock:
             self.stats.reference += 1
+            self.stats.reference_seconds += result.seconds
         _raise_for_environment(result, "reference")
         if result.status != "ok":
             text = result.message or ""

@@ -169,14 +169,16 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
             setup_calls += 1
             event(f"layerwise: anchors {[node_label(model, a) for a in reducer.anchors[:3]]}")
         max_calls = auto_call_budget(original_nodes) if limits.max_calls == -1 else limits.max_calls
-        reducer.budget = None if not max_calls else max(0, max_calls - setup_calls)
         try:
+            # localize and window are bounded by about log2 of the graph each and always finish,
+            # so the result is never larger than a bisection's; the budget caps what follows.
             if reducer.anchors:
                 reducer.begin("localize")
                 localized = localize.run(reducer)
             if not localized:
                 reducer.begin("window")
                 window.run(reducer)
+            reducer.budget = None if not max_calls else max(0, max_calls - setup_calls)
             reducer.begin("branches")
             branches.run(reducer)
             reducer.begin("ddmin")
@@ -201,6 +203,21 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                  reference=reference, note=budget_note)
     notes = prepared.notes + ([budget_note] if budget_note else [])
     return ShrinkResult(writer.summary, out_dir, minimal_path, final_verdict, notes)
+
+
+def _resources(stats, wall: float) -> dict:
+    """Where time and memory went: engine calls (in worker processes) versus reprokit's own
+    bookkeeping (graph surgery, extraction, comparison), and each side's peak resident memory."""
+    import resource
+
+    engine = stats.target_seconds + stats.reference_seconds
+    return {
+        "reprokit_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "largest_engine_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+        "engine_seconds": round(engine, 3),
+        "bookkeeping_seconds": round(max(0.0, wall - engine), 3),
+        "bookkeeping_share": round(max(0.0, wall - engine) / wall, 3) if wall > 0 else 0.0,
+    }
 
 
 def node_label(model, index: int) -> str:
@@ -346,6 +363,7 @@ class _BestWriter:
                       "seconds_per_target_call": round(stats.target_seconds / max(1, stats.target), 3),
                       "build_seconds": [round(b, 3) for b in stats.build_seconds]},
             "one_minimal": reducer.one_minimal,
+            "resources": _resources(stats, time.monotonic() - self.started),
             "budget": {"target_calls_for_passes": reducer.budget, "spent": reducer.spent,
                        "stopped": bool(note)},
             "wall_s": round(time.monotonic() - self.started, 3),
