@@ -36,6 +36,12 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
     from onnx import TensorProto, helper
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if narrow == "bf16" and opset < 13:
+        # Cast to bfloat16 exists from opset 13 on: lift the (emulated copy of the) model there.
+        from onnx import version_converter
+
+        model = version_converter.convert_version(model, 13)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shape inference is best effort; unknown types are left wide
