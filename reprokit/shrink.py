@@ -39,10 +39,10 @@ class Limits:
 
 
 def auto_call_budget(nodes: int) -> int:
-    """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for
-    each end), plus four: where localization settles a divergence it needs far fewer, and
-    where it cannot, reprokit stops near polygraphy's cost with the best model found so far."""
-    return 2 * math.ceil(math.log2(nodes + 1)) + 4
+    """About what polygraphy's bisect spends on a graph of ``nodes``: log2 of the nodes for each
+    end. Where localization settles a divergence reprokit needs far fewer; where it cannot, the
+    window bisection still finishes (a few calls past this), and the finer passes get nothing."""
+    return 2 * math.ceil(math.log2(nodes + 1))
 
 
 @dataclass

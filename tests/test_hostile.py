@@ -1019,10 +1019,10 @@ def best_write_fails(tmp_path_factory):
 @pytest.mark.xfail(strict=True, reason=(
     "BUG: shrink.py:_BestWriter.write lets OSError escape: cli.main reports 'Error: internal "
     "error: OSError: [Errno 27] File too large' (ENOSPC on a full disk alike) with exit 70, "
-    "inputs.npz.tmp.npz is left in OUT, and the except-path in shrink() records status "
-    "'interrupted' although nothing was interrupted. Fix: turn ENOSPC/EDQUOT/EFBIG into a "
-    "ReprokitError (exit 4, 'cannot write OUT/...: <strerror>'), delete the .tmp files, and "
-    "record status 'error'"))
+    "inputs.npz.tmp.npz is left in OUT; and shrink()'s `except BaseException` path writes "
+    "summary.json with status 'interrupted' for any error (here that write fails too). Fix: "
+    "turn ENOSPC/EDQUOT/EFBIG into a ReprokitError (exit 4, 'cannot write OUT/...: "
+    "<strerror>'), delete the .tmp files, and record status 'error' for non-interrupt errors"))
 def test_failed_write_of_the_best_so_far_is_a_clear_error(best_write_fails):
     proc, out = best_write_fails
     assert_disk_error(proc)
