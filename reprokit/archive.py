@@ -64,6 +64,17 @@ def write_archive(root: str, out_path: str, fmt: str) -> str:
     """Archive ``root`` as one top folder; byte-identical for identical content."""
     top = os.path.basename(os.path.normpath(root))
     tmp = out_path + ".tmp"
+    try:
+        _write(root, top, tmp, fmt)
+    except BaseException:
+        if os.path.exists(tmp):  # a full disk or an interrupt leaves no half archive behind
+            os.remove(tmp)
+        raise
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def _write(root: str, top: str, tmp: str, fmt: str) -> None:
     if fmt == "zip":
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
             for rel in files_under(root):
@@ -85,8 +96,6 @@ def write_archive(root: str, out_path: str, fmt: str) -> str:
                     info.mtime = 0
                     with open(path, "rb") as handle:
                         archive.addfile(info, handle)
-    os.replace(tmp, out_path)
-    return out_path
 
 
 def _refuse(archive_path: str, why: str):
@@ -107,7 +116,19 @@ def _check_name(archive_path: str, name: str, tops: set[str]) -> str:
 
 
 def safe_extract(archive_path: str, dest: str, max_bytes: int = MAX_TOTAL_BYTES) -> str:
-    """Extract into ``dest`` after checking every member; return the top folder's path."""
+    """Extract into ``dest`` after checking every member; return the top folder's path.
+    A corrupt or truncated archive is refused like a hostile one."""
+    import zlib
+
+    try:
+        return _safe_extract(archive_path, dest, max_bytes)
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # a real I/O error on our side (disk full ...), not the archive's
+        _refuse(archive_path, f"it is corrupt or truncated ({exc.__class__.__name__}: {exc})")
+
+
+def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
     if not os.path.isfile(archive_path):
         raise InputError(f"archive not found: {archive_path}", hint="check the path")
     tops: set[str] = set()

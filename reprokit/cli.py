@@ -4,15 +4,28 @@
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import sys
-import traceback
 
-import click
 
-from reprokit import __version__
-from reprokit.errors import ExitCode, ReprokitError
+def _early_interrupt(signum, frame):  # until main() installs the real handlers
+    os.write(2, b"Error: interrupted\nHint: nothing was started yet\n")
+    os._exit(130)
+
+
+# Installed before the heavier imports below, so Ctrl-C or SIGTERM during start-up still ends
+# with the documented exit code and no traceback.
+signal.signal(signal.SIGINT, _early_interrupt)
+signal.signal(signal.SIGTERM, _early_interrupt)
+
+import json  # noqa: E402
+import traceback  # noqa: E402
+
+import click  # noqa: E402
+
+from reprokit import __version__  # noqa: E402
+from reprokit.errors import ExitCode, ReprokitError  # noqa: E402
 
 _DEBUG = False
 
@@ -353,12 +366,13 @@ def _fail(message: str, hint: str | None, code: int) -> None:
 
 def main(argv=None) -> None:
     """Entry point: run the CLI and turn every failure into its exit code."""
-    import signal
+    import errno
 
     global _DEBUG
     args = list(sys.argv[1:] if argv is None else argv)
     _DEBUG = "--debug" in args or os.environ.get("REPROKIT_DEBUG") == "1"
     # SIGTERM ends every command like Ctrl-C: workers are killed, best-so-far results kept.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         cli.main(args=args, prog_name="reprokit", standalone_mode=False)
@@ -374,9 +388,21 @@ def main(argv=None) -> None:
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "reprokit"
         _fail(exc.format_message(), f"see '{command} --help'", ExitCode.USAGE)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        if isinstance(exc, click.exceptions.Abort) and isinstance(exc.__context__, EOFError):
+            _fail(f"unexpected end of input: {exc.__context__}", "a file ended early; check it", ExitCode.INPUT)
         _fail("interrupted", "results written so far are kept; `reprokit shrink --resume DIR` continues a shrink",
               ExitCode.INTERRUPTED)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            where = f" {exc.filename}" if exc.filename else ""
+            _fail(f"cannot write{where}: {exc.strerror} (disk full or file size limit)",
+                  "free disk space or write elsewhere (-o); results already written are kept",
+                  ExitCode.ENVIRONMENT)
+        if _DEBUG:
+            traceback.print_exc()
+        _fail(f"internal error: {exc.__class__.__name__}: {exc}",
+              "rerun with --debug and report the traceback", ExitCode.INTERNAL)
     except click.ClickException as exc:
         _fail(exc.format_message(), None, exc.exit_code)
     except Exception as exc:  # a bug: say so plainly, traceback only with --debug

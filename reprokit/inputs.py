@@ -131,8 +131,11 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             return {k: np.array(data[k]) for k in data.files}
     except ValueError as exc:
-        raise InputError(f"{path} holds arrays that need pickling, which reprokit refuses ({exc})",
-                         hint="save plain numeric arrays with np.savez") from exc
+        if "pickle" in str(exc).lower() or "object" in str(exc).lower():
+            raise InputError(f"{path} holds arrays that need pickling, which reprokit refuses ({exc})",
+                             hint="save plain numeric arrays with np.savez") from exc
+        raise InputError(f"{path} has a corrupt or truncated array: {exc}",
+                         hint="save the feeds again with np.savez(path, name=array, ...)") from exc
     except Exception as exc:  # zipfile.BadZipFile, OSError, EOFError ...
         raise InputError(f"cannot read {path} as .npz: {exc.__class__.__name__}: {exc}",
                          hint="save the feeds with np.savez(path, name=array, ...)") from exc

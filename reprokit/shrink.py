@@ -55,16 +55,27 @@ class ShrinkResult:
 
 
 def _atomic_json(path: str, payload: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle, indent=2, default=str)
-    os.replace(tmp, path)
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as handle:
+            json.dump(payload, handle, indent=2, default=str)
+
+    _atomic(path, ".tmp", write)
 
 
 def _atomic_npz(path: str, arrays: dict) -> None:
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
-    os.replace(tmp, path)
+    _atomic(path, ".tmp.npz", lambda tmp: np.savez(tmp, **{k: np.asarray(v) for k, v in arrays.items()}))
+
+
+def _atomic(path: str, suffix: str, write) -> None:
+    """Write through a temporary file and rename; a failed write leaves nothing behind."""
+    tmp = path + suffix
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def rerun_command(model_path: str, target: str, options: RunOptions) -> str:
@@ -187,20 +198,25 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
             budget_note = (f"stopped at the call budget ({max_calls} target calls, --max-calls); the model is the "
                            "smallest found so far. `--resume` with a larger --max-calls (0: no limit) continues")
             event(budget_note)
-    except BaseException:
+        reducer.close()
+        reducer.begin("final")
+        final = reducer.extraction(reducer.best)
+        minimal_model = final.model
+        judged = save_model(minimal_model, os.path.join(models_dir, "final.onnx"), base_dir=prepared.base_dir,
+                            self_contained=True)
+        reference = {n: store.get(n) for n in final.outputs if n in store}
+        final_verdict = oracle.judge(judged, final.feeds, reference_outputs=reference)
+        minimal_path = os.path.join(out_dir, "minimal.onnx")
+        writer.write(reducer, "done", final_verdict=final_verdict, minimal_model=minimal_model,
+                     feeds=final.feeds, reference=reference, note=budget_note)
+    except BaseException as exc:
         reducer.close(interrupted=True)
-        writer.write(reducer, "interrupted")
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        try:
+            writer.write(reducer, "interrupted" if interrupted else "failed")
+        except Exception:  # the disk may be what failed: keep the previous best-so-far as it is
+            pass
         raise
-    reducer.close()
-    reducer.begin("final")
-    final = reducer.extraction(reducer.best)
-    minimal_model = final.model
-    minimal_path = save_model(minimal_model, os.path.join(out_dir, "minimal.onnx"), base_dir=prepared.base_dir,
-                              self_contained=True)
-    reference = {n: store.get(n) for n in final.outputs if n in store}
-    final_verdict = oracle.judge(minimal_path, final.feeds, reference_outputs=reference)
-    writer.write(reducer, "done", final_verdict=final_verdict, minimal_model=minimal_model, feeds=final.feeds,
-                 reference=reference, note=budget_note)
     notes = prepared.notes + ([budget_note] if budget_note else [])
     return ShrinkResult(writer.summary, out_dir, minimal_path, final_verdict, notes)
 
@@ -330,18 +346,39 @@ class _BestWriter:
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
               note: str = ""):
-        extraction = None
+        """Write the best so far as ONE step: every file goes to a temporary name first and
+        the renames follow only when all were written, so a full disk or an interrupt never
+        leaves a minimal.onnx beside the inputs.npz of another model."""
         if minimal_model is None:
             extraction = reducer.extraction(reducer.best)
             minimal_model, feeds = extraction.model, extraction.feeds
-            save_model(minimal_model, os.path.join(self.out_dir, "minimal.onnx"),
-                       base_dir=reducer.oracle.weights_dir, self_contained=True)
-        _atomic_npz(os.path.join(self.out_dir, "inputs.npz"), feeds)
-        if reference is not None:
-            _atomic_npz(os.path.join(self.out_dir, "reference_outputs.npz"), reference)
+        staged: list[tuple[str, str]] = []
+        try:
+            def stage(name: str, write) -> None:
+                final = os.path.join(self.out_dir, name)
+                tmp = os.path.join(self.out_dir, f".{name}.writing")
+                write(tmp)
+                staged.append((tmp, final))
+
+            stage("minimal.onnx", lambda tmp: save_model(minimal_model, tmp, base_dir=reducer.oracle.weights_dir,
+                                                         self_contained=True))
+            stage("inputs.npz", lambda tmp: _atomic_npz(tmp, feeds))
+            if reference is not None:
+                stage("reference_outputs.npz", lambda tmp: _atomic_npz(tmp, reference))
+            self.summary = self._summary(reducer, status, minimal_model, feeds, final_verdict, note)
+            stage("summary.json", lambda tmp: _atomic_json(tmp, self.summary))
+        except BaseException:
+            for tmp, _ in staged:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            raise
+        for tmp, final in staged:  # summary.json last: it vouches for the files before it
+            os.replace(tmp, final)
+
+    def _summary(self, reducer, status, minimal_model, feeds, final_verdict, note) -> dict:
         stats = reducer.oracle.stats
         nodes = [minimal_model.graph.node[i] for i in range(len(minimal_model.graph.node))]
-        self.summary = {
+        summary = {
             "schema": "reprokit.shrink/1",
             "status": status,
             "model": self.model_path,
@@ -372,10 +409,10 @@ class _BestWriter:
             "rerun": rerun_command(self.model_path, self.target, self.options),
         }
         if note:
-            self.summary["note"] = note
+            summary["note"] = note
         if final_verdict is not None:
-            self.summary["verdict"] = final_verdict.to_json()
-        _atomic_json(os.path.join(self.out_dir, "summary.json"), self.summary)
+            summary["verdict"] = final_verdict.to_json()
+        return summary
 
 
 def pack_result(result: ShrinkResult, target: str, options: RunOptions, *, fmt: str = "tar.gz",

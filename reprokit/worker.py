@@ -197,6 +197,12 @@ def _child(job_dir: str) -> int:
         result = {"status": "unavailable", "message": exc.message, "hint": exc.hint, "exit_code": int(exc.exit_code)}
     except ReprokitError as exc:
         result = {"status": "error", "message": exc.message, "hint": exc.hint, "exit_code": int(exc.exit_code)}
+    except Exception as exc:  # a Python error in reprokit's worker code is not the engine's fault
+        import traceback
+
+        result = {"status": "error", "message": f"internal error in the engine worker: {exc.__class__.__name__}: {exc}",
+                  "hint": "rerun with --debug and report it; worker traceback: " + traceback.format_exc()[-1500:],
+                  "exit_code": 70}
     tmp = os.path.join(job_dir, "result.json.tmp")
     with open(tmp, "w") as handle:
         json.dump(result, handle, default=str)

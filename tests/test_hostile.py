@@ -310,14 +310,6 @@ UNREADABLE_OUTPUTS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: reprokit/backends/cmd.py:CmdBackend.run calls np.load(outputs_path, allow_pickle=False) "
-    "unguarded; the ValueError/BadZipFile kills the worker (worker.py:_child catches only "
-    "ReprokitError), run_in_worker reports 'engine process exited with code 1 without a result' "
-    "and `check` prints 'DIVERGES: crash' with exit 1 - reprokit's own failure passed off as an "
-    "engine crash. Fix: wrap the load and raise InputError('the check command wrote an unreadable "
-    "{outputs} file: ...') (exit 3); make worker._child report any other exception as an internal "
-    "error instead of dying"))
 @pytest.mark.parametrize("case", sorted(UNREADABLE_OUTPUTS))
 def test_check_command_writing_unreadable_outputs_is_an_input_error(tmp_path, case):
     model = save(crash_chain(), tmp_path / "chain.onnx")
@@ -441,13 +433,6 @@ SLOW_IMPORT = '''
 '''
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: the console script runs `from reprokit.cli import main` before main() installs any "
-    "handler, and reprokit/cli.py imports click at module level: a Ctrl-C during that import "
-    "escapes as a KeyboardInterrupt traceback (exit -2, no Error line) and a SIGTERM kills the "
-    "process silently (exit -15). Fix: at the very top of reprokit/cli.py (before `import click`) "
-    "install SIGINT/SIGTERM handlers that print 'Error: interrupted' + Hint and os._exit(130); "
-    "main() then replaces them with the KeyboardInterrupt ones"))
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_during_start_up_imports_is_a_clean_interrupt(tmp_path, sig):
     hook = tmp_path / "hook"
@@ -624,11 +609,6 @@ def test_corrupt_input_is_one_clear_error_with_no_partial_result(tmp_path, case,
     assert_no_leftovers(str(tmp_path), grace=2.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: reprokit/inputs.py:_load_npz maps EVERY ValueError from np.load to 'holds arrays that "
-    "need pickling'; a truncated .npy member ('EOF: reading array data, expected 12288 bytes got "
-    "16') gets that wrong diagnosis and hint. Fix: say 'pickling' only when the message names "
-    "allow_pickle/Object arrays; otherwise 'member NAME of PATH is corrupt: ...'"))
 def test_npz_with_a_truncated_member_is_not_called_a_pickle(tmp_path):
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -865,14 +845,8 @@ VERIFY_CASES = [
     pytest.param("hardlink", 3, "link"),
     pytest.param("fifo", 3, "not a regular file"),
     pytest.param("bomb-header-declares-5GiB", 3, "bomb"),
-    pytest.param("bomb-two-3GiB-members", 3, "", marks=bug(CORRUPT_STREAM.format(
-        what="'Error: internal error: ReadError: unexpected end of data', exit 70"))),
-    pytest.param("truncated-tar-gz", 3, "", marks=bug(
-        "a truncated .tar.gz makes gzip raise EOFError inside safe_extract; click turns any "
-        "EOFError in a command into click.Abort, which reprokit/cli.py:main reports as 'Error: "
-        "interrupted' with exit 130 (the user is told they pressed Ctrl-C). Fix: catch EOFError "
-        "in archive.py:safe_extract (see the corrupt-stream bug) AND in cli.main treat an Abort "
-        "whose __context__ is an EOFError as an internal/input error, not an interrupt")),
+    pytest.param("bomb-two-3GiB-members", 3, ""),
+    pytest.param("truncated-tar-gz", 3, ""),
     pytest.param("model-byte-changed", 3, "does not match"),
     pytest.param("manifest-omits-a-file", 3, "not in the manifest"),
     pytest.param("manifest-lists-a-missing-file", 3, "listed but missing"),
@@ -881,11 +855,8 @@ VERIFY_CASES = [
     pytest.param("zip-traversal", 3, "outside the top folder"),
     pytest.param("zip-absolute-path", 3, "absolute path"),
     pytest.param("zip-symlink", 3, "link"),
-    pytest.param("zip-corrupt-member", 3, "", marks=bug(CORRUPT_STREAM.format(
-        what="'Error: internal error: error: Error -3 while decompressing data', exit 70"))),
-    pytest.param("zip-bomb-size-lies", 3, "", marks=bug(CORRUPT_STREAM.format(
-        what="'Error: internal error: BadZipFile: Bad CRC-32 for file rep/bomb.bin', exit 70 "
-             "(the lie is caught - only 10 bytes are written - but reported as a reprokit bug)"))),
+    pytest.param("zip-corrupt-member", 3, ""),
+    pytest.param("zip-bomb-size-lies", 3, ""),
 ]
 
 
@@ -950,8 +921,6 @@ PACK_DISK_BUG = (
     "PATH: <strerror>', hint='free disk space or choose another -o') with exit 4 (environment)")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: " + PACK_DISK_BUG.format(
-    err="ENOSPC", no=28, tmp="report.tar.gz.tmp"))
 def test_pack_onto_a_full_disk_is_a_clear_error(tmp_path):
     model = save(scale_model(), tmp_path / "tiny.onnx")
     disk = mount_tmpfs(tmp_path / "disk", "64k")
@@ -973,8 +942,6 @@ def _file_size_limit(limit: int):
     return preexec
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: " + PACK_DISK_BUG.format(
-    err="EFBIG", no=27, tmp="report.tar.gz.tmp"))
 def test_pack_past_the_file_size_limit_is_a_clear_error(tmp_path):
     """No root needed: RLIMIT_FSIZE of 160 KiB lets every file of the run through (the largest,
     inputs.json, is ~88 KiB) except the ~250 KiB archive."""
@@ -1016,26 +983,12 @@ def best_write_fails(tmp_path_factory):
     return second, out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: shrink.py:_BestWriter.write lets OSError escape: cli.main reports 'Error: internal "
-    "error: OSError: [Errno 27] File too large' (ENOSPC on a full disk alike) with exit 70, "
-    "inputs.npz.tmp.npz is left in OUT; and shrink()'s `except BaseException` path writes "
-    "summary.json with status 'interrupted' for any error (here that write fails too). Fix: "
-    "turn ENOSPC/EDQUOT/EFBIG into a ReprokitError (exit 4, 'cannot write OUT/...: "
-    "<strerror>'), delete the .tmp files, and record status 'error' for non-interrupt errors"))
 def test_failed_write_of_the_best_so_far_is_a_clear_error(best_write_fails):
     proc, out = best_write_fails
     assert_disk_error(proc)
     assert not [p.name for p in out.iterdir() if ".tmp" in p.name], sorted(os.listdir(out))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: shrink.py:_BestWriter.write replaces minimal.onnx, then inputs.npz, then summary.json "
-    "one at a time: when the inputs.npz write fails, OUT holds the NEW minimal.onnx (1 node, "
-    "input t3) with the OLD inputs.npz (input x) and the OLD summary.json (5 nodes) - a "
-    "best-so-far that cannot run. Fix: write all three to .tmp files first and only then "
-    "os.replace them (summary.json last), or write each step into a fresh folder and swap it in "
-    "with one rename"))
 def test_failed_write_of_the_best_so_far_keeps_a_consistent_previous_best(best_write_fails):
     _, out = best_write_fails
     assert_consistent_best(out)
@@ -1084,8 +1037,6 @@ def report_disk_full(tmp_path_factory):
     return proc, state
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: " + PACK_DISK_BUG.format(
-    err="ENOSPC, here from shrink's final pack_result", no=28, tmp="OUT/report.tar.gz.tmp"))
 def test_disk_full_while_writing_the_report_is_a_clear_error(report_disk_full):
     proc, state = report_disk_full
     assert_disk_error(proc)

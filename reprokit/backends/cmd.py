@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 
 from reprokit.backends.base import Availability, Backend, BuildError, RunResult
-from reprokit.errors import EngineUnavailable, ReprokitError, UsageError
+from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.spec import TargetSpec
 
 _TAIL_BYTES = 16_384
@@ -149,8 +149,15 @@ class CmdBackend(Backend):
                 )
             outputs = {}
             if os.path.exists(outputs_path):
-                with np.load(outputs_path, allow_pickle=False) as data:
-                    outputs = {k: np.array(data[k]) for k in data.files}
+                try:
+                    with np.load(outputs_path, allow_pickle=False) as data:
+                        outputs = {k: np.array(data[k]) for k in data.files}
+                except Exception as exc:  # not a zip, a truncated member, an object array
+                    raise InputError(
+                        f"the check command wrote {{outputs}} as something reprokit cannot read: "
+                        f"{exc.__class__.__name__}: {str(exc)[:200]}",
+                        hint="write plain numeric arrays: np.savez(sys.argv[N], name=array, ...)",
+                    ) from exc
                 if output_names:
                     outputs = {k: v for k, v in outputs.items() if k in output_names}
             meta["wrote_outputs"] = bool(outputs)
