@@ -233,7 +233,9 @@ def test_fusion_fault_that_vanishes_when_marked_is_found_by_the_search(tmp_path)
     assert summary["verdict"]["signature"]["kind"] == "mismatch"
     # The layerwise run marks every tensor, which prevents the fusion: it cannot localize.
     assert step(summary, "layerwise")["calls"] == 1
-    assert step(summary, "localize")["accepted"] == 0
+    # the marked run shows no anchor (marking stops the fusion), so localize never runs or
+    # accepts nothing; the search finds it
+    assert all(s["accepted"] == 0 for s in summary["steps"] if s["step"] == "localize")
     searched = sum(
         s["accepted"] for s in summary["steps"] if s["step"] in ("window", "branches", "ddmin")
     )
@@ -486,15 +488,6 @@ def engines_running(script: str) -> list[int]:
     return [p for p in pids if not pid_gone(p)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: Ctrl-C during shrink --jobs N waits for every speculative engine call in flight: "
-        "KeyboardInterrupt reaches only the main thread, Reducer.close() then runs "
-        "ThreadPoolExecutor.shutdown(wait=True), and the pool threads' workers (own sessions, "
-        "start_new_session=True) are neither signalled nor killed, so exit waits up to --timeout"
-    ),
-)
 def test_ctrl_c_with_jobs_2_kills_the_engine_calls_in_flight(tmp_path):
     path = sm.save(sm.pair_chain(), tmp_path / "chain.onnx")
     script = sm.write_script(tmp_path, "slow_engine.py", sm.SLOW_SCRIPT)

@@ -48,6 +48,9 @@ class Outcome:
     from_cache: bool = False
 
 
+FINISH_NODES = 24  # a best this small is reduced to 1-minimal even past the call budget
+
+
 class BudgetExhausted(Exception):
     """The run's target-call budget is spent: stop reducing, keep the best so far."""
 
@@ -110,6 +113,7 @@ class Reducer:
         self._lock = threading.Lock()
         self._feed_ok: dict[str, str | None] = {}
         self._asked: set[str] = set()
+        self._extended = False
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -180,7 +184,7 @@ class Reducer:
         nodes = frozenset(nodes)
         key = self.key(nodes)
         fresh = key not in self._asked
-        if fresh and self.budget is not None and self.spent >= self.budget and self._needs_call(nodes):
+        if fresh and self._over_budget() and self._needs_call(nodes):
             raise BudgetExhausted
         start = time.monotonic()
         outcome = self._evaluate(nodes)
@@ -204,6 +208,18 @@ class Reducer:
                 self.findings[label] = self.findings.get(label, 0) + 1
         return outcome.interesting
 
+    def _over_budget(self) -> bool:
+        """Past the budget, a small best may still be finished: proving a window of a few dozen
+        nodes 1-minimal costs a few calls per node, which is what makes a repro minimal, while
+        on a large best (error accumulated over many layers) each removal costs many builds."""
+        if self.budget is None or self.spent < self.budget:
+            return False
+        if not self._extended and len(self.best) <= FINISH_NODES:
+            self._extended = True  # once: room to finish this small best, a few calls per node
+            self.budget = self.spent + 3 * len(self.best)
+            return False
+        return True
+
     def _needs_call(self, nodes: frozenset) -> bool:
         """Would asking about ``nodes`` count against the budget (not journaled, not trivial)?"""
         return bool(nodes) and self.journal.get(self.key(nodes)) is None
@@ -216,8 +232,8 @@ class Reducer:
             return
         todo = list(dict.fromkeys(frozenset(c) for c in candidates
                                   if c and self.journal.get(self.key(c)) is None))
-        if self.budget is not None:
-            todo = todo[: max(0, self.budget - self.spent)]
+        if self._over_budget():
+            todo = []
         for future in [self._pool.submit(self._evaluate, c) for c in todo[: self.jobs]]:
             future.result()
 
