@@ -174,8 +174,9 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         if localize_first and signature.kind in (Kind.NONFINITE, Kind.MISMATCH):
             reducer.begin("layerwise")
             began = time.monotonic()
-            reducer.anchors = _anchors(oracle, model, store, prepared.feeds.arrays, models_dir,
-                                       signature, backend_cls.marking_changes_engine, journal, reducer)
+            reducer.anchors, reducer.origins = _anchors(
+                oracle, model, store, prepared.feeds.arrays, models_dir, signature,
+                backend_cls.marking_changes_engine, journal, reducer)
             reducer.stats["layerwise"].seconds += time.monotonic() - began
             setup_calls += 1
             event(f"layerwise: anchors {[node_label(model, a) for a in reducer.anchors[:3]]}")
@@ -295,16 +296,20 @@ def _capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, 
                                    max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
 
 
-def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journal, reducer) -> list[int]:
-    """Node indices where the divergence starts, from one layerwise target run (journaled)."""
+def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journal, reducer):
+    """From one layerwise target run (journaled): the anchors, nodes where the signature's kind
+    first shows while their inputs do not, and the origins, the first diverging tensors of any
+    kind whose inputs still agree (where the trouble starts before it takes the signature's
+    form, e.g. a variance that overflows to inf upstream of the mismatch it causes)."""
     saved = journal.get("layerwise")
     if saved is not None:
-        return saved["anchors"]
+        return saved["anchors"], saved.get("origins", [])
     names = [t for t, *_ in float_node_outputs(model)]
     marked = save_model(mark_outputs(model, names), os.path.join(models_dir, "layerwise.onnx"), base_dir=models_dir)
     result = oracle.run_target(marked, feeds, names)
     reducer.stats["layerwise"].calls += 1
     anchors: list[int] = []
+    origins: list[int] = []
     if result.status == "ok":
         reference = {n: store.get(n) for n in names if n in store}
         report = compare_layerwise(model, reference, result.outputs, oracle.criterion, marking)
@@ -318,11 +323,12 @@ def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journa
                 status.get(i) == wanted for i in reducer.index.node_inputs[node]
             ):
                 anchors.append(node)
+        origins = sorted(dict.fromkeys(producer[r.tensor] for r in report.first))
         if not anchors:
-            anchors = [producer[r.tensor] for r in report.first]
+            anchors = list(origins)
         anchors = sorted(dict.fromkeys(anchors))
-    journal.put("layerwise", {"anchors": anchors, "status": result.status})
-    return anchors
+    journal.put("layerwise", {"anchors": anchors, "origins": origins, "status": result.status})
+    return anchors, origins
 
 
 def _row_kind(row) -> str:

@@ -65,6 +65,22 @@ class GraphIndex:
         return seen
 
 
+    def descendants(self, index: int, within: set[int] | None = None) -> set[int]:
+        """Nodes that depend on ``index`` (itself included), optionally only inside ``within``."""
+        consumers: dict[str, list[int]] = {}
+        for node, inputs in enumerate(self.node_inputs):
+            for tensor in inputs:
+                consumers.setdefault(tensor, []).append(node)
+        seen, stack = {index}, [index]
+        while stack:
+            for tensor in self.node_outputs[stack.pop()]:
+                for child in consumers.get(tensor, ()):
+                    if child not in seen and (within is None or child in within):
+                        seen.add(child)
+                        stack.append(child)
+        return seen
+
+
 def outer_scope_names(node) -> set[str]:
     """Names a node's subgraph bodies read from the enclosing graph."""
     names: set[str] = set()

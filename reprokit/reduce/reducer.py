@@ -99,7 +99,8 @@ class Reducer:
     on_accept: Callable[[Reducer, str], None] | None = None
     on_event: Callable[[str], None] | None = None
     best: frozenset = frozenset()
-    anchors: list = field(default_factory=list)  # node indices where divergence starts
+    anchors: list = field(default_factory=list)  # node indices where the signature's kind starts
+    origins: list = field(default_factory=list)  # first diverging nodes of any kind
     stats: dict[str, PassStats] = field(default_factory=dict)
     findings: dict[str, int] = field(default_factory=dict)  # other signatures seen, with counts
     one_minimal: bool = False

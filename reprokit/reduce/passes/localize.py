@@ -2,8 +2,10 @@
 
 The layerwise run names anchor nodes: the first tensors that show the signature's kind while
 their inputs do not. The smallest region that reproduces is usually the anchor alone, fed with
-the captured reference activations: one target call settles most NaN/overflow cases. If it does
-not, the anchor's whole ancestor cone is tried next: when even that does not reproduce, the
+the captured reference activations: one target call settles most NaN/overflow cases. When the
+trouble starts upstream in another form — an origin, e.g. a variance that overflows to inf and
+only later becomes the mismatch the signature holds — the path from that origin to the anchor
+is tried first, also one call. If neither holds, the anchor's whole ancestor cone is tried: when even that does not reproduce, the
 divergence is not local (a fusion that marking breaks, error accumulated over the graph) and
 localization gives up after two calls, leaving the search to the window pass. Otherwise the
 region grows backwards inside the cone by exponential probing — widths 2, 4, 8 … — which costs
@@ -28,7 +30,11 @@ def run(reducer) -> bool:
             return frozenset(cone[-width:])
 
         smaller = len(cone) < len(reducer.best)
-        reducer.prefetch([region(1), region(len(cone))] if smaller else [region(1)])
+        path = origin_path(reducer, anchor, set(cone))
+        reducer.prefetch(([path] if path else []) + [region(1), region(len(cone))])
+        if path and reducer.test(path):
+            reducer.accept(path, "the path from where the divergence starts to where it takes its kind")
+            return True
         if reducer.test(region(1)):
             reducer.accept(region(1), "the anchor alone")
             return True
@@ -48,3 +54,13 @@ def run(reducer) -> bool:
             reducer.accept(region(len(cone)), "the anchor's ancestor cone")
             return True
     return False
+
+
+def origin_path(reducer, anchor: int, cone: set[int]) -> frozenset | None:
+    """Nodes on the paths from the nearest origin upstream of ``anchor`` to it, or None."""
+    upstream = [o for o in reducer.origins if o != anchor and o in cone]
+    if not upstream:
+        return None
+    origin = max(upstream)  # the nearest in topological order
+    path = frozenset(cone & reducer.index.descendants(origin, within=cone))
+    return path if 1 < len(path) < len(reducer.best) else None
