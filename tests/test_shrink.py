@@ -23,7 +23,11 @@ import shrink_models as sm
 from conftest import assert_user_error, pid_gone, reprokit_exe, run_cli
 
 from reprokit.session import RunOptions
-from reprokit.shrink import shrink
+from reprokit.shrink import Limits, shrink
+
+# The search tests ask for a 1-minimal result: no call budget (the default stops near
+# polygraphy's cost on searches that localization cannot settle; see test_budget_*).
+THOROUGH = Limits(max_calls=None)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
@@ -208,7 +212,8 @@ def test_failure_that_needs_two_distant_nodes_keeps_both(tmp_path):
     script = sm.write_script(tmp_path, "pair_check.py", sm.PAIR_SCRIPT)
     target = f"cmd:{PY} {script} {{model}}"
     result = shrink(
-        path, target, str(tmp_path / "out"), options=RunOptions(fail_regex="Error Code 2")
+        path, target, str(tmp_path / "out"), options=RunOptions(fail_regex="Error Code 2"),
+        limits=THOROUGH,
     )
     summary = result.summary
     assert summary["signature"]["kind"] == "build-error"
@@ -225,7 +230,7 @@ def test_fusion_fault_that_vanishes_when_marked_is_found_by_the_search(tmp_path)
     path = sm.save(model, tmp_path / "fusion.onnx")
     script = sm.write_script(tmp_path, "fused_engine.py", sm.FUSION_SCRIPT)
     target = f"cmd:{PY} {script} {{model}} {{inputs}} {{outputs}}"
-    result = shrink(path, target, str(tmp_path / "out"))
+    result = shrink(path, target, str(tmp_path / "out"), limits=THOROUGH)
     summary = result.summary
     assert summary["signature"]["kind"] == "mismatch"
     assert sorted(summary["minimal"]["node_names"]) == ["f/conv", "f/relu"]
@@ -250,7 +255,7 @@ def test_no_slippage_to_other_failures_which_are_listed(tmp_path):
     path = sm.save(model, tmp_path / "chain.onnx")
     script = sm.write_script(tmp_path, "flaky_engine.py", sm.SLIPPAGE_SCRIPT)
     target = f"cmd:{PY} {script} {{model}}"
-    result = shrink(path, target, str(tmp_path / "out"))
+    result = shrink(path, target, str(tmp_path / "out"), limits=THOROUGH)
     summary = result.summary
     signature = summary["signature"]
     assert signature["kind"] == "build-error"
@@ -555,3 +560,20 @@ def test_empty_optional_inputs_and_subgraphs_shrink_to_valid_models(
     assert not any(k.startswith(("build-error", "crash")) for k in summary["other_findings"])
     assert_valid_minimal(result.out_dir, model)
     run_minimal_on_ort(result.out_dir)
+
+
+def test_budget_stops_a_search_near_polygraphys_cost_with_the_best_so_far(tmp_path):
+    """The same two-node search under the default budget (auto: 2*ceil(log2(33)) = 12 calls):
+    the run stops early with a valid, smaller model that keeps the signature, and says so."""
+    model = sm.pair_chain(length=32, first=4, second=27)
+    path = sm.save(model, tmp_path / "chain.onnx")
+    script = sm.write_script(tmp_path, "pair_check.py", sm.PAIR_SCRIPT)
+    result = shrink(path, f"cmd:{PY} {script} {{model}}", str(tmp_path / "out"),
+                    options=RunOptions(fail_regex="Error Code 2"))
+    summary = result.summary
+    assert summary["budget"]["stopped"] and "call budget" in summary["note"]
+    assert summary["one_minimal"] is False
+    assert summary["calls"]["target"] <= 12 + 1  # the window bisection finishes, the final is cached
+    assert {"Sigmoid", "Tanh"} <= set(summary["minimal"]["ops"])
+    assert summary["minimal"]["nodes"] < 32
+    assert summary["verdict"]["signature"] == summary["signature"]

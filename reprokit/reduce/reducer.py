@@ -48,9 +48,6 @@ class Outcome:
     from_cache: bool = False
 
 
-FINISH_NODES = 24  # a best this small is reduced to 1-minimal even past the call budget
-
-
 class BudgetExhausted(Exception):
     """The run's target-call budget is spent: stop reducing, keep the best so far."""
 
@@ -114,7 +111,6 @@ class Reducer:
         self._lock = threading.Lock()
         self._feed_ok: dict[str, str | None] = {}
         self._asked: set[str] = set()
-        self._extended = False
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -210,16 +206,7 @@ class Reducer:
         return outcome.interesting
 
     def _over_budget(self) -> bool:
-        """Past the budget, a small best may still be finished: proving a window of a few dozen
-        nodes 1-minimal costs a few calls per node, which is what makes a repro minimal, while
-        on a large best (error accumulated over many layers) each removal costs many builds."""
-        if self.budget is None or self.spent < self.budget:
-            return False
-        if not self._extended and len(self.best) <= FINISH_NODES:
-            self._extended = True  # once: room to finish this small best, a few calls per node
-            self.budget = self.spent + 3 * len(self.best)
-            return False
-        return True
+        return self.budget is not None and self.spent >= self.budget
 
     def _needs_call(self, nodes: frozenset) -> bool:
         """Would asking about ``nodes`` count against the budget (not journaled, not trivial)?"""
