@@ -101,26 +101,34 @@ class OutputError:
         return out
 
 
-def compare_arrays(name: str, reference, target, criterion: Criterion) -> OutputError:
-    """All numbers for one output pair. Shapes must match; a mismatch is an error of inf."""
+def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: bool = True) -> OutputError:
+    """All numbers for one output pair. Shapes must match; a mismatch is an error of inf.
+
+    ``full=False`` (layerwise tables over thousands of tensors) skips the cosine distance and
+    the allclose count unless the criterion's metric needs them (they read as nan and 0)."""
     ref = np.asarray(reference)
     tgt = np.asarray(target)
-    ref_nan, ref_inf = _nonfinite(ref)
-    tgt_nan, tgt_inf = _nonfinite(tgt)
     if ref.shape != tgt.shape:
         inf = float("inf")
+        ref_nan, ref_inf = _nonfinite(ref)
+        tgt_nan, tgt_inf = _nonfinite(tgt)
         return OutputError(name, tuple(ref.shape), inf, inf, inf, _max_abs(ref), tgt_nan, tgt_inf,
                            ref_nan, ref_inf, int(ref.size), inf, True)
-    if ref.dtype.kind not in "fc" or tgt.dtype.kind not in "fc":
-        ref = ref.astype(np.float64)
-        tgt = tgt.astype(np.float64)
-    r = ref.astype(np.float64, copy=False).ravel()
-    t = tgt.astype(np.float64, copy=False).ravel()
+    r = ref.astype(np.float64).ravel()
+    t = tgt.astype(np.float64).ravel()
+    finite_r, finite_t = np.isfinite(r), np.isfinite(t)
+    all_finite = bool(finite_r.all()) and bool(finite_t.all())
+    ref_nan, ref_inf = (0, 0) if all_finite else _nonfinite(r)
+    tgt_nan, tgt_inf = (0, 0) if all_finite else _nonfinite(t)
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = t - r
-        same_nonfinite = (~np.isfinite(r)) & ((r == t) | (np.isnan(r) & np.isnan(t)))
-        diff = np.where(same_nonfinite, 0.0, diff)
-        ref_norm = float(np.linalg.norm(np.where(np.isfinite(r), r, 0.0)))
+        if all_finite:
+            same_nonfinite = None
+            diff = t - r
+            ref_norm = float(np.linalg.norm(r))
+        else:
+            same_nonfinite = (~finite_r) & ((r == t) | (np.isnan(r) & np.isnan(t)))
+            diff = np.where(same_nonfinite, 0.0, t - r)
+            ref_norm = float(np.linalg.norm(np.where(finite_r, r, 0.0)))
         diff_norm = float(np.linalg.norm(diff)) if diff.size else 0.0
         if np.isnan(diff_norm):
             diff_norm = float("inf")
@@ -128,9 +136,16 @@ def compare_arrays(name: str, reference, target, criterion: Criterion) -> Output
         max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
         if np.isnan(max_abs):
             max_abs = float("inf")
-        cosine = _cosine_distance(np.where(same_nonfinite, 0.0, r), np.where(same_nonfinite, 0.0, t))
-        close = np.isclose(t, r, atol=criterion.atol, rtol=criterion.rtol, equal_nan=True)
-        mismatched = int(close.size - int(np.count_nonzero(close)))
+        need = full or criterion.metric in (Metric.COSINE, Metric.ALLCLOSE)
+        cosine, mismatched = float("nan"), 0
+        if need:
+            if same_nonfinite is None:
+                cosine = _cosine_distance(r, t)
+            else:
+                cosine = _cosine_distance(np.where(same_nonfinite, 0.0, r), np.where(same_nonfinite, 0.0, t))
+            close = np.isclose(t, r, atol=criterion.atol, rtol=criterion.rtol, equal_nan=True)
+            mismatched = int(close.size - int(np.count_nonzero(close)))
+        max_ref = float(np.max(np.abs(r))) if all_finite and r.size else _max_abs(ref)
     error = {
         Metric.REL_L2: rel_l2,
         Metric.MAX_ABS: max_abs,
@@ -139,7 +154,7 @@ def compare_arrays(name: str, reference, target, criterion: Criterion) -> Output
     }[criterion.metric]
     exceeds = mismatched > 0 if criterion.metric is Metric.ALLCLOSE else not (error <= criterion.tolerance)
     return OutputError(
-        name, tuple(ref.shape), rel_l2, max_abs, cosine, _max_abs(ref), tgt_nan, tgt_inf, ref_nan,
+        name, tuple(ref.shape), rel_l2, max_abs, cosine, max_ref, tgt_nan, tgt_inf, ref_nan,
         ref_inf, mismatched, error, bool(exceeds),
     )
 
