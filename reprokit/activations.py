@@ -61,8 +61,7 @@ class ActivationStore:
             if on_event and len(chunks) > 1:
                 on_event(f"capturing activations, part {number + 1} of {len(chunks)} ({len(chunk)} tensors)")
             result = run_chunk(chunk)
-            for name, array in result.outputs.items():
-                source = array.filename
+            for name, source in result.outputs.paths.items():
                 file = f"a{len(files):06d}.npy"
                 os.replace(source, os.path.join(directory, file))
                 files[name] = file

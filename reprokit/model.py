@@ -294,21 +294,33 @@ def tensor_order(model) -> list[tuple[str, str, str]]:
     return out
 
 
-def float_tensor_names(model) -> set[str]:
-    """Names of node outputs whose inferred type is a float type."""
-    import onnx
-    from onnx import TensorProto
+_INFERRED: list = []  # (model, value_info) of the last few models: inference is costly on big graphs
 
+
+def inferred_value_info(model) -> dict:
+    """Types and shapes of every tensor shape inference knows (graph outputs included), for a
+    model object; remembered for the last few models, which must not be changed afterwards."""
+    import onnx
+
+    for seen, value_info in _INFERRED:
+        if seen is model:
+            return value_info
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
+    except Exception:  # best effort: unknown tensors simply have no type here
         inferred = model
+    value_info = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    _INFERRED.insert(0, (model, value_info))
+    del _INFERRED[4:]
+    return value_info
+
+
+def float_tensor_names(model) -> set[str]:
+    """Names of node outputs whose inferred type is a float type."""
+    from onnx import TensorProto
+
     floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
-    return {
-        vi.name
-        for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
-        if vi.type.tensor_type.elem_type in floats
-    }
+    return {name for name, vi in inferred_value_info(model).items() if vi.type.tensor_type.elem_type in floats}
 
 
 def mark_outputs(model, names: list[str]):
@@ -318,11 +330,7 @@ def mark_outputs(model, names: list[str]):
 
     marked = onnx.ModelProto()
     marked.CopyFrom(model)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-        known = {vi.name: vi for vi in inferred.graph.value_info}
-    except Exception:
-        known = {}
+    known = inferred_value_info(model)
     existing = {o.name for o in marked.graph.output}
     for name in names:
         if name in existing:

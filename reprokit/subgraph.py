@@ -30,13 +30,9 @@ class GraphIndex:
 
     @classmethod
     def build(cls, model) -> GraphIndex:
-        import onnx
+        from reprokit.model import inferred_value_info
 
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model)
-        except Exception:
-            inferred = model
-        value_info = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        value_info = inferred_value_info(model)
         node_inputs, node_outputs, producer = [], [], {}
         for index, node in enumerate(model.graph.node):
             inputs = [i for i in node.input if i]

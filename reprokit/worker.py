@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,23 @@ def kill_running() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class OutputFiles(Mapping):
+    """An engine call's outputs, one .npy file each, opened (memory-mapped) only when read:
+    a capture of thousands of tensors moves files without opening them."""
+
+    def __init__(self, paths: dict[str, str]):
+        self.paths = paths
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.load(self.paths[name], mmap_mode="r", allow_pickle=False)
+
+    def __iter__(self):
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
 
 
 @dataclass
@@ -126,10 +144,8 @@ def run_in_worker(
         return WorkerResult("crash", message=message, log=_tail(stderr_path), seconds=seconds)
     with open(result_path) as handle:
         result = json.load(handle)
-    outputs = {
-        entry["name"]: np.load(os.path.join(job_dir, entry["file"]), mmap_mode="r", allow_pickle=False)
-        for entry in result.get("outputs", [])
-    }
+    outputs = OutputFiles({entry["name"]: os.path.join(job_dir, entry["file"])
+                           for entry in result.get("outputs", [])})
     return WorkerResult(
         result["status"],
         outputs=outputs,
