@@ -294,21 +294,16 @@ def test_model_that_agrees_exits_6_with_numbers_and_the_rerun_command(tmp_path):
 # -- 7, 8, 9. resume, jobs, determinism -----------------------------------------------------
 
 
+def shrink_args(out, *extra) -> list[str]:
+    """The search run the interrupt tests start and resume (the report archive is tested
+    elsewhere; it costs seconds here)."""
+    return ["shrink", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"), "--target", "emulate:fp16",
+            "--inputs", str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"), "--no-localize",
+            "-o", str(out), "--no-pack", *extra]
+
+
 def start_shrink(out, *extra):
-    args = [
-        reprokit_exe(),
-        "shrink",
-        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
-        "--target",
-        "emulate:fp16",
-        "--inputs",
-        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"),
-        "--no-localize",
-        "-o",
-        str(out),
-        "--no-pack",
-        *extra,
-    ]
+    args = [reprokit_exe(), *shrink_args(out, *extra)]
     env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
     return subprocess.Popen(
         args,
@@ -367,19 +362,7 @@ def test_interrupted_shrink_keeps_best_so_far_and_resumes_to_the_same_result(
         assert len(interrupted.graph.node) <= summary["original"]["nodes"]
     run_minimal_on_ort(out)  # best-so-far model and its feeds run as they are
 
-    resumed = run_cli(
-        "shrink",
-        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.onnx"),
-        "--target",
-        "emulate:fp16",
-        "--inputs",
-        str(SAMPLES / f"{NO_LOCALIZE_SAMPLE}.inputs.npz"),
-        "--no-localize",
-        "-o",
-        str(out),
-        "--resume",
-        "--no-pack",  # the report archive is tested elsewhere; it costs seconds here
-    )
+    resumed = run_cli(*shrink_args(out, "--resume"))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "done"
