@@ -6,6 +6,7 @@ Only the CLI calls this; library code never prints.
 from __future__ import annotations
 
 import math
+import os
 
 from rich.console import Console
 from rich.markup import escape
@@ -126,7 +127,7 @@ def print_shrink(result) -> None:
     verdict = result.verdict
     if verdict is not None and verdict.outputs:
         out.print(error_table(verdict.outputs, verdict.criterion.metric.value, title="minimal model"))
-    out.print(f"  wrote      {result.out_dir}/minimal.onnx, inputs.npz, summary.json"
+    out.print(f"  wrote      {os.path.join(result.out_dir, 'minimal.onnx')}, inputs.npz, summary.json"
               + (f", {s['report']}" if s.get("report") else ""))
     for note in result.notes:
         out.print(f"  [yellow]note[/]       {note}")
