@@ -82,8 +82,8 @@ class ActivationStore:
     def __contains__(self, name: str) -> bool:
         return name in self._files
 
-    def names(self) -> list[str]:
-        return list(self._files)
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.get(name)
 
     def get(self, name: str) -> np.ndarray:
         return np.load(os.path.join(self.directory, self._files[name]), mmap_mode="r", allow_pickle=False)
@@ -94,9 +94,6 @@ class ActivationStore:
             array = self.get(name)
             self._meta[name] = (tuple(array.shape), array.dtype)
         return self._meta[name]
-
-    def disk_bytes(self) -> int:
-        return sum(os.path.getsize(os.path.join(self.directory, f)) for f in self._files.values())
 
 
 def _mib(value: int) -> str:

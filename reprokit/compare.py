@@ -186,7 +186,6 @@ def _cosine_distance(r: np.ndarray, t: np.ndarray) -> float:
 
 # Largest finite value and the magnitude below which a value rounds to zero, per storage type.
 RANGE = {"fp16": (65504.0, 2.9802322e-08), "bf16": (3.3895314e38, 4.6e-41), "fp8": (448.0, 9.8e-4)}
-_RANGE = RANGE  # the old private name, kept for callers that use it
 UNDERFLOW_SHARE = 0.01
 
 

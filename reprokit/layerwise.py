@@ -83,11 +83,19 @@ def compare_layerwise(model, reference, target, criterion, marking_changes_engin
     return LayerwiseReport(rows, marking_changes_engine, missing)
 
 
+def compare_marked_run(model, reference, result, oracle) -> LayerwiseReport:
+    """The layerwise report of one target run with every float tensor marked (a worker
+    result); a target that fails when tensors are marked gives an empty report saying so."""
+    from reprokit.backends import marking_changes_engine
+
+    marking = marking_changes_engine(oracle.target)
+    if result.status != "ok":
+        return LayerwiseReport([], marking, [f"target failed with tensors marked: {result.status}: {result.message[:200]}"])
+    return compare_layerwise(model, reference, result.outputs, oracle.criterion, marking)
+
+
 def run_layerwise(oracle, prepared, workdir: str) -> LayerwiseReport:
     """Mark every float node output, run reference and target, compare tensor by tensor."""
-    from reprokit.backends import backend_class
-    from reprokit.spec import parse_target
-
     os.makedirs(workdir, exist_ok=True)
     model = prepared.model
     names = [t for t, *_ in float_node_outputs(model)]
@@ -95,7 +103,4 @@ def run_layerwise(oracle, prepared, workdir: str) -> LayerwiseReport:
                              base_dir=prepared.base_dir)
     reference = oracle.run_reference(marked_path, prepared.feeds.arrays, names)
     target = oracle.run_target(marked_path, prepared.feeds.arrays, names)
-    marking = backend_class(parse_target(oracle.target).engine).marking_changes_engine
-    if target.status != "ok":
-        return LayerwiseReport([], marking, [f"target failed with tensors marked: {target.status}: {target.message[:200]}"])
-    return compare_layerwise(model, reference.outputs, target.outputs, oracle.criterion, marking)
+    return compare_marked_run(model, reference.outputs, target, oracle)

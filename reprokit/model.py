@@ -67,7 +67,7 @@ def check_external_data(model, path: str) -> None:
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     base = os.path.dirname(os.path.abspath(path))
-    for tensor in _all_initializers(model):
+    for tensor in _all_tensors(model.graph):
         if not uses_external_data(tensor):
             continue
         info = ExternalDataInfo(tensor)
@@ -85,14 +85,6 @@ def check_external_data(model, path: str) -> None:
                 f"{needed} bytes, the file has {os.path.getsize(location)}",
                 hint="the weight file is incomplete; copy it again",
             )
-
-
-def _all_initializers(model):
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
 
 
 def external_locations(model) -> set[str]:
@@ -283,15 +275,6 @@ def fold_constants(model):
 
 def _fmt(shape) -> str:
     return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
-
-
-def tensor_order(model) -> list[tuple[str, str, str]]:
-    """(tensor, producing node name, op type) for every node output, in graph (topological) order."""
-    out = []
-    for index, node in enumerate(model.graph.node):
-        name = node.name or f"{node.op_type}_{index}"
-        out.extend((t, name, node.op_type) for t in node.output if t)
-    return out
 
 
 _INFERRED: list = []  # (model, value_info) of the last few models: inference is costly on big graphs

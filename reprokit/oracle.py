@@ -245,12 +245,16 @@ class Oracle:
             with self._lock:
                 self.stats.cached += 1
             return Verdict(**{**hit.__dict__, "cached": True})
+        reference_run = None
         if reference_outputs is None:
-            reference_outputs = self.run_reference(model_path, feeds, output_names).outputs
+            reference_run = self.run_reference(model_path, feeds, output_names)
+            reference_outputs = reference_run.outputs
             check_reference_finite(reference_outputs, self.reference)
         result = self.run_target(model_path, feeds, output_names)
         verdict = self.verdict_from(result, reference_outputs)
         result.discard()
+        if reference_run is not None:
+            reference_run.discard()
         self._cache[key] = verdict
         return verdict
 

@@ -8,7 +8,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from reprokit.backends import backend_class
+from reprokit.backends import backend_class, marking_changes_engine
 from reprokit.compare import Criterion
 from reprokit.errors import UsageError
 from reprokit.inputs import Feeds, load_feeds, random_feeds
@@ -118,7 +118,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     check_reference_finite(reference.outputs, oracle.reference)
     result = oracle.run_target(prepared.path, prepared.feeds.arrays)
     verdict = oracle.verdict_from(result, reference.outputs)
-    marking = backend_class(parse_target(target).engine).marking_changes_engine
+    marking = marking_changes_engine(target)
     report = None
     if layerwise:
         from reprokit.layerwise import run_layerwise

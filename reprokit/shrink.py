@@ -17,7 +17,7 @@ import numpy as np
 from reprokit.activations import ActivationStore
 from reprokit.backends import backend_class
 from reprokit.errors import InputError, NothingToReduce
-from reprokit.layerwise import compare_layerwise, float_node_outputs
+from reprokit.layerwise import compare_marked_run, float_node_outputs
 from reprokit.model import fold_constants, mark_outputs, save_model
 from reprokit.oracle import Kind, check_reference_finite
 from reprokit.reduce.passes import branches, ddmin, localize, window
@@ -175,8 +175,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
             reducer.begin("layerwise")
             began = time.monotonic()
             reducer.anchors, reducer.origins = _anchors(
-                oracle, model, store, prepared.feeds.arrays, models_dir, signature,
-                backend_cls.marking_changes_engine, journal, reducer)
+                oracle, model, store, prepared.feeds.arrays, models_dir, signature, journal, reducer)
             reducer.stats["layerwise"].seconds += time.monotonic() - began
             setup_calls += 1
             event(f"layerwise: anchors {[node_label(model, a) for a in reducer.anchors[:3]]}")
@@ -296,7 +295,7 @@ def _capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, 
                                    max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
 
 
-def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journal, reducer):
+def _anchors(oracle, model, store, feeds, models_dir, signature, journal, reducer):
     """From one layerwise target run (journaled): the anchors, nodes where the signature's kind
     first shows while their inputs do not, and the origins, the first diverging tensors of any
     kind whose inputs still agree (where the trouble starts before it takes the signature's
@@ -311,8 +310,7 @@ def _anchors(oracle, model, store, feeds, models_dir, signature, marking, journa
     anchors: list[int] = []
     origins: list[int] = []
     if result.status == "ok":
-        reference = {n: store.get(n) for n in names if n in store}
-        report = compare_layerwise(model, reference, result.outputs, oracle.criterion, marking)
+        report = compare_marked_run(model, store, result, oracle)
         result.discard()
         producer = reducer.index.producer
         status = {r.tensor: _row_kind(r) for r in report.rows}

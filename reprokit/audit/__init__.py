@@ -161,15 +161,10 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
 
 
 def _layerwise(oracle, ledger, model, marked, feeds, names, activations, target):
-    from reprokit.backends import backend_class
-    from reprokit.layerwise import LayerwiseReport, compare_layerwise
-    from reprokit.spec import parse_target
+    from reprokit.layerwise import compare_marked_run
 
-    marking = backend_class(parse_target(target).engine).marking_changes_engine
     result = ledger.run("layerwise", "target", oracle, "every tensor marked as an output", marked, feeds, names)
-    if result.status != "ok":
-        return LayerwiseReport([], marking, [f"target failed with tensors marked: {result.status}: {result.message[:200]}"])
-    return compare_layerwise(model, activations, result.outputs, oracle.criterion, marking)
+    return compare_marked_run(model, activations, result, oracle)
 
 
 def amplifiers(model, layer, limit: int = 5) -> list[dict]:

@@ -26,6 +26,13 @@ def backend_class(engine: str):
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def marking_changes_engine(target: str) -> bool:
+    """Can marking intermediate tensors as outputs change what ``target`` computes (fusion)?"""
+    from reprokit.spec import parse_target
+
+    return backend_class(parse_target(target).engine).marking_changes_engine
+
+
 def create_backend(spec):
     """Instantiate the backend for a parsed :class:`reprokit.spec.TargetSpec`."""
     return backend_class(spec.engine)(spec)
