@@ -277,6 +277,15 @@ def _fmt(shape) -> str:
     return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
 
 
+def tensor_order(model) -> list[tuple[str, str, str]]:
+    """(tensor, producing node name, op type) for every node output, in graph (topological) order."""
+    out = []
+    for index, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{index}"
+        out.extend((t, name, node.op_type) for t in node.output if t)
+    return out
+
+
 _INFERRED: list = []  # (model, value_info) of the last few models: inference is costly on big graphs
 
 
