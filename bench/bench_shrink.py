@@ -236,6 +236,7 @@ def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
         "minimal_inputs": summary["minimal"]["inputs"],
         "minimal_outputs": summary["minimal"]["outputs"],
         "one_minimal": summary.get("one_minimal"),
+        "nodes_built": summary.get("build_work", {}).get("nodes_built"),
         "signature": summary["signature"]["kind"],
         "own_final_kind": summary.get("verdict", {}).get("signature", {}).get("kind"),
         "judged": verdict,
@@ -295,7 +296,9 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
         row["peak_mib"] = max(row["peak_mib"], m["maxrss_kib"] / 1024)
         row["rc"] = m["rc"]
         with open(call_log) as handle:
-            row["calls"] = sum(1 for _ in handle)
+            logged = [line.split() for line in handle if line.strip()]
+        row["calls"] = len(logged)
+        row["nodes_built"] = sum(int(parts[2]) for parts in logged if len(parts) > 2)
         if name in ("sanitize", "run_mark_all") and m["rc"] == 0 and "start_nodes" not in row:
             row["start_nodes"] = model_nodes(os.path.join(work, "folded.onnx"))[0]
         if m["rc"] != 0 or (name == "reduce" and not os.path.exists(os.path.join(work, "reduced.onnx"))):

@@ -62,9 +62,12 @@ def main(argv=None) -> int:
 
     started = time.monotonic()
     log = os.environ.get("BENCH_CALL_LOG")
-    if log:
+    if log:  # one line per call: when, which model, how many nodes the target builds
+        import onnx as _onnx
+
+        nodes = len(_onnx.load(args.model, load_external_data=False).graph.node)
         with open(log, "a") as handle:
-            handle.write(f"{time.time():.3f} {os.path.abspath(args.model)}\n")
+            handle.write(f"{time.time():.3f} {os.path.abspath(args.model)} {nodes}\n")
 
     import numpy as np
     import onnx
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
     try:
         result = backend.run(args.model, feeds, None)  # all graph outputs, by name
     except BuildError as exc:
-        print(f"BUILD-ERROR {exc.message.splitlines()[0] if exc.message else ''}")
+        print(f"BUILD-ERROR {exc.message}")  # whole: the engine's reason may name the node
         return 3
     run_seconds = time.monotonic() - run_started
 

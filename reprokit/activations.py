@@ -70,8 +70,16 @@ class ActivationStore:
             if max_disk_bytes is not None and used > max_disk_bytes:
                 raise InputError(f"the captured activations passed --max-activation-disk {_mib(max_disk_bytes)}",
                                  hint="raise --max-activation-disk, or shrink a smaller input (--input-shapes)")
-        with open(os.path.join(directory, cls.INDEX), "w") as handle:
-            json.dump(files, handle)
+        # The index vouches for the capture (--resume reuses it): written whole or not at all.
+        index = os.path.join(directory, cls.INDEX)
+        try:
+            with open(index + ".tmp", "w") as handle:
+                json.dump(files, handle)
+            os.replace(index + ".tmp", index)
+        except BaseException:
+            if os.path.exists(index + ".tmp"):
+                os.remove(index + ".tmp")
+            raise
         return cls(directory, files)
 
     @classmethod

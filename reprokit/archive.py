@@ -103,6 +103,25 @@ def _refuse(archive_path: str, why: str):
                      hint="only archives written by `reprokit pack`, unmodified, are accepted")
 
 
+class _Layout:
+    """Names seen so far, so that no file is also a folder (``top/a`` and ``top/a/b``) and no
+    file comes twice: extraction would fail half-way, or a later member overwrite an earlier one."""
+
+    def __init__(self, archive_path: str):
+        self.archive_path = archive_path
+        self.files: set[str] = set()
+        self.folders: set[str] = set()
+
+    def add(self, name: str, is_dir: bool) -> None:
+        parts = name.split("/")
+        parents = {"/".join(parts[:i]) for i in range(1, len(parts))}
+        if name in self.files or (not is_dir and name in self.folders) or parents & self.files:
+            _refuse(self.archive_path, f"member {name!r} clashes with an earlier member "
+                                       "(one path both a file and a folder, or a file listed twice)")
+        self.folders |= parents
+        (self.folders if is_dir else self.files).add(name)
+
+
 def _check_name(archive_path: str, name: str, tops: set[str]) -> str:
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
         _refuse(archive_path, f"absolute path {name!r}")
@@ -132,6 +151,7 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
     if not os.path.isfile(archive_path):
         raise InputError(f"archive not found: {archive_path}", hint="check the path")
     tops: set[str] = set()
+    layout = _Layout(archive_path)
     total = 0
     members = []
     if zipfile.is_zipfile(archive_path):
@@ -147,6 +167,7 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
                 total += info.file_size
                 if total > max_bytes:
                     _refuse(archive_path, f"unpacks to more than {max_bytes} bytes (decompression bomb?)")
+                layout.add(name, info.is_dir())
                 if not info.is_dir():
                     members.append((name, info))
             for name, info in members:
@@ -166,12 +187,14 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
                 if info.issym() or info.islnk():
                     _refuse(archive_path, f"member {info.name!r} is a link")
                 if info.isdir():
+                    layout.add(name, True)
                     continue
                 if not info.isfile():
                     _refuse(archive_path, f"member {info.name!r} is not a regular file")
                 total += info.size
                 if total > max_bytes:
                     _refuse(archive_path, f"unpacks to more than {max_bytes} bytes (decompression bomb?)")
+                layout.add(name, False)
                 _write_member(dest, name, archive.extractfile(info), info.size, max_bytes)
     if not tops:
         _refuse(archive_path, "it is empty")

@@ -28,6 +28,7 @@ from reprokit import __version__  # noqa: E402
 from reprokit.errors import ExitCode, ReprokitError  # noqa: E402
 
 _DEBUG = False
+_JSON = False  # --json: failures also print a reprokit.error/1 object on stdout
 
 
 def run_options(func):
@@ -153,8 +154,9 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 
 
 @cli.command()
-@click.argument("model")
-@click.option("--target", "-t", required=True, help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16.")
+@click.argument("model", required=False)
+@click.option("--target", "-t", default=None,
+              help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16 (required unless --resume DIR).")
 @run_options
 @click.option("--out", "-o", "out_dir", default="reprokit-out", show_default=True, metavar="DIR",
               help="Where minimal.onnx, inputs.npz and summary.json go (rewritten after every step).")
@@ -162,14 +164,22 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
               help="Evaluate candidates in parallel; the result is the same for every N.")
 @click.option("--replays", default=None, type=click.IntRange(0, 10),
               help="Extra runs of the original to detect flakiness (default: 0 for deterministic engines, 1 otherwise).")
-@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out DIR.")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+              help="Continue an interrupted or budget-stopped run: --resume DIR alone takes the model, target "
+                   "and run options from DIR; plain --resume continues the same command's --out.")
 @click.option("--max-activation-disk", default=None, metavar="SIZE",
               help="Stop with an error if the captured activations would pass SIZE (e.g. 20G, 500M).")
 @click.option("--max-calls", default="auto", show_default=True, metavar="N|auto",
               help="Target calls in all (engine builds). auto: about polygraphy's bisect cost; 0: no limit.")
 @click.option("--capture-chunk", default="1G", show_default=True, metavar="SIZE",
               help="Activations one reference run may return at once; more runs when the model needs more.")
-@click.option("--no-localize", is_flag=True, help="Skip the layerwise localization; search the unmarked graph only.")
+@click.option("--no-localize", is_flag=True,
+              help="Skip the survey and localization (named node, each node alone, layerwise); search only.")
+@click.option("--one-by-one", is_flag=True,
+              help="Judge one candidate per engine call (no packed candidates, no group testing).")
+@click.option("--search-accumulated", is_flag=True,
+              help="When no small region shows a mismatch alone (accumulated error), search on for the "
+                   "smallest window instead of stopping with the attribution.")
 @click.option("--no-pack", is_flag=True, help="Do not write the report archive OUT/report.tar.gz.")
 @click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default="tar.gz", show_default=True,
               help="Report archive format.")
@@ -177,15 +187,33 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--audit", "with_audit", is_flag=True,
               help="Also audit the original model (OUT/audit/; the report gets audit/ and a sweep).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
-def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
-           no_localize, no_pack, fmt, redact, with_audit, as_json, **kw):
+@click.pass_context
+def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
+           no_localize, one_by_one, search_accumulated, no_pack, fmt, redact, with_audit, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
     from reprokit import shrink as shrinking
     from reprokit.console import err, print_shrink
+    from reprokit.errors import UsageError
+    from reprokit.spec import parse_target
 
+    if resume:  # --resume DIR: what was not given comes from DIR's saved run
+        if _given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
+            raise UsageError(f"--resume {resume} and -o {out_dir} name different directories",
+                             hint=f"give one of them: reprokit shrink --resume {resume}")
+        out_dir = resume
+        saved = shrinking.saved_run(out_dir)
+        model, target = model or saved["model"], target or saved["target"]
+        for name, value in _run_args.main(args=saved["args"], standalone_mode=False).items():
+            if not _given(ctx, name):
+                kw[name] = value
+    if model is None or target is None:
+        raise UsageError("shrink needs MODEL and --target (or --resume DIR of an earlier run)",
+                         hint="e.g. reprokit shrink model.onnx --target emulate:fp16 -o out/")
     options = make_run_options(kw)
+    parse_target(target)  # a bad spec or a missing check script fails before any work
+    _ensure_out_dir(out_dir)  # so does a file where the output directory should be
     start = time.monotonic()
 
     def progress(text):
@@ -197,10 +225,19 @@ def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, m
         max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
         max_calls=_parse_max_calls(max_calls),
     )
-    result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
-                              resume=resume, localize_first=not no_localize, on_event=progress, limits=limits)
+    try:
+        result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
+                                  resume=resume is not None, localize_first=not no_localize, on_event=progress,
+                                  limits=limits, pack_candidates=not one_by_one,
+                                  search_accumulated=search_accumulated)
+    except KeyboardInterrupt:
+        keep = [a for p in ctx.command.params if p.name in _SHRINK_ONLY and _given(ctx, p.name)
+                for a in _as_args(p, ctx.params[p.name])]
+        raise ReprokitError("interrupted", hint=shrinking.resume_hint(out_dir, keep),
+                            exit_code=ExitCode.INTERRUPTED) from None
     audited = None
-    if with_audit:  # --- audit (reprokit/audit): the ORIGINAL model, naming what shrink kept
+    accumulated = result.summary["status"] == "accumulated"  # no model to call minimal, nothing to pack
+    if with_audit and not accumulated:  # --- audit (reprokit/audit): the ORIGINAL model, naming what shrink kept
         from reprokit.audit import audit as run_audit
 
         progress("auditing the original model")
@@ -210,7 +247,7 @@ def shrink(model, target, out_dir, jobs, replays, resume, max_activation_disk, m
         found = audited.workaround
         result.notes.append(f"audit: {out_dir}/audit/audit.html"
                             + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
-    if not no_pack:
+    if not no_pack and not accumulated:
         progress("packing the report archive")
         packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress,
                                        audit=audited)
@@ -240,6 +277,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
     from reprokit.console import err, print_pack
 
     options = make_run_options(kw)
+    _ensure_out_file(out_path)
     on_event = None if as_json else (lambda t: err.print(f"[dim]{t}[/]"))
     context = audit_dir = None
     if with_audit:  # --- audit (reprokit/audit)
@@ -288,7 +326,8 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
 
 @cli.command()
 @click.argument("archive")
-@click.option("--target", "-t", default=None, help="Check under this target instead of the recorded one.")
+@click.option("--target", "-t", default=None, help="Check under this target instead of the recorded one "
+              "(needed when the archive records a cmd: target or a file path).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per engine call.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def verify(archive, target, timeout, as_json):
@@ -321,6 +360,30 @@ def env(as_json):
     print_env(info)
 
 
+@click.command()
+@run_options
+def _run_args(**kw):
+    """Parses saved run options (``--resume DIR``) exactly as the commands parse them."""
+    return kw
+
+
+# shrink options that shape how the search runs, not what it judges: kept in the resume hint.
+_SHRINK_ONLY = ("jobs", "replays", "max_activation_disk", "max_calls", "capture_chunk", "no_localize",
+                "one_by_one", "search_accumulated", "no_pack", "fmt", "redact", "with_audit")
+
+
+def _given(ctx, name: str) -> bool:
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def _as_args(param, value) -> list[str]:
+    if getattr(param, "is_flag", False):
+        return [param.opts[0]] if value else []
+    return [param.opts[0], str(value)]
+
+
 def _ensure_out_dir(path: str) -> None:
     from reprokit.errors import UsageError
 
@@ -331,6 +394,23 @@ def _ensure_out_dir(path: str) -> None:
     except OSError as exc:
         raise UsageError(f"cannot create --out directory {path}: {exc.strerror}",
                          hint="choose a writable directory") from exc
+
+
+def _ensure_out_file(path: str) -> None:
+    """The archive's folder must be a directory that can be made and written: checked before
+    any engine runs, not after all the work."""
+    from reprokit.errors import UsageError
+
+    if os.path.isdir(path):
+        raise UsageError(f"--out {path} is a directory", hint="give the archive's file name, e.g. -o report.tar.gz")
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"cannot write --out {path}: {existing} is a file, not a directory",
+                         hint="choose another path for the archive")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write --out {path}: {existing} is not writable", hint="choose a writable directory")
 
 
 def _raise_interrupt(signum, frame):
@@ -358,7 +438,11 @@ def backends(as_json):
 
 
 def _fail(message: str, hint: str | None, code: int) -> None:
-    click.echo(f"Error: {message.strip().splitlines()[0] if message.strip() else message}", err=True)
+    first = message.strip().splitlines()[0] if message.strip() else message
+    if _JSON:  # scripts read stdout: one object, whatever failed
+        click.echo(json.dumps({"schema": "reprokit.error/1", "error": first, "hint": hint,
+                               "exit_code": int(code)}, indent=2))
+    click.echo(f"Error: {first}", err=True)
     if hint:
         click.echo(f"Hint: {hint}", err=True)
     sys.exit(int(code))
@@ -368,9 +452,10 @@ def main(argv=None) -> None:
     """Entry point: run the CLI and turn every failure into its exit code."""
     import errno
 
-    global _DEBUG
+    global _DEBUG, _JSON
     args = list(sys.argv[1:] if argv is None else argv)
     _DEBUG = "--debug" in args or os.environ.get("REPROKIT_DEBUG") == "1"
+    _JSON = "--json" in args
     # SIGTERM ends every command like Ctrl-C: workers are killed, best-so-far results kept.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -391,8 +476,7 @@ def main(argv=None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         if isinstance(exc, click.exceptions.Abort) and isinstance(exc.__context__, EOFError):
             _fail(f"unexpected end of input: {exc.__context__}", "a file ended early; check it", ExitCode.INPUT)
-        _fail("interrupted", "results written so far are kept; `reprokit shrink --resume DIR` continues a shrink",
-              ExitCode.INTERRUPTED)
+        _fail("interrupted", "results written so far are kept", ExitCode.INTERRUPTED)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             where = f" {exc.filename}" if exc.filename else ""

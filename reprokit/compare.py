@@ -87,6 +87,11 @@ class OutputError:
     mismatched: int  # elements failing allclose(atol, rtol)
     error: float
     exceeds: bool
+    target_shape: tuple[int, ...] | None = None  # set only when it differs from ``shape``
+
+    @property
+    def shape_mismatch(self) -> bool:
+        return self.target_shape is not None and tuple(self.target_shape) != tuple(self.shape)
 
     @property
     def nonfinite_in_target_only(self) -> bool:
@@ -95,6 +100,7 @@ class OutputError:
     def to_json(self) -> dict:
         out = asdict(self)
         out["shape"] = list(self.shape)
+        out["target_shape"] = list(self.target_shape if self.target_shape is not None else self.shape)
         for key, value in out.items():
             if isinstance(value, float) and not np.isfinite(value):
                 out[key] = str(value)  # JSON has no inf/nan; keep them readable
@@ -102,7 +108,8 @@ class OutputError:
 
 
 def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: bool = True) -> OutputError:
-    """All numbers for one output pair. Shapes must match; a mismatch is an error of inf.
+    """All numbers for one output pair. Different shapes give an error of inf and record the
+    target's shape (``shape_mismatch``): the oracle names that, not the inf.
 
     ``full=False`` (layerwise tables over thousands of tensors) skips the cosine distance and
     the allclose count unless the criterion's metric needs them (they read as nan and 0)."""
@@ -113,7 +120,13 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         ref_nan, ref_inf = _nonfinite(ref)
         tgt_nan, tgt_inf = _nonfinite(tgt)
         return OutputError(name, tuple(ref.shape), inf, inf, inf, _max_abs(ref), tgt_nan, tgt_inf,
-                           ref_nan, ref_inf, int(ref.size), inf, True)
+                           ref_nan, ref_inf, int(ref.size), inf, True, tuple(tgt.shape))
+    if ref.dtype.kind in "OSU" or tgt.dtype.kind in "OSU":
+        # Strings have no distance: equal or not, elementwise.
+        differ = int(np.count_nonzero(ref.astype(str) != tgt.astype(str)))
+        gap = float("inf") if differ else 0.0
+        error = float(differ) if criterion.metric is Metric.ALLCLOSE else gap
+        return OutputError(name, tuple(ref.shape), gap, gap, gap, 0.0, 0, 0, 0, 0, differ, error, bool(differ))
     r = ref.astype(np.float64).ravel()
     t = tgt.astype(np.float64).ravel()
     finite_r, finite_t = np.isfinite(r), np.isfinite(t)

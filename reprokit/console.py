@@ -56,11 +56,36 @@ def print_check(result, model_path: str, top: int = 10) -> None:
     else:
         out.print("[bold green]AGREES[/]: every output within tolerance")
     if verdict.message:
-        out.print("  engine message: " + verdict.message.strip().splitlines()[0][:300])
+        lines = message_lines(verdict.message)
+        out.print("  engine message: " + escape(lines[0]))
+        for line in lines[1:]:
+            out.print("                  " + escape(line))
     if verdict.outputs:
         out.print(error_table(verdict.outputs, verdict.criterion.metric.value))
     if result.layerwise is not None:
         print_layerwise(result.layerwise, top)
+
+
+_REASON = ("error", "fail", "unsupported", "not supported", "invalid", "cannot", "can't", "refuse",
+           "no conversion", "not implemented", "not found")
+
+
+def message_lines(message: str, limit: int = 5) -> list[str]:
+    """An engine's message in a few lines: the first, the lines that give the reason and the
+    last (engines put "Exception from <file>" first and the reason below, often last)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return [""]
+    reasons = [line for line in lines[1:-1] if any(word in line.lower() for word in _REASON)]
+    chosen = list(dict.fromkeys([lines[0], *reasons[: limit - 2], lines[-1]]))
+    return [line if len(line) <= 300 else line[:297] + "…" for line in chosen]
+
+
+def _shape_text(error) -> str:
+    shape = "x".join(map(str, error.shape)) or "scalar"
+    if getattr(error, "shape_mismatch", False):
+        shape += " (target " + ("x".join(map(str, error.target_shape)) or "scalar") + ")"
+    return shape
 
 
 def error_table(errors, metric: str, title: str | None = None) -> Table:
@@ -71,7 +96,7 @@ def error_table(errors, metric: str, title: str | None = None) -> Table:
     for e in errors:
         bad = e.exceeds or e.nonfinite_in_target_only
         table.add_row(
-            e.name, "x".join(map(str, e.shape)) or "scalar", fmt(e.rel_l2), fmt(e.max_abs),
+            e.name, _shape_text(e), fmt(e.rel_l2), fmt(e.max_abs),
             str(e.target_nan), str(e.target_inf), fmt(e.max_abs_reference), fmt(e.error),
             "[red]no[/]" if bad else "[green]yes[/]",
         )
@@ -111,8 +136,34 @@ def print_backends(rows) -> None:
     out.print(table)
 
 
+def print_attribution(result) -> None:
+    """An accumulated error: no model is called minimal; where the error comes from instead."""
+    s = result.summary
+    found = s["attribution"]
+    out.print(f"[bold]reprokit shrink[/] {s['model']}: [yellow]accumulated error[/] — no node, pair or small "
+              f"region shows {s['signature']['kind']} on its own")
+    out.print(f"  judged     {found['nodes_judged_alone']} nodes alone (fed with reference inputs); "
+              f"{found['diverging_alone']} exceed the tolerance {found['tolerance']:g} alone")
+    out.print(f"  calls      target {s['calls']['target']}, reference {s['calls']['reference']}; {s['wall_s']:.1f} s")
+    table = Table(title="largest isolated errors (each node alone)", show_edge=False)
+    for column in ("node", "op", "error", "kind"):
+        table.add_column(column)
+    for row in found["top"]:
+        error = row["error"]
+        table.add_row(row["node"], row["op"], error if isinstance(error, str) else f"{error:.3g}", row["kind"])
+    out.print(table)
+    if found["fp32_nodes"]:
+        out.print(f"  fp32       keep these in fp32 (untested as a set): fp32-nodes={found['fp32_nodes']}")
+    out.print(f"  wrote      {os.path.join(result.out_dir, 'summary.json')} (attribution: top, cumulative)")
+    for note in result.notes[:-1]:
+        out.print(f"  [yellow]note[/]       {note}")
+
+
 def print_shrink(result) -> None:
     s = result.summary
+    if s["status"] == "accumulated":
+        print_attribution(result)
+        return
     out.print(f"[bold]reprokit shrink[/] {s['model']} → {result.minimal_path}")
     out.print(f"  signature  {s['signature']['kind']}"
               + (f" ({s['signature']['detail']})" if s['signature']['detail'] else ""))
@@ -121,7 +172,7 @@ def print_shrink(result) -> None:
     out.print("  inputs     " + ", ".join(f"{i['name']}{i['shape']}" for i in s['minimal']['inputs']))
     out.print("  outputs    " + ", ".join(o['name'] for o in s['minimal']['outputs']))
     out.print(f"  calls      target {s['calls']['target']}, reference {s['calls']['reference']}, "
-              f"cached {s['calls']['cached']}; {s['wall_s']:.1f} s")
+              f"cached {s['calls']['cached']}; {s['build_work']['nodes_built']} nodes built; {s['wall_s']:.1f} s")
     if s.get("other_findings"):
         out.print("  [yellow]other findings (not followed)[/]: " + "; ".join(f"{k} ×{v}" for k, v in s["other_findings"].items()))
     verdict = result.verdict

@@ -149,8 +149,12 @@ def polygraphy_command(spec, verdict, model) -> str:
     if spec.engine == "ort":
         providers = ["--providers", "cuda"] if spec.has("cuda") else []
         return shlex.join(["polygraphy", "run", "model.onnx", "--onnxrt", *providers, "--load-inputs", "inputs.json"])
-    if spec.engine == "cmd":
-        return spec.command
+    if spec.engine == "cmd":  # the check itself, on the bundled files: no placeholder left to fill in
+        names = {"{model}": "model.onnx", "{inputs}": "inputs.npz", "{outputs}": "outputs.npz"}
+        argv = shlex.split(spec.command)
+        for key, value in names.items():
+            argv = [token.replace(key, value) for token in argv]
+        return shlex.join(argv)
     return shlex.join(["python", "repro.py"])  # no polygraphy runner for this engine
 
 

@@ -11,6 +11,10 @@ import numpy as np
 NARROW = {"fp16": "float16", "bf16": "bfloat16"}
 
 
+class CannotEmulate(ValueError):
+    """The model cannot be rewritten for storage emulation (its opset cannot be lifted)."""
+
+
 def round_through(array: np.ndarray, narrow: str) -> np.ndarray:
     """Round a float32 array through fp16/bf16 and back (numpy, no engine)."""
     if array.dtype != np.float32:
@@ -33,37 +37,120 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
     external data is rewritten without reading them.
     """
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if narrow == "bf16" and opset < 13:
-        # Cast to bfloat16 exists from opset 13 on: lift the (emulated copy of the) model there.
-        from onnx import version_converter
-
-        model = version_converter.convert_version(model, 13)
+    model = _lift_opset(model, 13 if narrow == "bf16" else 1)
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shape inference is best effort; unknown types are left wide
         inferred = model
-    graph = model.graph
     float_names = {
         vi.name
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT
     }
     narrow_type = TensorProto.FLOAT16 if narrow == "fp16" else TensorProto.BFLOAT16
+    # Outer-scope types for If/Loop/Scan bodies, which whole-model inference leaves untyped.
+    outer = {vi.name: vi.type.tensor_type.elem_type
+             for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)
+             if vi.type.HasField("tensor_type")}
+    outer.update({init.name: init.data_type for init in model.graph.initializer})
+    _round_graph(model, model.graph, float_names, outer, narrow_type, keep_fp32, "", [0])
+    return model
+
+
+def _lift_opset(model, minimum: int):
+    """The model with a default-domain opset of at least ``minimum``, for the rounding Casts
+    (Cast to bfloat16 exists from opset 13 on)."""
+    from onnx import helper, version_converter
+
+    opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        # Only other domains (ai.onnx.ml, ...): no node is in the default domain, so importing
+        # it changes nothing but makes the Casts legal; the version converter cannot do this.
+        model.opset_import.append(helper.make_opsetid("", max(minimum, 13)))
+        return model
+    if opset.version >= minimum:
+        return model
+    try:
+        lifted = version_converter.convert_version(model, minimum)
+    except Exception as exc:  # onnx raises RuntimeError/ValueError from its C++ converter
+        reason = (str(exc).strip().splitlines() or [exc.__class__.__name__])[-1]
+        raise CannotEmulate(f"the ONNX version converter cannot lift opset {opset.version} to {minimum}: "
+                            f"{reason}") from exc
+    if not lifted.functions and model.functions:
+        # The converter drops model-local functions; their bodies keep their own opset imports.
+        lifted.functions.extend(model.functions)
+    return lifted
+
+
+def _subgraphs(node):
+    for attr in node.attribute:
+        if attr.type == attr.GRAPH:
+            yield attr.g
+        elif attr.type == attr.GRAPHS:
+            yield from attr.graphs
+
+
+def _reads(graph) -> dict[str, set[str]]:
+    """Tensor name → names of the nodes that read it, a node with a body counting for its body."""
     readers: dict[str, set[str]] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, set()).add(node.name)
+        for sub in _subgraphs(node):
+            for name in _reads(sub):
+                readers.setdefault(name, set()).add(node.name)
+    return readers
+
+
+def _body_types(model, graph, outer: dict[str, int]) -> dict[str, int]:
+    """Element types inside an If/Loop/Scan body: shape inference on a data-free standalone copy
+    whose outer-scope reads become typed inputs (types never depend on values)."""
+    import onnx
+    from onnx import helper
+
+    standalone = onnx.GraphProto(name=graph.name or "body")
+    standalone.node.extend(graph.node)
+    standalone.input.extend(graph.input)
+    standalone.output.extend(graph.output)
+    standalone.value_info.extend(graph.value_info)
+    declared = {vi.name for vi in graph.input} | {o for node in graph.node for o in node.output}
+    for init in graph.initializer:
+        if init.name not in declared:
+            standalone.input.append(helper.make_tensor_value_info(init.name, init.data_type, None))
+            declared.add(init.name)
+    for name in sorted(set(_reads(graph)) - declared):
+        if name in outer:
+            standalone.input.append(helper.make_tensor_value_info(name, outer[name], None))
+    probe = helper.make_model(standalone, opset_imports=model.opset_import)
+    probe.ir_version = model.ir_version
+    probe.functions.extend(model.functions)
+    try:
+        probe = onnx.shape_inference.infer_shapes(probe)
+    except Exception:  # best effort, as for the top-level graph; declared types still count
+        pass
+    types = dict(outer)
+    for vi in list(probe.graph.input) + list(probe.graph.output) + list(probe.graph.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, counter) -> None:
+    """Round ``graph``'s float initializers and node outputs, and every body nested in it: a
+    body's values never leave it unrounded, so an overflow inside an If branch or a Loop shows."""
+    from onnx import TensorProto, helper
+
+    readers = _reads(graph)
     graph_inputs = {vi.name: vi for vi in graph.input}
     new_nodes = []
     for init in graph.initializer:
         name = init.name
         if init.data_type != TensorProto.FLOAT or (readers.get(name) and readers[name] <= keep_fp32):
             continue
-        wide, mid = f"{name}__rk_wide", f"{name}__rk_narrow"
+        wide, mid = f"{name}__rk_wide{tag}", f"{name}__rk_narrow{tag}"
         init.name = wide
         if name in graph_inputs:  # old models list weights among the inputs too
             graph_inputs[name].name = wide
@@ -71,15 +158,19 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
         new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=name + "__rk_cast"))
     for index, node in enumerate(graph.node):
         new_nodes.append(node)
+        for sub in _subgraphs(node):
+            counter[0] += 1
+            types = _body_types(model, sub, outer)
+            inner = {n for n, t in types.items() if t == TensorProto.FLOAT}
+            _round_graph(model, sub, inner, types, narrow_type, keep_fp32, f"_b{counter[0]}_", counter)
         if node.name in keep_fp32:
             continue
         for slot, name in enumerate(node.output):
             if not name or name not in float_names:
                 continue
-            wide, mid = f"{name}__rk_wide{index}", f"{name}__rk_narrow{index}"
+            wide, mid = f"{name}__rk_wide{tag}{index}", f"{name}__rk_narrow{tag}{index}"
             node.output[slot] = wide
             new_nodes.append(helper.make_node("Cast", [wide], [mid], to=narrow_type, name=mid))
             new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=name + "__rk_cast"))
     del graph.node[:]
     graph.node.extend(new_nodes)
-    return model

@@ -19,6 +19,7 @@ class ExitCode(enum.IntEnum):
     ENVIRONMENT = 4  # an engine or tool is missing or unusable on this machine
     REFERENCE = 5  # the reference itself fails or is non-finite: nothing to compare against
     NOTHING_TO_REDUCE = 6  # shrink: the original does not diverge (or is flaky)
+    NOT_REPRODUCED = 7  # shrink: the reduced model does not reproduce when judged alone
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; best-so-far results are kept on disk
     INTERNAL = 70  # a bug in reprokit: rerun with --debug and report it
 
@@ -64,3 +65,10 @@ class NothingToReduce(ReprokitError):
     """shrink was asked to reduce a model that does not diverge."""
 
     exit_code = ExitCode.NOTHING_TO_REDUCE
+
+
+class NotReproduced(ReprokitError):
+    """shrink reduced the model, but the result does not show the divergence when judged alone
+    (a flaky target, or a packed verdict the model alone does not confirm)."""
+
+    exit_code = ExitCode.NOT_REPRODUCED

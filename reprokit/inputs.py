@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.arrays import load_npz, save_npz
 from reprokit.errors import InputError, UsageError
 from reprokit.model import InputInfo
 
@@ -128,8 +129,7 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
         raise InputError(f"cannot read {path} as .npz: it is not a zip archive of arrays",
                          hint="save the feeds with np.savez(path, name=array, ...)")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: np.array(data[k]) for k in data.files}
+        return load_npz(path)
     except ValueError as exc:
         if "pickle" in str(exc).lower() or "object" in str(exc).lower():
             raise InputError(f"{path} holds arrays that need pickling, which reprokit refuses ({exc})",
@@ -166,7 +166,7 @@ def _load_test_data_set(path: str, infos: list[InputInfo]) -> dict[str, np.ndarr
     from onnx import numpy_helper
 
     files = sorted(glob.glob(os.path.join(path, "input_*.pb")), key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0]))
-    if not files:
+    if not files and infos:  # a model without inputs has exactly this data set: an empty one
         raise InputError(f"{path} has no input_*.pb files", hint="pass an ONNX test_data_set_N folder")
     arrays = {}
     for index, file in enumerate(files):
@@ -177,7 +177,11 @@ def _load_test_data_set(path: str, infos: list[InputInfo]) -> dict[str, np.ndarr
         except Exception as exc:
             raise InputError(f"cannot read {file} as a TensorProto: {exc}", hint="regenerate the test data") from exc
         name = tensor.name or (infos[index].name if index < len(infos) else f"input_{index}")
-        arrays[name] = numpy_helper.to_array(tensor)
+        try:
+            arrays[name] = numpy_helper.to_array(tensor)
+        except Exception as exc:  # a SequenceProto/OptionalProto/MapProto parses as a garbled tensor
+            raise InputError(f"cannot read {file} as a tensor ({exc.__class__.__name__}: {exc})",
+                             hint="reprokit feeds tensors only, not sequences, maps or optionals") from exc
     return arrays
 
 
@@ -213,5 +217,4 @@ def validate_feeds(arrays: dict[str, np.ndarray], infos: list[InputInfo]) -> Non
 
 def save_feeds(path: str, arrays: dict[str, np.ndarray]) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
-    return path
+    return save_npz(path, arrays)

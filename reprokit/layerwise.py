@@ -86,7 +86,7 @@ def compare_layerwise(model, reference, target, criterion, marking_changes_engin
 def compare_marked_run(model, reference, result, oracle) -> LayerwiseReport:
     """The layerwise report of one target run with every float tensor marked (a worker
     result); a target that fails when tensors are marked gives an empty report saying so."""
-    from reprokit.backends import marking_changes_engine
+    from reprokit.spec import marking_changes_engine
 
     marking = marking_changes_engine(oracle.target)
     if result.status != "ok":

@@ -71,7 +71,7 @@ def check_external_data(model, path: str) -> None:
         if not uses_external_data(tensor):
             continue
         info = ExternalDataInfo(tensor)
-        location = os.path.join(base, info.location)
+        location = external_data_path(base, info.location, tensor.name)
         if not os.path.exists(location):
             raise InputError(
                 f"external data file {info.location!r} of tensor {tensor.name!r} is missing "
@@ -85,6 +85,26 @@ def check_external_data(model, path: str) -> None:
                 f"{needed} bytes, the file has {os.path.getsize(location)}",
                 hint="the weight file is incomplete; copy it again",
             )
+
+
+def external_data_path(base_dir: str, location: str, tensor_name: str) -> str:
+    """The file an external tensor's ``location`` names, which must really lie inside
+    ``base_dir``: no absolute path, no '..', and no link leading out, because the weights are
+    read into minimal.onnx and shipped in reports (a weight file linked to ~/.ssh/id_rsa would
+    be). Hard links are files of their own and stay allowed."""
+    if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+        raise InputError(f"external data location {location!r} of tensor {tensor_name!r} leaves the model folder",
+                         hint="keep the weight files next to the model, as exported")
+    path = os.path.join(base_dir, location)
+    root = os.path.realpath(base_dir)
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise InputError(
+            f"external data file {location!r} of tensor {tensor_name!r} resolves outside the model folder "
+            f"{base_dir} (to {real})",
+            hint="copy the weight file next to the model instead of linking it: links that lead out of "
+                 "the model folder are not followed, as their target would be read and shipped in reports")
+    return path
 
 
 def external_locations(model) -> set[str]:
@@ -139,17 +159,11 @@ def inline_external_data(model, base_dir: str):
     from onnx import TensorProto
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-    root = os.path.realpath(base_dir)
     for tensor in _all_tensors(model.graph):
         if not uses_external_data(tensor):
             continue
         info = ExternalDataInfo(tensor)
-        path = os.path.join(base_dir, info.location)
-        if os.path.isabs(info.location) or ".." in info.location.replace("\\", "/").split("/"):
-            raise InputError(f"external data location {info.location!r} of {tensor.name!r} leaves the model folder",
-                             hint="keep weight files next to the model")
-        if not os.path.realpath(path).startswith(root) and not os.path.islink(path):
-            raise InputError(f"external data of {tensor.name!r} resolves outside {base_dir}", hint="check the model")
+        path = external_data_path(base_dir, info.location, tensor.name)
         with open(path, "rb") as handle:
             handle.seek(info.offset or 0)
             data = handle.read(info.length) if info.length else handle.read()
@@ -159,12 +173,22 @@ def inline_external_data(model, base_dir: str):
     return model
 
 
-def save_model(model, path: str, *, base_dir: str | None = None, self_contained: bool = False) -> str:
+def save_model(model, path: str, *, base_dir: str | None = None, self_contained: bool = False,
+               final_path: str | None = None) -> str:
     """Save atomically. A model whose weights are still on disk (external data, not loaded)
     keeps referencing them by relative location; engines are told where they are (the
     ``weights_dir`` of a worker call). ``self_contained`` reads them from ``base_dir`` into the
     file instead (small results that travel). Over 2 GB of inline data, the weights go to
-    ``<name>.data`` beside the file."""
+    ``<final name>.data`` beside the file, written whole under a temporary name and renamed
+    (onnx appends to an existing data file, so it never sees one), and a stale one from an
+    earlier large save is removed when the model no longer needs it.
+
+    ``final_path``: ``path`` is a staging name the caller renames to ``final_path`` later (with
+    ``path + ".data"`` to ``final_path + ".data"``, see :func:`staged_data`); the model then
+    already references the data file by its final name."""
+    import shutil
+    import tempfile
+
     import onnx
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -173,14 +197,39 @@ def save_model(model, path: str, *, base_dir: str | None = None, self_contained:
         model = onnx.ModelProto.FromString(model.SerializeToString())
         inline_external_data(model, base_dir)
     large = model.ByteSize() > _TWO_GB if _byte_size_ok(model) else True
-    tmp = path + ".tmp"
-    if large:
-        onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=os.path.basename(path) + ".data")
-    else:
+    data_name = os.path.basename(final_path or path) + ".data"
+    data_path = path + ".data" if final_path else os.path.join(folder, data_name)
+    if not large:
+        tmp = path + ".tmp"
         onnx.save(model, tmp)
-    os.replace(tmp, path)
+        os.replace(tmp, path)
+        if final_path is None and os.path.exists(data_path):
+            os.remove(data_path)  # a previous, larger model's weights: nothing references them now
+        return path
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # onnx's external-data writer empties the tensors of what it saves
+    scratch = tempfile.mkdtemp(prefix=".saving-", dir=folder)
+    try:
+        onnx.save(copy, os.path.join(scratch, "model.onnx"), save_as_external_data=True,
+                  all_tensors_to_one_file=True, location=data_name)
+        written = os.path.join(scratch, data_name)
+        if os.path.exists(written):  # onnx keeps tensors under 1 KiB inline: maybe no data at all
+            os.replace(written, data_path)
+        elif os.path.exists(data_path):
+            os.remove(data_path)
+        os.replace(os.path.join(scratch, "model.onnx"), path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return path
+
+
+def staged_data(tmp: str, final: str) -> list[tuple[str, str]]:
+    """The renames that finish a ``save_model(..., tmp, final_path=final)``: the model, and its
+    data file when one was written."""
+    renames = [(tmp, final)]
+    if os.path.exists(tmp + ".data"):
+        renames.append((tmp + ".data", final + ".data"))
+    return renames
 
 
 def _byte_size_ok(model) -> bool:

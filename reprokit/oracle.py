@@ -7,6 +7,7 @@ reduction never slips to a different bug. Engine calls go through ``worker.run_i
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import re
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.arrays import save_npz
 from reprokit.compare import Criterion, OutputError, compare_arrays
 from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
 from reprokit.worker import WorkerResult, run_in_worker
@@ -108,9 +110,45 @@ def normalize_message(message: str) -> str:
         return ""
     chosen = next((line for line in lines if re.search(r"error|fail|unsupported|invalid", line, re.I)), lines[0])
     chosen = re.sub(r"(?<![\w>])(?:/[\w.\-]+){2,}", "<path>", chosen)
-    chosen = re.sub(r"(['\"`]).*?\1", "<name>", chosen)
-    chosen = re.sub(r"0x[0-9a-fA-F]+|\d+", "N", chosen)
+    # A quote opens a name only where no letter precedes it and closes one only where none
+    # follows: the apostrophes of "can't" or "model's" are not quotes.
+    # Quoted operator types stay: "unsupported op 'Unique'" and "… 'NonZero'" are two bugs.
+    chosen = re.sub(r"(?<!\w)(['\"`])(.*?)\1(?!\w)",
+                    lambda m: m.group(0) if m.group(2) in _op_types() else "<name>", chosen)
+    chosen = re.sub(r"0x[0-9a-fA-F]+|(?<![A-Za-z])\d+", "N", chosen)
     return chosen[:200]
+
+
+@functools.lru_cache(maxsize=1)
+def _op_types() -> frozenset:
+    """Every operator type onnx knows (all domains), for telling op names from tensor names."""
+    import onnx.defs
+
+    return frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
+
+
+def _last_lines(text: str, count: int = 3) -> str:
+    return "\n".join([line for line in text.splitlines() if line.strip()][-count:])
+
+
+def quote_message(message: str, limit: int = 300) -> str:
+    """An engine's message on one line, at most ``limit`` characters, cut only between words.
+
+    Engines put the context first and the reason last ("… while running Mul node. Name:'m'
+    Status Message: …"), so a long line keeps its start and its end around an ellipsis; a first
+    line that only introduces ("Exception from core.cpp:117:") is followed by the last line."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = lines[0]
+    if len(lines) > 1 and text.endswith(":"):
+        text = f"{text} … {lines[-1]}"
+    if len(text) <= limit:
+        return text
+    head = text[: limit // 3].rsplit(" ", 1)[0]
+    tail = text[-(limit - len(head) - 3):]
+    tail = tail.split(" ", 1)[1] if " " in tail else tail
+    return f"{head} … {tail}"
 
 
 def feeds_digest(feeds: dict[str, np.ndarray]) -> str:
@@ -180,7 +218,7 @@ class Oracle:
     def _feeds_file(self, job_dir: str, feeds: dict[str, np.ndarray]) -> str:
         os.makedirs(job_dir, exist_ok=True)
         path = os.path.join(job_dir, "feeds.npz")
-        np.savez(path, **{k: np.asarray(v) for k, v in feeds.items()})
+        save_npz(path, feeds)
         return path
 
     def run_reference(self, model_path: str, feeds: dict, output_names=None) -> WorkerResult:
@@ -195,6 +233,7 @@ class Oracle:
             self.stats.reference_seconds += result.seconds
         _raise_for_environment(result, "reference")
         if result.status != "ok":
+            result.discard()
             text = result.message or ""
             ir = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", text)
             if ir:
@@ -205,7 +244,7 @@ class Oracle:
                          "(or upgrade onnxruntime)")
             raise ReferenceFailure(
                 f"the reference ({self.reference}) fails on this model: {result.status}: "
-                f"{text.splitlines()[0][-300:] if text else ''}",
+                f"{quote_message(text)}",
                 hint="reprokit needs a working reference; check the model with `polygraphy run MODEL --onnxrt`",
             )
         return result
@@ -245,16 +284,18 @@ class Oracle:
             with self._lock:
                 self.stats.cached += 1
             return Verdict(**{**hit.__dict__, "cached": True})
-        reference_run = None
-        if reference_outputs is None:
-            reference_run = self.run_reference(model_path, feeds, output_names)
-            reference_outputs = reference_run.outputs
-            check_reference_finite(reference_outputs, self.reference)
-        result = self.run_target(model_path, feeds, output_names)
-        verdict = self.verdict_from(result, reference_outputs)
-        result.discard()
-        if reference_run is not None:
-            reference_run.discard()
+        reference_run = result = None
+        try:  # every call's folder goes, whatever the outcome: crash hunts leave no feeds behind
+            if reference_outputs is None:
+                reference_run = self.run_reference(model_path, feeds, output_names)
+                reference_outputs = reference_run.outputs
+                check_reference_finite(reference_outputs, self.reference)
+            result = self.run_target(model_path, feeds, output_names)
+            verdict = self.verdict_from(result, reference_outputs)
+        finally:
+            for run in (result, reference_run):
+                if run is not None:
+                    run.discard()
         self._cache[key] = verdict
         return verdict
 
@@ -264,7 +305,12 @@ class Oracle:
         if result.status == "timeout":
             return Verdict(Signature(Kind.TIMEOUT, detail="timeout"), (), message=result.message, **base)
         if result.status == "crash":
-            detail = result.meta.get("signal") or normalize_message(result.message)
+            # A death by signal is that signal; any other death is its exit code and the last
+            # words of the engine, so two different aborts are two different findings.
+            code = re.search(r"code (-?\d+)", result.message)
+            detail = result.meta.get("signal") or " | ".join(
+                filter(None, [f"exit code {code.group(1)}" if code else "",
+                              normalize_message(_last_lines(result.log))]))
             return Verdict(Signature(Kind.CRASH, detail=detail), (),
                            message=f"{result.message}\n{result.log}".strip(), **base)
         if result.status == "build-error":
@@ -278,6 +324,12 @@ class Oracle:
         for name, ref in reference_outputs.items():
             if name in result.outputs:
                 errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion))
+        reshaped = [e for e in errors if e.shape_mismatch]
+        if reshaped:  # an error of inf between arrays of other shapes says nothing: name the shapes
+            shapes = "; ".join(f"{e.name!r}: target {list(e.target_shape)} vs reference {list(e.shape)}"
+                               for e in reshaped[:4])
+            return Verdict(Signature(Kind.MISMATCH, tuple(e.name for e in reshaped), "shape"), tuple(errors),
+                           message=f"output shapes differ: {shapes}", **base)
         nonfinite = [e for e in errors if e.nonfinite_in_target_only]
         if nonfinite:
             nan = any(e.target_nan > e.reference_nan for e in nonfinite)
@@ -303,8 +355,14 @@ def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> No
 
 
 def _raise_for_environment(result: WorkerResult, role: str) -> None:
+    if result.status in ("unavailable", "error"):
+        result.discard()  # the run stops here: nobody else will free the call's folder
     if result.status == "unavailable":
         raise EngineUnavailable(f"{role} engine unavailable: {result.message}", hint=result.hint)
     if result.status == "error":
-        raise ReprokitError(result.message, hint=result.hint,
-                            exit_code=ExitCode(result.exit_code or ExitCode.INPUT))
+        error = ReprokitError(result.message, hint=result.hint,
+                              exit_code=ExitCode(result.exit_code or ExitCode.INPUT))
+        if error.exit_code is ExitCode.INTERNAL and result.log:
+            # The worker's traceback, chained so that --debug prints it and the Hint line does not.
+            raise error from RuntimeError(f"engine worker traceback:\n{result.log}")
+        raise error

@@ -19,6 +19,7 @@ import numpy as np
 
 from reprokit import __version__
 from reprokit.archive import check_manifest, safe_extract, write_archive, write_manifest
+from reprokit.arrays import save_npz
 from reprokit.envinfo import fingerprint
 from reprokit.envinfo import redact as redact_env
 from reprokit.errors import InputError, NothingToReduce
@@ -89,7 +90,7 @@ def _redacted(result, target, options, tmp, notes):
         red = redact(model, feeds, randomize_weights=randomize)
         path = save_model(red.model, os.path.join(tmp, f"redacted-{randomize}.onnx"))
         inputs = os.path.join(tmp, f"redacted-{randomize}.npz")
-        np.savez(inputs, **red.feeds)
+        save_npz(inputs, red.feeds)
         again = check(path, target, options=_with_inputs(options, inputs), workdir=os.path.join(tmp, f"red-{randomize}"))
         if again.verdict.diverges and again.verdict.signature.same_bug(result.verdict.signature):
             info = {"renamed_tensors": len(red.names), "randomized_weights": len(red.randomized),
@@ -115,10 +116,6 @@ def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
     return replace(options, inputs=inputs, input_shapes={}, val_ranges={})
 
 
-def _save_npz(path: str, arrays: dict) -> None:
-    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
-
-
 def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes) -> bool:
     from reprokit.model import save_model
 
@@ -127,10 +124,11 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     feeds = result.prepared.feeds.arrays
     model = result.prepared.model
     save_model(model, os.path.join(stage, "model.onnx"), base_dir=result.prepared.base_dir, self_contained=True)
-    _save_npz(os.path.join(stage, "inputs.npz"), feeds)
-    _save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
-    _save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
+    save_npz(os.path.join(stage, "inputs.npz"), feeds)
+    save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
+    save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
     bins = _write_inputs_for_tools(stage, feeds)
+    spec, bundled, needed = _bundle_check_files(stage, spec)
     if spec.engine == "trt" and (spec.has("fp16") or spec.has("bf16")):
         from reprokit.convert import convert_float_model
 
@@ -149,6 +147,11 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         json.dump(env, handle, indent=2)
     archive_name = f"{name}.{fmt}"
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
+    values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
+                              expected_detail=verdict.signature.detail)
+    if spec.engine == "cmd":
+        values["command_heading"] = "The check command on the bundled files (also in `commands.sh`):"
+        values["check_note"] = _check_note(bundled, needed)
     with open(os.path.join(stage, "repro.py"), "w") as handle:
         handle.write(render("repro.py.j2", **values))
     os.chmod(os.path.join(stage, "repro.py"), 0o755)
@@ -168,6 +171,63 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     with open(os.path.join(stage, "README.md"), "w") as handle:
         handle.write(render("README.md.j2", **values))
     return reproduces
+
+
+CHECK_DIR = "check"  # where a cmd target's own script goes in the archive
+_MAX_CHECK_FILE = 1 << 20
+
+
+def _bundle_check_files(stage: str, spec):
+    """cmd targets: copy the files the check command names that live under the working
+    directory (small text files: scripts, configs) into check/ and point the command at the
+    copies; list the other files it names, which the archive cannot carry. Returns (spec with
+    the rewritten command, bundled paths, needed paths)."""
+    if spec.engine != "cmd":
+        return spec, [], []
+    argv = shlex.split(spec.command)
+    cwd = os.getcwd()
+    bundled: list[str] = []
+    needed: list[str] = []
+    for index, token in enumerate(argv):
+        if "{" in token or token.startswith("-") or not os.path.isfile(token):
+            continue
+        if index == 0 and os.sep not in token:
+            continue  # a program found on PATH
+        path = os.path.abspath(token)
+        if os.path.commonpath([cwd, path]) == cwd and _small_text_file(path):
+            rel = os.path.join(CHECK_DIR, os.path.relpath(path, cwd))
+            os.makedirs(os.path.dirname(os.path.join(stage, rel)), exist_ok=True)
+            shutil.copy2(path, os.path.join(stage, rel))
+            argv[index] = rel
+            bundled.append(rel)
+        elif index > 0:  # an interpreter given by path (argv[0]) is a tool, not the check's file
+            needed.append(path)
+    from reprokit.spec import TargetSpec
+
+    # Not parse_target: the rewritten paths exist in the archive, not in this directory.
+    return TargetSpec(engine="cmd", command=_shell_join(argv)), bundled, needed
+
+
+def _small_text_file(path: str) -> bool:
+    if os.path.getsize(path) > _MAX_CHECK_FILE:
+        return False
+    with open(path, "rb") as handle:
+        return b"\0" not in handle.read(8192)
+
+
+def _shell_join(argv: list[str]) -> str:
+    """shlex.join that leaves {model} {inputs} {outputs} unquoted, for people to read."""
+    return " ".join(t if re.fullmatch(r"[\w@%+=:,./{}-]+", t) else shlex.quote(t) for t in argv)
+
+
+def _check_note(bundled: list[str], needed: list[str]) -> str:
+    parts = []
+    if bundled:
+        parts.append("The check command's own files are bundled: " + ", ".join(f"`{p}`" for p in bundled) + ".")
+    if needed:
+        parts.append("The check command also needs these files, which are NOT in this archive: "
+                     + ", ".join(f"`{p}`" for p in needed) + "; `repro.py` says so (exit 4) where they are missing.")
+    return " ".join(parts)
 
 
 def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
@@ -196,8 +256,13 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
     verdict = result.verdict
     nodes = [n for n in model.graph.node]
     ops = sorted({n.op_type for n in nodes})
+    from inspect import getsource
+
+    from reprokit.oracle import normalize_message
+
     compare_source = _module_source("compare.py")
     emulation_source = _module_source("emulation.py")
+    arrays_source = _module_source("arrays.py")
     settings = {
         "target": verdict.target, "reference": verdict.reference, "metric": verdict.criterion.metric.value,
         "tolerance": verdict.criterion.tolerance, "atol": verdict.criterion.atol, "rtol": verdict.criterion.rtol,
@@ -214,6 +279,7 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
         "alternative": ALTERNATIVE[spec.engine],
         "reference": verdict.reference, "target": verdict.target, "criterion": verdict.criterion.describe(),
         "settings": settings, "compare_source": compare_source, "emulation_source": emulation_source,
+        "arrays_source": arrays_source, "normalize_source": getsource(normalize_message),
         "polygraphy_command": polygraphy_command(spec, verdict, model), "trtexec_command": trtexec_command(spec, bins),
         "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env),
         "repro_output": "",
@@ -282,8 +348,117 @@ class VerifyResult:
     recorded: dict
     verdict: object
     reproduces: bool
-    target: str
+    target: str  # what ran here: the user's --target, or the archive's after the trust checks
     notes: list[str] = field(default_factory=list)
+
+
+# An archive is untrusted input (README: "what verify trusts"): it may name engines and
+# settings, never a command to run, a file for an engine to read or write, or a regex that
+# backtracks for ever. Regexes from archives are bounded by shape, not by a timer: a clear
+# refusal beats a `timeout` verdict that reads like the engine's.
+MAX_ARCHIVE_REGEX = 200
+MAX_ARCHIVE_REGEX_REPEATS = 3
+
+
+def trusted_archive_spec(text: str, role: str, archive_path: str) -> str:
+    """``text`` (a target or reference an archive names) if verify may run it on the archive's
+    word; an InputError when it runs a command or hands an engine a path."""
+    text = str(text or "").strip()
+    engine = text.partition(":")[0].strip().lower()
+    why = None
+    if engine == "cmd":
+        why = "runs a command"
+    else:
+        from reprokit.backends import backend_class
+        from reprokit.errors import ReprokitError
+
+        try:
+            spec = parse_target(text)
+        except ReprokitError as exc:
+            raise InputError(f"archive {archive_path} names the {role} {text!r}, which is not usable here: "
+                             f"{exc.message}", hint="ask for a fresh archive, or pass --target") from exc
+        options = backend_class(spec.engine).OPTIONS
+        paths = [key for key, _ in spec.options if options[key].kind == "path"]
+        if paths:
+            why = f"hands the engine a file path ({', '.join(paths)})"
+    if why is None:
+        return text
+    if role == "target":
+        hint = ("read it; verify runs nothing an archive chose. To run it anyway, name it yourself: "
+                "--target '...', or pick another target, e.g. --target ort")
+    else:
+        hint = "verify runs only built-in references; rerun the check by hand with `reprokit check` on model.onnx"
+    raise InputError(f"archive {archive_path} records the {role} {text!r}, which {why}; verify does not run "
+                     "that on an archive's word", hint=hint)
+
+
+def bounded_archive_regex(pattern, archive_path: str) -> str | None:
+    """A ``fail_regex`` from an archive if it cannot backtrack for ever: at most
+    MAX_ARCHIVE_REGEX characters, no repetition inside a repetition, no alternation or
+    backreference under one, at most MAX_ARCHIVE_REGEX_REPEATS unbounded repetitions."""
+    if pattern is None:
+        return None
+    why = None
+    if not isinstance(pattern, str):
+        why = "is not a string"
+    elif len(pattern) > MAX_ARCHIVE_REGEX:
+        why = f"is longer than {MAX_ARCHIVE_REGEX} characters"
+    else:
+        why = _regex_risk(pattern)
+    if why:
+        raise InputError(f"archive {archive_path} records a fail_regex that {why}: {str(pattern)[:80]!r}",
+                         hint="such a regex can backtrack for ever; ask for a fresh archive, or check the "
+                              "model by hand with `reprokit check --fail-regex ...`")
+    return pattern
+
+
+def _regex_risk(pattern: str) -> str | None:
+    try:
+        import re._parser as sre_parse  # Python >= 3.11
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as exc:
+        return f"is not a valid regex ({exc})"
+    constants = sre_parse
+    repeats = (constants.MAX_REPEAT, constants.MIN_REPEAT, getattr(constants, "POSSESSIVE_REPEAT", None))
+    unbounded = 0
+
+    def walk(items, under_repeat: bool) -> str | None:
+        nonlocal unbounded
+        for op, av in items:
+            if op in repeats:
+                low, high, body = av
+                endless = high == constants.MAXREPEAT or high > 100
+                if endless and under_repeat:
+                    return "nests one repetition inside another (like (a+)+)"
+                unbounded += endless
+                found = walk(body, under_repeat or endless)
+            elif op == constants.BRANCH:
+                if under_repeat:
+                    return "repeats an alternation (like (a|aa)*)"
+                found = next(filter(None, (walk(b, under_repeat) for b in av[1])), None)
+            elif op in (constants.GROUPREF, getattr(constants, "GROUPREF_EXISTS", None)):
+                return "uses a backreference"
+            elif op == constants.SUBPATTERN:
+                found = walk(av[-1], under_repeat)
+            elif op in (constants.ASSERT, constants.ASSERT_NOT):
+                found = walk(av[1], under_repeat)
+            elif op == getattr(constants, "ATOMIC_GROUP", None):
+                found = walk(av, under_repeat)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    found = walk(parsed, False)
+    if found:
+        return found
+    if unbounded > MAX_ARCHIVE_REGEX_REPEATS:
+        return f"has more than {MAX_ARCHIVE_REGEX_REPEATS} unbounded repetitions"
+    return None
 
 
 def verify(archive_path: str, target: str | None = None, *, timeout: float = 600.0) -> VerifyResult:
@@ -302,10 +477,14 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float = 600
         except (OSError, ValueError, KeyError) as exc:
             raise InputError(f"archive {archive_path} has no usable verdict.json ({exc})",
                              hint="only archives written by `reprokit pack` can be verified") from exc
-        chosen = target or recorded["target"]
-        options = RunOptions(reference=recorded.get("reference", "ort"), metric=criterion["metric"],
+        chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
+        reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
+        fail_regex = bounded_archive_regex(recorded.get("fail_regex"), archive_path)
+        if not chosen.strip().lower().startswith("cmd:"):
+            fail_regex = None  # a cmd archive verified under --target ort: the regex has nothing to match
+        options = RunOptions(reference=reference, metric=criterion["metric"],
                              tolerance=criterion["tolerance"], atol=criterion["atol"], rtol=criterion["rtol"],
-                             timeout=timeout, fail_regex=recorded.get("fail_regex"),
+                             timeout=timeout, fail_regex=fail_regex,
                              inputs=os.path.join(top, "inputs.npz"))
         result = check(os.path.join(top, "model.onnx"), chosen, options=options, workdir=os.path.join(tmp, "check"))
         verdict = result.verdict

@@ -8,9 +8,9 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from reprokit.backends import backend_class, marking_changes_engine
+from reprokit.backends import backend_class
 from reprokit.compare import Criterion
-from reprokit.errors import UsageError
+from reprokit.errors import InputError, UsageError
 from reprokit.inputs import Feeds, load_feeds, random_feeds
 from reprokit.model import (
     InputInfo,
@@ -21,7 +21,7 @@ from reprokit.model import (
     save_model,
 )
 from reprokit.oracle import Oracle, Verdict, check_reference_finite
-from reprokit.spec import parse_target
+from reprokit.spec import marking_changes_engine, parse_target
 
 
 @dataclass
@@ -103,6 +103,20 @@ class CheckResult:
     target_log: str = ""  # the engine's own messages (worker output tail)
 
 
+def _refuse_empty_comparison(verdict: Verdict, target: str) -> None:
+    """"Agree" over zero numbers is no answer: an error, never a pass. (A cmd check that writes
+    no outputs is a pass/fail check: its exit status is the comparison.)"""
+    compared = [e for e in verdict.outputs if all(int(d) > 0 for d in e.shape)]
+    if verdict.diverges or compared or (parse_target(target).engine == "cmd" and not verdict.outputs):
+        return
+    if verdict.outputs:
+        shapes = ", ".join(f"{e.name}{list(e.shape)}" for e in verdict.outputs[:4])
+        raise InputError(f"nothing was compared: every output is empty ({shapes})",
+                         hint="a 0 in --input-shapes (or in the inputs) gives empty tensors; give every dim >= 1")
+    raise InputError(f"nothing was compared: the target {target} returned no outputs",
+                     hint="check that the target runs the model's outputs (reprokit --debug check ...)")
+
+
 def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = None,
           layerwise: bool = False, workdir: str | None = None) -> CheckResult:
     """Judge ``target`` against the reference on one model; optionally layer by layer."""
@@ -118,6 +132,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     check_reference_finite(reference.outputs, oracle.reference)
     result = oracle.run_target(prepared.path, prepared.feeds.arrays)
     verdict = oracle.verdict_from(result, reference.outputs)
+    _refuse_empty_comparison(verdict, target)
     marking = marking_changes_engine(target)
     report = None
     if layerwise:

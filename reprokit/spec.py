@@ -1,19 +1,22 @@
 """Target spec grammar: ``engine[:option,option...]`` → :class:`TargetSpec`.
 
 Owns parsing and validation against each backend's declared options. Must not import an
-engine: backends are resolved through the lazy registry in ``reprokit.backends``.
+engine: backends are resolved through the lazy registry (``reprokit.backends.registry``, which
+imports nothing of reprokit, so backends → spec → registry has no circle).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reprokit.backends.registry import backend_class, engine_names
 from reprokit.errors import UsageError
 
 
 @dataclass(frozen=True)
 class OptionDoc:
-    """One documented option of a target spec. ``kind`` is flag, int or str."""
+    """One documented option of a target spec. ``kind`` is flag, int, str or path (a file the
+    engine reads or writes: ``verify`` never takes such a value from an archive)."""
 
     help: str
     kind: str = "flag"
@@ -51,8 +54,6 @@ class TargetSpec:
 
 def parse_target(text: str) -> TargetSpec:
     """Parse ``engine[:option,option...]``; raise UsageError with the valid choices."""
-    from reprokit.backends import backend_class, engine_names
-
     text = (text or "").strip()
     if not text:
         raise UsageError("empty target spec", hint=f"use one of: {', '.join(engine_names())}")
@@ -103,3 +104,8 @@ def parse_target(text: str) -> TargetSpec:
     spec = TargetSpec(engine=engine, options=tuple(options))
     cls.validate(spec)
     return spec
+
+
+def marking_changes_engine(target: str) -> bool:
+    """Can marking intermediate tensors as outputs change what ``target`` computes (fusion)?"""
+    return backend_class(parse_target(target).engine).marking_changes_engine

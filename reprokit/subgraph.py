@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _CONST_LIMIT = 4096  # non-float cut tensors up to this many elements become initializers
+_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class GraphIndex:
     graph_inputs: frozenset
     graph_outputs: tuple[str, ...]
     value_info: dict  # name -> ValueInfoProto (from shape inference)
+    constants: frozenset = frozenset()  # tensors that depend on no graph input (foldable)
 
     @classmethod
     def build(cls, model) -> GraphIndex:
@@ -46,8 +48,14 @@ class GraphIndex:
                     producer[out] = index
         initializers = {t.name: t for t in model.graph.initializer}
         inputs = frozenset(i.name for i in model.graph.input if i.name not in initializers)
+        constants: set[str] = set()
+        for index, node in enumerate(model.graph.node):
+            if node.op_type in _RANDOM or any(True for a in node.attribute if a.graphs or a.HasField("g")):
+                continue
+            if all(t in initializers or t in constants for t in node_inputs[index]):
+                constants.update(node_outputs[index])
         return cls(tuple(node_inputs), tuple(node_outputs), producer, initializers, inputs,
-                   tuple(o.name for o in model.graph.output), value_info)
+                   tuple(o.name for o in model.graph.output), value_info, frozenset(constants))
 
     def ancestors(self, index: int, within: set[int] | None = None) -> set[int]:
         """Nodes ``index`` depends on (itself included), optionally only inside ``within``."""
@@ -99,10 +107,13 @@ class Extraction:
     outputs: list[str]
 
 
-def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None) -> Extraction:
+def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
+            check: bool = True) -> Extraction:
     """Standalone model of the nodes in ``keep`` (indices into model.graph.node).
 
     ``store`` supplies activations for cut tensors; ``feeds`` the original graph inputs.
+    ``check=False`` skips shape inference and the checker (members of a pack, checked once as
+    a whole).
     """
     import onnx
     from onnx import helper, numpy_helper
@@ -123,11 +134,16 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None)
         if tensor in index.initializers:
             graph.initializer.append(index.initializers[tensor])
             continue
-        if tensor in index.graph_inputs and feeds is not None and tensor in feeds:
-            value = np.asarray(feeds[tensor])
-        else:
-            value = store.get(tensor)
-        if value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT:
+        user_input = tensor in index.graph_inputs and feeds is not None and tensor in feeds
+        value = np.asarray(feeds[tensor]) if user_input else store.get(tensor)
+        # The user's own inputs (token ids, masks) stay inputs: baked in as constants, engines
+        # would fold them and every candidate would test another program. Small non-float CUT
+        # tensors (shapes, indices) become constants: fed as inputs they would turn static
+        # shapes dynamic, which is itself a different program for TensorRT.
+        # Cut tensors that depend on no graph input are constants of the user's model: folded
+        # here, per candidate, so the model itself is confirmed exactly as given.
+        if not user_input and (tensor in index.constants
+                               or (value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT)):
             graph.initializer.append(numpy_helper.from_array(np.array(value), tensor))
             continue
         elem = helper.np_dtype_to_tensor_dtype(value.dtype)
@@ -152,7 +168,7 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None)
                             producer_name="reprokit")
     sub.functions.extend(model.functions)
     del kept
-    return Extraction(finalize(sub), new_feeds, outputs)
+    return Extraction(finalize(sub) if check else sub, new_feeds, outputs)
 
 
 def finalize(model):

@@ -67,7 +67,7 @@ class WorkerResult:
     log: str = ""
     seconds: float = 0.0
     exit_code: int | None = None  # ReprokitError exit code for status "error"/"unavailable"
-    job_dir: str = ""  # where the outputs' .npy files live
+    job_dir: str = ""  # the call's folder (feeds, outputs, logs), set for every status: discard() frees it
 
     def discard(self) -> None:
         """Free the disk the call used, once its outputs are no longer needed."""
@@ -125,6 +125,7 @@ def run_in_worker(
                 message=f"no answer within {timeout:g} s; the process group was killed",
                 log=_tail(stderr_path),
                 seconds=time.monotonic() - start,
+                job_dir=job_dir,
             )
         except BaseException:
             _kill_group(proc)
@@ -141,7 +142,7 @@ def run_in_worker(
             message = f"engine process killed by {name}{hint}"
         else:
             message = f"engine process exited with code {code} without a result"
-        return WorkerResult("crash", message=message, log=_tail(stderr_path), seconds=seconds)
+        return WorkerResult("crash", message=message, log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
     with open(result_path) as handle:
         result = json.load(handle)
     outputs = OutputFiles({entry["name"]: os.path.join(job_dir, entry["file"])
@@ -172,13 +173,20 @@ def _tail(path: str) -> str:
         with open(path, "rb") as handle:
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(0, size - _STDERR_TAIL))
-            return handle.read().decode("utf-8", "replace")
+            tail = handle.read().decode("utf-8", "replace")
     except OSError:
         return ""
+    return _whole_lines(tail) if size > _STDERR_TAIL else tail
+
+
+def _whole_lines(tail: str) -> str:
+    """A log's tail without its first, cut line, so that no quote of it starts mid-word."""
+    return tail.split("\n", 1)[1] if "\n" in tail else tail
 
 
 def _child(job_dir: str) -> int:
     """Child side: run the job, write result.json. Engine crashes kill this process, by design."""
+    from reprokit.arrays import load_npz
     from reprokit.backends import create_backend
     from reprokit.backends.base import BuildError
     from reprokit.backends.cmd import CmdBackend, CommandCrash
@@ -193,18 +201,17 @@ def _child(job_dir: str) -> int:
         backend = CmdBackend(spec, job["fail_regex"]) if spec.engine == "cmd" else create_backend(spec)
         backend.build_only = bool(job.get("build_only"))
         model_path = _place_weights(backend, job["model"], job.get("weights_dir"), job_dir)
-        with np.load(job["feeds"], allow_pickle=False) as data:
-            feeds = {k: np.array(data[k]) for k in data.files}
+        feeds = load_npz(job["feeds"])
         try:
             run = backend.run(model_path, feeds, job["outputs"])
         finally:
             shutil.rmtree(os.path.join(job_dir, "staged"), ignore_errors=True)
         entries = []
-        for index, (name, value) in enumerate(run.outputs.items()):
+        for index, (name, value) in enumerate(_tensors(run.outputs).items()):
             file = f"out{index:05d}.npy"
-            np.save(os.path.join(job_dir, file), np.asarray(value), allow_pickle=False)
+            np.save(os.path.join(job_dir, file), _savable(np.asarray(value)), allow_pickle=False)
             entries.append({"name": name, "file": file})
-        result.update(outputs=entries, meta=run.meta, log=run.log[-_STDERR_TAIL:])
+        result.update(outputs=entries, meta=run.meta, log=run.log if len(run.log) <= _STDERR_TAIL else _whole_lines(run.log[-_STDERR_TAIL:]))
     except CommandCrash as exc:
         result = {"status": "crash", "message": exc.message, "meta": {"signal": exc.signal_name}}
     except BuildError as exc:
@@ -216,8 +223,9 @@ def _child(job_dir: str) -> int:
     except Exception as exc:  # a Python error in reprokit's worker code is not the engine's fault
         import traceback
 
+        # The traceback travels as the log: the parent chains it to its error for --debug only.
         result = {"status": "error", "message": f"internal error in the engine worker: {exc.__class__.__name__}: {exc}",
-                  "hint": "rerun with --debug and report it; worker traceback: " + traceback.format_exc()[-1500:],
+                  "hint": "rerun with --debug and report the traceback", "log": traceback.format_exc(),
                   "exit_code": 70}
     tmp = os.path.join(job_dir, "result.json.tmp")
     with open(tmp, "w") as handle:
@@ -226,20 +234,42 @@ def _child(job_dir: str) -> int:
     return 0
 
 
+def _savable(array: np.ndarray) -> np.ndarray:
+    """STRING outputs come back from onnxruntime as object arrays, which .npy holds only by
+    pickling: as unicode arrays they cross without it and compare by equality."""
+    if array.dtype.kind == "O" and all(isinstance(v, str) for v in array.flat):
+        return array.astype(np.str_)
+    return array
+
+
+def _tensors(outputs: dict) -> dict:
+    """Outputs as tensors: a sequence output (onnxruntime returns a list) becomes one output per
+    element, ``name[i]``, since its tensors may differ in shape and cannot form one array."""
+    flat = {}
+    for name, value in outputs.items():
+        if isinstance(value, (list, tuple)):
+            flat.update({f"{name}[{i}]": item for i, item in enumerate(value)})
+        else:
+            flat[name] = value
+    return flat
+
+
 def _place_weights(backend, model_path: str, weights_dir: str | None, job_dir: str) -> str:
     """Tell the backend where external weights are, or stage links beside a copy of the model
     file for engines that look only next to it. Returns the model path to run."""
-    if not weights_dir or os.path.abspath(weights_dir) == os.path.dirname(os.path.abspath(model_path)):
-        return model_path
-    if backend.reads_weights_dir:
-        backend.weights_dir = weights_dir
+    here = os.path.dirname(os.path.abspath(model_path))
+    if not weights_dir or os.path.abspath(weights_dir) == here:
         return model_path
     import onnx
 
     from reprokit.model import external_locations, stage_external_data
 
     model = onnx.load(model_path, load_external_data=False)
-    if not external_locations(model):
+    locations = external_locations(model)
+    if not locations or all(os.path.exists(os.path.join(here, loc)) for loc in locations):
+        return model_path  # no external data, or its own beside it (a self-contained save past 2 GB)
+    if backend.reads_weights_dir:
+        backend.weights_dir = weights_dir
         return model_path
     staged = os.path.join(job_dir, "staged")
     os.makedirs(staged, exist_ok=True)

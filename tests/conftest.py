@@ -116,10 +116,6 @@ def ov_bf16():
         pytest.skip(reason)
 
 
-def trt_backend_written() -> bool:
-    return (REPO / "reprokit" / "backends" / "trt.py").exists()
-
-
 def pid_gone(pid: int) -> bool:
     """True when pid no longer runs (absent, or a zombie waiting to be reaped)."""
     try:

@@ -203,10 +203,10 @@ def test_localize_grows_backwards_from_the_anchor_by_doubling():
     reducer.anchors = [27]
     reducer.begin("localize")
     assert localize.run(reducer) is True
-    # width 1 fails, the whole cone holds (so localizing is worth it), widths 2 and 4 fail;
-    # 8 (nodes 20..27) is the first to hold node 21
+    # one by one, smallest rung first: widths 1, 2 and 4 fail; 8 (nodes 20..27) is the first
+    # to hold node 21
     assert reducer.best == frozenset(range(20, 28))
-    assert sum(reducer.asked.values()) == 5
+    assert sum(reducer.asked.values()) == 4
     reducer.begin("ddmin")
     ddmin.run(reducer)
     assert reducer.best == frozenset({21, 27})
@@ -220,3 +220,68 @@ def test_localize_gives_up_when_the_anchor_cone_does_not_reproduce():
     reducer.begin("localize")
     assert localize.run(reducer) is False
     assert reducer.best == frozenset(range(32))
+
+
+class FakePackReducer(FakePredicateReducer):
+    """The real Reducer's packed and group-tested evaluation, with the engine call replaced by
+    the FAKE predicate: one "call" answers every candidate of a pack (numeric), or says whether
+    any member of a disjoint group is interesting (pass/fail)."""
+
+    def __init__(self, predicate, n_nodes: int, *, packing: str, **kwargs):
+        super().__init__(predicate, n_nodes, **kwargs)
+        self.packing = packing
+        self.calls = 0
+
+    def _evaluate(self, nodes):
+        known = self.cached(nodes)
+        if known is not None:
+            return known
+        self.calls += 1
+        return super()._evaluate(nodes)
+
+    def _evaluate_pack(self, candidates):
+        self.calls += 1
+        return [self.record(c, Outcome(bool(self.predicate(c)), "mismatch" if self.predicate(c) else "agree",
+                                       "", None, packed=True)) for c in candidates]
+
+    def _group_fails(self, candidates):
+        assert all(not (a & b) for i, a in enumerate(candidates) for b in candidates[i + 1:])
+        self.calls += 1
+        return any(self.predicate(c) for c in candidates)
+
+
+def test_packed_localize_answers_the_whole_ladder_in_one_call():
+    model = sm.pair_chain(length=32, first=4, second=27)
+    reducer = FakePackReducer(contains({21, 27}), 32, index=GraphIndex.build(model), packing="numeric")
+    reducer.anchors = [27]
+    reducer.begin("localize")
+    assert localize.run(reducer) is True
+    assert reducer.best == frozenset(range(20, 28))
+    assert reducer.calls == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 64), data=st.data())
+def test_packed_ddmin_gives_the_one_by_one_result_in_a_call_per_deletion(n, data):
+    required = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=3))
+    alone = run_pass(ddmin, contains(required), n)
+    packed = FakePackReducer(contains(required), n, packing="numeric")
+    packed.begin("ddmin")
+    ddmin.run(packed)
+    assert packed.best == alone.best == frozenset(required)
+    assert packed.one_minimal
+    # one call per accepted deletion, plus the sweep that proves 1-minimality
+    assert packed.calls <= len(packed.accepted) + 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(2, 200), data=st.data())
+def test_group_testing_finds_the_earliest_failing_single_in_about_log2_calls(n, data):
+    """Pass/fail: one failing member among n disjoint singles costs about log2(n) + 1 calls,
+    never n, and the answer is the one a one-by-one scan gives."""
+    bad = data.draw(st.sets(st.integers(0, n - 1), min_size=0, max_size=2))
+    reducer = FakePackReducer(lambda nodes: bool(nodes & bad), n, packing="group")
+    singles = [frozenset([i]) for i in range(n)]
+    hit = reducer.first_interesting(singles)
+    assert hit == (min(bad) if bad else None)
+    assert reducer.calls <= math.ceil(math.log2(n)) + 2

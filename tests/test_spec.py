@@ -34,7 +34,9 @@ def test_spec_accessors():
     assert str(parse_target("ort").with_options("opt")) == "ort:opt"
 
 
-def test_cmd_spec_keeps_the_command_verbatim():
+def test_cmd_spec_keeps_the_command_verbatim(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "check.py").write_text("")  # a missing script is an environment error (issue 18)
     spec = parse_target("cmd:python check.py {model} --flag=a,b")
     assert spec == TargetSpec(engine="cmd", command="python check.py {model} --flag=a,b")
     assert str(spec) == "cmd:python check.py {model} --flag=a,b"

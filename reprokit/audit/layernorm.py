@@ -47,7 +47,7 @@ class _Graph:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
                 self.constants[node.output[0]] = node.attribute[0].t
         self.outputs = {o.name for o in graph.output}
-        self.shapes = _shapes(model)
+        self.shapes, self.types = _shapes(model)
 
     def only_consumer(self, tensor: str, op: str):
         users = self.consumers.get(tensor, [])
@@ -62,18 +62,21 @@ class _Graph:
         return None if proto is None else numpy_helper.to_array(proto, self.base_dir)
 
 
-def _shapes(model) -> dict[str, list]:
+def _shapes(model) -> tuple[dict[str, list], dict[str, int]]:
+    """Dims and ONNX element types of every tensor shape inference knows."""
     import onnx
 
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # no shapes: patterns needing a rank are skipped
-        return {}
-    out = {}
+        return {}, {}
+    out, types = {}, {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         if vi.type.tensor_type.HasField("shape"):
             out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-    return out
+        if vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return out, types
 
 
 def _attr(node, name, default=None):
@@ -219,8 +222,11 @@ def fuse_layernorms(model, base_dir: str = ""):
             new.append(helper.make_node("Transpose", [x], [f"{fused}/in"], name=f"{fused}/transpose_in", perm=perm))
             x = f"{fused}/in"
         scale_name, bias_name = f"{fused}.scale", f"{fused}.bias"
-        model.graph.initializer.extend([numpy_helper.from_array(scale, scale_name),
-                                        numpy_helper.from_array(bias, bias_name)])
+        # LayerNormalization takes scale and bias in X's type: float32 ones in an fp16 model
+        # make a model onnxruntime refuses to load
+        dtype = helper.tensor_dtype_to_np_dtype(g.types.get(found["x"], onnx.TensorProto.FLOAT))
+        model.graph.initializer.extend([numpy_helper.from_array(scale.astype(dtype), scale_name),
+                                        numpy_helper.from_array(bias.astype(dtype), bias_name)])
         ln_out = out if trailing else f"{fused}/out"
         new.append(helper.make_node("LayerNormalization", [x, scale_name, bias_name], [ln_out], name=fused,
                                     axis=rank - len(axes), epsilon=found["eps"]))

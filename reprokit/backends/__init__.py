@@ -1,38 +1,12 @@
-"""Registry of engines as lazy ``"module:Class"`` strings.
+"""Engines behind one interface (``base.py``), one module each, resolved lazily by name.
 
-Importing this package, or resolving a class, never imports an inference engine: each backend
-module imports its engine inside methods that run in a worker process.
+Importing this package, or resolving a class, never imports an inference engine; the registry
+lives in ``registry.py`` (which imports nothing of reprokit) so that ``reprokit.spec`` can read it
+without an import circle.
 """
 
 from __future__ import annotations
 
-import importlib
+from reprokit.backends.registry import backend_class, create_backend, engine_names
 
-_REGISTRY: dict[str, str] = {
-    "ort": "reprokit.backends.ort:OrtBackend",
-    "emulate": "reprokit.backends.emulate:EmulateBackend",
-    "openvino": "reprokit.backends.openvino:OpenVinoBackend",
-    "trt": "reprokit.backends.trt:TrtBackend",
-    "cmd": "reprokit.backends.cmd:CmdBackend",
-}
-
-
-def engine_names() -> list[str]:
-    return list(_REGISTRY)
-
-
-def backend_class(engine: str):
-    module_name, _, class_name = _REGISTRY[engine].partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
-def marking_changes_engine(target: str) -> bool:
-    """Can marking intermediate tensors as outputs change what ``target`` computes (fusion)?"""
-    from reprokit.spec import parse_target
-
-    return backend_class(parse_target(target).engine).marking_changes_engine
-
-
-def create_backend(spec):
-    """Instantiate the backend for a parsed :class:`reprokit.spec.TargetSpec`."""
-    return backend_class(spec.engine)(spec)
+__all__ = ["backend_class", "create_backend", "engine_names"]

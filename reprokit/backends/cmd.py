@@ -16,8 +16,7 @@ import signal
 import subprocess
 import tempfile
 
-import numpy as np
-
+from reprokit.arrays import load_npz, save_npz
 from reprokit.backends.base import Availability, Backend, BuildError, RunResult
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.spec import TargetSpec
@@ -73,7 +72,25 @@ def scan_output(path: str, pattern: re.Pattern | None) -> tuple[str | None, str]
         size = handle.seek(0, os.SEEK_END)
         handle.seek(max(0, size - _TAIL_BYTES))
         tail = handle.read().decode("utf-8", "replace")
+    if size > _TAIL_BYTES and "\n" in tail:
+        tail = tail.split("\n", 1)[1]  # the first line starts mid-line: quote whole lines only
     return match_line, tail
+
+
+# A path-like argument that names a script: checked for existence before any run.
+_SCRIPT = re.compile(r"[^\s=:;|&<>'\"-][^\s=;|&<>'\"]*\.(?:py|sh|bash)")
+
+
+def _raise_if_script_missing(argv: list[str], log: str) -> None:
+    """The interpreter's own "can't open file" about one of the command's arguments means the
+    check never ran: an environment error (exit 4), never a build-error verdict."""
+    for match in re.finditer(r"can't open file '([^']+)'", log):
+        missing = os.path.abspath(match.group(1))
+        if any(os.path.abspath(token) == missing for token in argv[1:]):
+            raise EngineUnavailable(
+                f"the check command could not open its script {match.group(1)!r}",
+                hint="fix the path in --target 'cmd:...'; relative paths are read from the current directory",
+            )
 
 
 def last_line(text: str) -> str:
@@ -100,6 +117,13 @@ class CmdBackend(Backend):
                 f"check command not found: {argv[0]!r}",
                 hint="give the full path or install it; the command is run without a shell",
             )
+        # A check that cannot start is missing here, not a divergence of the model.
+        for token in argv[1:]:
+            if _SCRIPT.fullmatch(token) and not os.path.exists(token):
+                raise EngineUnavailable(
+                    f"the check command's script does not exist: {token!r} (from {os.getcwd()})",
+                    hint="fix the path in --target 'cmd:...'; relative paths are read from the current directory",
+                )
 
     def precision(self) -> str:
         return "fp32"
@@ -114,7 +138,7 @@ class CmdBackend(Backend):
             inputs_path = os.path.join(tmp, "inputs.npz")
             outputs_path = os.path.join(tmp, "outputs.npz")
             log_path = os.path.join(tmp, "output.log")
-            np.savez(inputs_path, **feeds)
+            save_npz(inputs_path, feeds)
             argv = command_argv(
                 self.spec.command, model=model_path, inputs=inputs_path, outputs=outputs_path
             )
@@ -135,8 +159,13 @@ class CmdBackend(Backend):
                 name = signal.Signals(-code).name
                 raise CommandCrash(f"check command killed by {name}\n{tail}", name)
             if code != 0:
+                _raise_if_script_missing(argv, tail)
                 if pattern is None:
-                    raise BuildError(f"check command failed (exit code {code}): {last_line(tail)}\n{tail}")
+                    # Without --fail-regex a check means what polygraphy's --check means: the exit
+                    # status is the failure class. Its message varies with the candidate (a
+                    # checker may print which node it saw) and is kept for the report only.
+                    raise BuildError(f"check command failed (exit code {code}): {last_line(tail)}\n{tail}",
+                                     detail=f"check command exit code {code}")
                 if match is not None:
                     # The signature of a matched failure is the regex itself: stable across candidates.
                     raise BuildError(
@@ -150,8 +179,7 @@ class CmdBackend(Backend):
             outputs = {}
             if os.path.exists(outputs_path):
                 try:
-                    with np.load(outputs_path, allow_pickle=False) as data:
-                        outputs = {k: np.array(data[k]) for k in data.files}
+                    outputs = load_npz(outputs_path)
                 except Exception as exc:  # not a zip, a truncated member, an object array
                     raise InputError(
                         f"the check command wrote {{outputs}} as something reprokit cannot read: "

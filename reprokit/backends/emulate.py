@@ -1,6 +1,7 @@
 """Storage emulator: fp16/bf16 storage with fp32 arithmetic, on onnxruntime CPU.
 
-Every float tensor — graph inputs, initializers and each node's float outputs — is rounded
+Every float tensor — graph inputs, initializers and each node's float outputs, inside If/Loop/Scan
+bodies too — is rounded
 through the narrow type (overflow past the narrow maximum becomes inf, tiny values underflow to
 zero), while each op computes in fp32: the semantics of TensorRT's FP16 kernels (fp16 storage,
 fp32 accumulation). It predicts FP16 trouble on a machine with no GPU.
@@ -17,8 +18,8 @@ import tempfile
 import numpy as np
 
 from reprokit.backends.base import Availability, Backend, RunResult, module_version
-from reprokit.emulation import NARROW, emulate_model, round_through
-from reprokit.errors import UsageError
+from reprokit.emulation import NARROW, CannotEmulate, emulate_model, round_through
+from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.spec import OptionDoc, TargetSpec
 
 
@@ -62,7 +63,13 @@ class EmulateBackend(Backend):
 
         keep = frozenset(filter(None, str(self.spec.get("fp32-nodes", "")).split(";")))
         source = onnx.load(model_path, load_external_data=False)
-        model = emulate_model(source, self.narrow(), keep)
+        try:
+            model = emulate_model(source, self.narrow(), keep)
+        except CannotEmulate as exc:
+            raise EngineUnavailable(
+                f"emulate:{self.narrow()} cannot emulate this model: {exc}",
+                hint="use emulate:fp16 (no opset lift needed), or convert the model to opset >= 13 yourself",
+            ) from exc
         weights = self.weights_dir or os.path.dirname(os.path.abspath(model_path))
         with tempfile.TemporaryDirectory(prefix="reprokit-emulate-") as tmp:
             path = os.path.join(tmp, "emulated.onnx")

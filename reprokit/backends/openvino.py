@@ -6,6 +6,8 @@ here: a true optimizing engine with layer fusion, standing in for TensorRT on a 
 
 from __future__ import annotations
 
+import numpy as np
+
 from reprokit.backends.base import Availability, Backend, BuildError, RunResult, module_version
 from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.spec import OptionDoc, TargetSpec
@@ -65,25 +67,100 @@ class OpenVinoBackend(Backend):
                 "OpenVINO would silently fall back to f32",
                 hint="use --target openvino:f32, or emulate:bf16 / emulate:fp16 which work on any CPU",
             )
+        graph_inputs, graph_outputs = onnx_io_names(model_path)
         try:
             model = core.read_model(model_path)
-            compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
         except Exception as exc:  # OpenVINO raises RuntimeError subclasses with its own text
+            raise BuildError(f"OpenVINO could not read the model: {exc}") from exc
+        bound = bind_inputs(model.inputs, graph_inputs, feeds)
+        reshape_to_feeds(model, bound)
+        try:
+            compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+        except Exception as exc:
             raise BuildError(f"OpenVINO could not compile the model: {exc}") from exc
-        by_name = {}
-        for port in compiled.outputs:
-            for name in port.get_names():
-                by_name[name] = port
-        names = output_names or [p.get_any_name() for p in compiled.outputs]
-        missing = [n for n in names if n not in by_name]
+        ports = output_ports([set(p.get_names()) for p in compiled.outputs], graph_outputs,
+                             output_names or graph_outputs)
+        missing = [n for n, index in ports.items() if index is None]
         if missing:
             raise BuildError(f"OpenVINO dropped outputs {missing[:5]} while compiling")
         try:
             request = compiled.create_infer_request()
-            request.infer(feeds)
-            outputs = {n: request.get_tensor(by_name[n]).data.copy() for n in names}
+            request.infer(bound)
+            outputs = {n: request.get_output_tensor(index).data.copy() for n, index in ports.items()}
         except Exception as exc:
             raise BuildError(f"OpenVINO failed to run the model: {exc}") from exc
         actual = compiled.get_property("INFERENCE_PRECISION_HINT")
         name = actual.get_type_name() if hasattr(actual, "get_type_name") else str(actual)
         return RunResult(outputs=outputs, meta={"inference_precision": name, "device": "CPU"})
+
+
+def onnx_io_names(model_path: str) -> tuple[list[str], list[str]]:
+    """The ONNX graph's real inputs and its outputs, in order (weights are not read)."""
+    import onnx
+
+    graph = onnx.load(model_path, load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+    return [i.name for i in graph.input if i.name not in initializers], [o.name for o in graph.output]
+
+
+def bind_inputs(ports, graph_inputs: list[str], feeds: dict) -> dict:
+    """Feeds keyed by OpenVINO input index.
+
+    OpenVINO folds while it reads: an input may carry another tensor's name (Dropout folded
+    into an Identity leaves its port named after the output) or vanish (an empty ``axes``
+    input). A port is bound by any of its names first; a port left over takes the feed of an
+    unmatched ONNX input, the first in graph order whose shape it accepts; feeds of inputs
+    OpenVINO dropped are not passed at all."""
+    import openvino as ov
+
+    names_in_order = graph_inputs + sorted(set(feeds) - set(graph_inputs))
+    bound: dict[int, object] = {}
+    for index, port in enumerate(ports):
+        names = port.get_names()
+        name = next((n for n in names_in_order if n in names and n in feeds), None)
+        if name is not None:
+            bound[index] = name
+    spare = [n for n in names_in_order if n in feeds and n not in bound.values()]
+    for index, port in enumerate(ports):
+        if index in bound or not spare:
+            continue
+        declared = port.get_partial_shape()
+        fits = [n for n in spare if declared.compatible(ov.PartialShape(list(np.shape(feeds[n]))))]
+        bound[index] = (fits or spare)[0]
+        spare.remove(bound[index])
+    return {index: feeds[name] for index, name in bound.items()}
+
+
+def reshape_to_feeds(model, bound: dict) -> None:
+    """Give every input its feed's static shape before compiling: a model read with dynamic
+    (or unknown) dimensions otherwise compiles for dynamic shapes, which the CPU plug-in refuses
+    for some operations ("... with dynamic rank") although the feeds fix every shape."""
+    import openvino as ov
+
+    shapes = {}
+    for index, array in bound.items():
+        shape = ov.PartialShape(list(np.shape(array)))
+        if model.inputs[index].get_partial_shape() != shape:
+            shapes[model.inputs[index]] = shape
+    if not shapes:
+        return
+    try:
+        model.reshape(shapes)
+    except Exception as exc:  # the engine's own refusal of these shapes
+        raise BuildError(f"OpenVINO could not reshape the model to the feeds' shapes: {exc}") from exc
+
+
+def output_ports(port_names: list[set[str]], graph_outputs: list[str], wanted: list[str]) -> dict:
+    """name -> OpenVINO output index (None when absent) for every wanted output.
+
+    A folded node merges tensor names, so a port may carry several (an output ``y`` computed
+    by Relu→a→Identity→y is one port named {a, y}); ``get_any_name`` may pick the other one.
+    Graph outputs map by position (OpenVINO keeps their order), anything else by any name."""
+    by_position = len(port_names) == len(graph_outputs)
+    ports = {}
+    for name in wanted:
+        if by_position and name in graph_outputs:
+            ports[name] = graph_outputs.index(name)
+        else:
+            ports[name] = next((i for i, names in enumerate(port_names) if name in names), None)
+    return ports

@@ -268,7 +268,7 @@ class TrtBackend(Backend):
         "strongly-typed": OptionDoc("strongly typed network (always so on TensorRT ≥ 11 / RTX)"),
         "opt-level": OptionDoc("builder optimization level, 0-5 (TensorRT's default: 3)", "int"),
         "workspace": OptionDoc("workspace memory pool limit, in MiB", "int"),
-        "timing-cache": OptionDoc("tactic timing cache file, loaded if present and saved", "str"),
+        "timing-cache": OptionDoc("tactic timing cache file, loaded if present and saved", "path"),
         "fp32-nodes": OptionDoc(
             "keep these ONNX nodes in fp32, ';'-separated (fp32-nodes=a;b)", "str"
         ),

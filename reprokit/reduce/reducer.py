@@ -1,10 +1,11 @@
 """The Reducer: one mutable current best (a set of node indices), a cache of verdicts, a journal
-on disk for resume, speculative parallel evaluation, and per-pass statistics.
+on disk for resume, the call budget, and per-pass statistics.
 
-"Smaller" means fewer nodes; ties are broken by nothing else, so a pass accepts a candidate only
-when it has fewer nodes than the best and shows the ORIGINAL signature (no slippage). Passes
-propose candidates in a fixed order and take the earliest interesting one, so the result does not
-depend on ``jobs``: parallel workers only pre-compute verdicts the sequential order will ask for.
+"Smaller" means fewer nodes; a pass accepts a candidate only when it has fewer nodes than the
+best and shows the ORIGINAL signature (no slippage). Passes state the candidates they want judged
+in a fixed order and take the earliest interesting one; how many candidates one engine call
+answers (alone, packed, group-tested) is decided by the evaluation layer (``evaluate.py``), never
+by a pass, so results do not depend on packing or on ``jobs``.
 """
 
 from __future__ import annotations
@@ -13,28 +14,31 @@ import hashlib
 import json
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from reprokit.oracle import Signature, Verdict
+from reprokit.oracle import Signature
 from reprokit.subgraph import GraphIndex, extract
+
+TRIVIAL = ("empty", "no-outputs", "invalid", "no-anchor")
 
 
 @dataclass
 class PassStats:
-    calls: int = 0
+    calls: int = 0  # engine calls
+    candidates: int = 0  # candidates those calls judged (more than calls when packed)
     cached: int = 0
     removed: int = 0
     seconds: float = 0.0
     accepted: int = 0
     invalid: int = 0  # candidates refused before any engine call
+    nodes_built: int = 0  # nodes in the models those calls built ("build work")
 
     def to_json(self, name: str) -> dict:
-        return {"step": name, "calls": self.calls, "cached": self.cached, "invalid": self.invalid,
-                "nodes_removed": self.removed, "accepted": self.accepted,
-                "seconds": round(self.seconds, 3)}
+        return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
+                "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
+                "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3)}
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Outcome:
     detail: str
     error: float | None
     from_cache: bool = False
+    packed: bool = False  # judged inside a pack (never the last word on a result)
 
 
 class BudgetExhausted(Exception):
@@ -71,7 +76,8 @@ class Journal:
                         self.entries[entry["key"]] = entry
 
     def get(self, key: str) -> dict | None:
-        return self.entries.get(key)
+        with self._lock:
+            return self.entries.get(key)
 
     def put(self, key: str, value: dict) -> None:
         with self._lock:
@@ -98,19 +104,32 @@ class Reducer:
     best: frozenset = frozenset()
     anchors: list = field(default_factory=list)  # node indices where the signature's kind starts
     origins: list = field(default_factory=list)  # first diverging nodes of any kind
+    history: list = field(default_factory=list)  # accepted bests, oldest first
+    required: frozenset = frozenset()  # nodes every candidate keeps (the fault's origin, once found)
     stats: dict[str, PassStats] = field(default_factory=dict)
     findings: dict[str, int] = field(default_factory=dict)  # other signatures seen, with counts
     one_minimal: bool = False
-    budget: int | None = None  # target calls the passes may spend; None = no limit
-    spent: int = 0  # distinct candidates the passes asked about that needed an engine call
+    budget: int | None = None  # engine calls the passes may still make; None = no limit
+    stopped: bool = False  # the passes stopped at the budget
+    spent: int = 0  # engine calls the passes made
     cancelled: bool = False  # set on interrupt: outcomes of killed calls are not journaled
+    packing: str | None = None  # None (one by one), "numeric" (packed) or "group" (group testing)
+    pack_bytes: int = 1 << 30  # feeds + outputs one packed call may move
+    pack_nodes: int = 4096  # nodes one packed call may build
+    isolated: dict = field(default_factory=dict)  # node index -> Outcome of the node alone
+    message_key: str = ""  # the original failure's normalized message (pass/fail oracles)
+    interactions: list = field(default_factory=list)  # groups that fail only together (group testing)
+    contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
+    covers_original: bool = False  # the candidates asked next cover the whole best (survey of singles)
+    want_layerwise: bool = False  # the next packed call also runs the marked whole model
+    layerwise_report: object | None = None  # reprokit.layerwise.LayerwiseReport, once run
     _current: str = "setup"
 
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
         self._lock = threading.Lock()
         self._feed_ok: dict[str, str | None] = {}
-        self._asked: set[str] = set()
+        self._speculative: list[frozenset] = []
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -119,50 +138,50 @@ class Reducer:
         text = ",".join(map(str, sorted(nodes)))
         return "cand:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def extraction(self, nodes):
-        return extract(self.model, self.index, nodes, self.store, feeds=self.feeds)
+    def extraction(self, nodes, *, check: bool = True):
+        return extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
 
-    def _evaluate(self, nodes: frozenset) -> Outcome:
-        key = self.key(nodes)
-        saved = self.journal.get(key)
-        if saved is not None:
-            return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True)
+    def cached(self, nodes) -> Outcome | None:
+        """The known outcome of a candidate (journal), or the trivial one; None = needs a call."""
+        nodes = frozenset(nodes)
         if not nodes:
             return Outcome(False, "empty", "", None, True)
-        sub = self.extraction(nodes)
-        if not sub.outputs:
-            return Outcome(False, "no-outputs", "", None, True)
-        reason = self._unrepresentable_feed(sub.feeds)
-        if reason:
-            return Outcome(False, "invalid", reason, None, True)
-        import uuid
+        if self.required and not self.required <= nodes:
+            return Outcome(False, "no-anchor", "", None, True)
+        saved = self.journal.get(self.key(nodes))
+        if saved is not None:
+            return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True,
+                           saved.get("packed", False))
+        return None
 
-        import onnx
-
-        # A unique file per evaluation: threads never share one. External weights stay where
-        # they are; the engines are told the folder (oracle.weights_dir).
-        path = os.path.join(self.workdir, f"candidate-{uuid.uuid4().hex}.onnx")
-        try:
-            onnx.save(sub.model, path)
-            reference = {name: self.store.get(name) for name in sub.outputs if name in self.store}
-            verdict: Verdict = self.oracle.judge(path, sub.feeds, reference_outputs=reference)
-        finally:
-            if os.path.exists(path):
-                os.remove(path)
-        outcome = Outcome(
-            interesting=verdict.diverges and self.signature.same_bug(verdict.signature),
-            kind=verdict.kind.value, detail=verdict.signature.detail,
-            error=max((o.error for o in verdict.outputs), default=None),
-            from_cache=verdict.cached,
-        )
-        if self.cancelled:  # the call was killed by the interrupt: its outcome means nothing
-            return outcome
-        self.journal.put(key, {"interesting": outcome.interesting, "kind": outcome.kind,
-                               "detail": outcome.detail, "error": _jsonable(outcome.error),
-                               "nodes": len(nodes)})
+    def record(self, nodes: frozenset, outcome: Outcome) -> Outcome:
+        """Journal an engine outcome (not after an interrupt: a killed call means nothing)."""
+        if not self.cancelled:
+            self.journal.put(self.key(nodes), {"interesting": outcome.interesting, "kind": outcome.kind,
+                                               "detail": outcome.detail, "error": _jsonable(outcome.error),
+                                               "nodes": len(nodes), "packed": outcome.packed})
         return outcome
 
-    def _unrepresentable_feed(self, feeds: dict) -> str | None:
+    def _evaluate(self, nodes: frozenset) -> Outcome:
+        """One candidate alone: cache, or one engine call (the evaluation layer)."""
+        from reprokit.reduce.evaluate import judge_alone
+
+        known = self.cached(nodes)
+        return known if known is not None else judge_alone(self, nodes)
+
+    def _evaluate_pack(self, candidates: list[frozenset]) -> list[Outcome]:
+        """Several candidates in as few engine calls as the pack limits allow."""
+        from reprokit.reduce.evaluate import judge_packed
+
+        return judge_packed(self, candidates)
+
+    def _group_fails(self, candidates: list[frozenset]) -> bool:
+        """Pass/fail: does one call on these disjoint candidates together show the signature?"""
+        from reprokit.reduce.evaluate import group_fails
+
+        return group_fails(self, candidates)
+
+    def unrepresentable_feed(self, feeds: dict) -> str | None:
         """A cut tensor the target's storage type cannot hold (fp16 overflow, mass underflow)
         would carry the fault in the data, not in the kept nodes: such candidates are invalid."""
         from reprokit.compare import unrepresentable
@@ -176,62 +195,111 @@ class Reducer:
                 return f"cut tensor {name!r}: {self._feed_ok[name]}"
         return None
 
+    # -- what passes call ---------------------------------------------------------------------
+
     def test(self, nodes) -> bool:
-        """Is this node set interesting? Counts the call (or the cache hit) for the current pass."""
+        """Is this node set interesting? Judged alone (or known)."""
         nodes = frozenset(nodes)
-        key = self.key(nodes)
-        fresh = key not in self._asked
-        if fresh and self._over_budget() and self._needs_call(nodes):
-            raise BudgetExhausted
-        start = time.monotonic()
-        outcome = self._evaluate(nodes)
-        if fresh:
-            self._asked.add(key)
-            if outcome.kind not in ("empty", "no-outputs", "invalid"):
-                self.spent += 1
-        stats = self.stats.setdefault(self._current, PassStats())
-        with self._lock:
-            if outcome.kind in ("empty", "no-outputs"):
-                pass  # trivially uninteresting: no engine call, nothing to count
-            elif outcome.kind == "invalid":
-                stats.invalid += 1
-            elif outcome.from_cache:
-                stats.cached += 1
-            else:
-                stats.calls += 1
-            stats.seconds += time.monotonic() - start
-            if outcome.kind not in ("agree", "empty", "no-outputs", "invalid") and not outcome.interesting:
-                label = f"{outcome.kind}: {outcome.detail}" if outcome.detail else outcome.kind
-                self.findings[label] = self.findings.get(label, 0) + 1
-        return outcome.interesting
+        return self._count(self._evaluate_checked(nodes)).interesting
 
-    def _over_budget(self) -> bool:
-        return self.budget is not None and self.spent >= self.budget
-
-    def _needs_call(self, nodes: frozenset) -> bool:
-        """Would asking about ``nodes`` count against the budget (not journaled, not trivial)?"""
-        return bool(nodes) and self.journal.get(self.key(nodes)) is None
-
-    def prefetch(self, candidates: list) -> None:
-        """Evaluate upcoming candidates in parallel so the sequential order finds them cached.
-        With jobs == 1 this does nothing: results never depend on the number of jobs (the
-        budget counts what the sequential order asks for, not what was speculated)."""
-        if self._pool is None:
-            return
-        todo = list(dict.fromkeys(frozenset(c) for c in candidates
-                                  if c and self.journal.get(self.key(c)) is None))
-        if self._over_budget():
-            todo = []
-        for future in [self._pool.submit(self._evaluate, c) for c in todo[: self.jobs]]:
-            future.result()
+    def verdicts(self, candidates: list) -> list[Outcome]:
+        """Outcomes of every candidate, in order (packed into few calls where the oracle allows)."""
+        candidates = [frozenset(c) for c in candidates]
+        known = {c: self.cached(c) for c in candidates}
+        todo = list(dict.fromkeys(c for c in candidates if known[c] is None))
+        if (todo or self.want_layerwise) and self.packing == "numeric":
+            todo = todo + [c for c in self._take_speculative() if self.cached(c) is None and c not in todo]
+            for cand, outcome in zip(todo, self._evaluate_pack(todo)):
+                known[cand] = outcome
+        else:
+            self.prefetch(todo)
+            for cand in todo:
+                known[cand] = self._evaluate_checked(cand)
+        return [self._count(known[c]) for c in candidates]
 
     def first_interesting(self, candidates: list) -> int | None:
         """Index of the earliest interesting candidate in order, or None."""
+        candidates = [frozenset(c) for c in candidates]
+        if self.packing == "numeric":
+            for start, chunk in self._chunks(candidates):
+                for offset, outcome in enumerate(self.verdicts(chunk)):
+                    if outcome.interesting:
+                        return start + offset
+            return None
+        if self.packing == "group":
+            from reprokit.reduce.evaluate import first_failing_group
+
+            return first_failing_group(self, candidates)
         for start in range(len(candidates)):
             self.prefetch(candidates[start : start + self.jobs])
             if self.test(candidates[start]):
                 return start
         return None
+
+    def also_judge(self, candidates: list) -> None:
+        """Candidates a later step will probably ask about: they ride along in the next packed
+        call (numeric oracles only), so that step finds them cached."""
+        if self.packing == "numeric":
+            self._speculative.extend(frozenset(c) for c in candidates)
+
+    def _take_speculative(self) -> list[frozenset]:
+        taken, self._speculative = self._speculative, []
+        return taken
+
+    def _chunks(self, candidates: list[frozenset]):
+        """Consecutive slices of candidates that one pack can hold (by node count)."""
+        start, size, nodes = 0, 0, 0
+        for position, cand in enumerate(candidates):
+            if size and nodes + len(cand) > self.pack_nodes:
+                yield start, candidates[start:position]
+                start, size, nodes = position, 0, 0
+            size += 1
+            nodes += len(cand)
+        if size:
+            yield start, candidates[start:]
+
+    def _evaluate_checked(self, nodes: frozenset) -> Outcome:
+        known = self.cached(nodes)
+        if known is not None:
+            return known
+        self.charge()
+        return self._evaluate(nodes)
+
+    def charge(self, calls: int = 1) -> None:
+        """Before an engine call: stop at the budget. The call is counted by ``note_call``."""
+        if self.budget is not None and self.spent + calls > self.budget:
+            raise BudgetExhausted
+
+    def note_call(self, nodes_built: int, candidates: int, seconds: float) -> None:
+        with self._lock:
+            self.spent += 1
+            stats = self.stats.setdefault(self._current, PassStats())
+            stats.calls += 1
+            stats.candidates += candidates
+            stats.nodes_built += nodes_built
+            stats.seconds += seconds
+
+    def _count(self, outcome: Outcome) -> Outcome:
+        stats = self.stats.setdefault(self._current, PassStats())
+        with self._lock:
+            if outcome.kind == "invalid":
+                stats.invalid += 1
+            elif outcome.from_cache and outcome.kind not in TRIVIAL:
+                stats.cached += 1
+            if outcome.kind not in ("agree", *TRIVIAL) and not outcome.interesting:
+                label = f"{outcome.kind}: {outcome.detail}" if outcome.detail else outcome.kind
+                self.findings[label] = self.findings.get(label, 0) + 1
+        return outcome
+
+    def prefetch(self, candidates: list) -> None:
+        """Evaluate upcoming candidates in parallel so the sequential order finds them cached.
+        With jobs == 1, packed evaluation or a call budget this does nothing: results never
+        depend on the number of jobs, and the budget counts every call that runs."""
+        if self._pool is None or self.packing == "numeric" or self.budget is not None:
+            return
+        todo = list(dict.fromkeys(frozenset(c) for c in candidates if c and self.cached(c) is None))
+        for future in [self._pool.submit(self._evaluate, c) for c in todo[: self.jobs]]:
+            future.result()
 
     # -- progress ---------------------------------------------------------------------------
 
@@ -246,6 +314,7 @@ class Reducer:
         stats.removed += len(self.best) - len(nodes)
         stats.accepted += 1
         self.best = nodes
+        self.history.append(nodes)
         self.event(f"{self._current}: kept {len(nodes)} nodes{(' — ' + why) if why else ''}")
         if self.on_accept:
             self.on_accept(self, self._current)

@@ -1,59 +1,66 @@
 """localize: start where the divergence starts.
 
-The layerwise run names anchor nodes: the first tensors that show the signature's kind while
-their inputs do not. The smallest region that reproduces is usually the anchor alone, fed with
-the captured reference activations: one target call settles most NaN/overflow cases. When the
-trouble starts upstream in another form — an origin, e.g. a variance that overflows to inf and
-only later becomes the mismatch the signature holds — the path from that origin to the anchor
-is tried first, also one call. If neither holds, the anchor's whole ancestor cone is tried: when even that does not reproduce, the
-divergence is not local (a fusion that marking breaks, error accumulated over the graph) and
-localization gives up after two calls, leaving the search to the window pass. Otherwise the
-region grows backwards inside the cone by exponential probing — widths 2, 4, 8 … — which costs
-log2 of the distance to the true start instead of a walk over the whole graph.
+The survey names anchor nodes (the first tensors that show the signature's kind while their
+inputs do not, from the marked run) and origins (nodes that diverge in any way: first in the
+marked run, or on their own in the isolated survey). The region that reproduces is usually short:
+the path from the nearest origin to the anchor (a variance that overflows upstream of the
+mismatch it causes), a window growing backwards from the anchor inside its ancestor cone, or a
+window growing forwards from an origin among its descendants. Widths grow exponentially (1, 2,
+4 …), so the whole ladder is about log2 of the graph — and every rung is one candidate of ONE
+request: packed oracles answer it in one engine call, the earliest (smallest) rung wins.
+
+Each small rung's ddmin deletions (halves, quarters … single nodes) ride along in that call, so
+the next step (ddmin, 1-minimality) usually finds its answers cached. Once a region is accepted, its anchor must stay
+in every later candidate: a reduction never slips from this fault to another one elsewhere.
 """
 
 from __future__ import annotations
 
-# Only the first anchor: when its whole ancestor cone does not reproduce, later anchors, deeper
-# still, rarely do better.
-MAX_ANCHORS = 1
+from reprokit.reduce.passes import ddmin
+
+# Rungs up to this many nodes bring their "minus one node" candidates along (build work grows
+# with the square of the size, so only small ones).
+SPECULATE_UP_TO = 8
+# The widest rung: localization looks for SMALL regions; a wider one is the search's business.
+MAX_WIDTH = 32
 
 
 def run(reducer) -> bool:
-    """Accept the smallest reproducing region around an anchor; True when one was found."""
-    for anchor in reducer.anchors[:MAX_ANCHORS]:
-        if anchor not in reducer.best:
-            continue
-        cone = sorted(reducer.index.ancestors(anchor, within=set(reducer.best)))
-
-        def region(width: int, cone=cone) -> frozenset:  # the last nodes of the cone, up to the anchor
-            return frozenset(cone[-width:])
-
-        smaller = len(cone) < len(reducer.best)
+    """Accept the smallest reproducing region around an anchor or an origin; True when found."""
+    best = set(reducer.best)
+    rungs: list[tuple[frozenset, str, int | None]] = []
+    for anchor in [a for a in reducer.anchors if a in best][:1]:
+        cone = sorted(reducer.index.ancestors(anchor, within=best))
         path = origin_path(reducer, anchor, set(cone))
-        reducer.prefetch(([path] if path else []) + [region(1), region(len(cone))])
-        if path and reducer.test(path):
-            reducer.accept(path, "the path from where the divergence starts to where it takes its kind")
-            return True
-        if reducer.test(region(1)):
-            reducer.accept(region(1), "the anchor alone")
-            return True
-        if len(cone) == 1 or (smaller and not reducer.test(region(len(cone)))):
-            return False
-        widths = []
-        width = 2
-        while width < len(cone):
-            widths.append(width)
-            width *= 2
-        candidates = [region(w) for w in widths]
-        hit = reducer.first_interesting(candidates)
-        if hit is not None:
-            reducer.accept(candidates[hit], f"region of {len(candidates[hit])} nodes ending at the anchor")
-            return True
-        if smaller:
-            reducer.accept(region(len(cone)), "the anchor's ancestor cone")
-            return True
-    return False
+        if path:
+            rungs.append((path, "the path from where the divergence starts to where it takes its kind", anchor))
+        for width in _widths(len(cone)):
+            rungs.append((frozenset(cone[-width:]), f"region of {width} nodes ending at the anchor", anchor))
+    for origin in [o for o in reducer.origins if o in best][:2]:
+        ahead = sorted(reducer.index.descendants(origin, within=best))
+        for width in _widths(len(ahead)):
+            rungs.append((frozenset(ahead[:width]), f"region of {width} nodes starting where it diverges", origin))
+    rungs = [r for r in dict((r[0], r) for r in rungs).values() if len(r[0]) < len(best)]
+    rungs.sort(key=lambda r: len(r[0]))  # the smallest reproducing region wins
+    if not rungs:
+        return False
+    reducer.also_judge([c for r in rungs if len(r[0]) <= SPECULATE_UP_TO for c in ddmin.deletions(sorted(r[0]))])
+    hit = reducer.first_interesting([r[0] for r in rungs])
+    if hit is None:
+        return False
+    region, why, anchor = rungs[hit]
+    reducer.accept(region, why)
+    if anchor is not None and reducer.signature.kind.value in ("nonfinite", "mismatch"):
+        reducer.required = frozenset([anchor])
+    return True
+
+
+def _widths(size: int) -> list[int]:
+    widths, width = [], 1
+    while width < min(size, MAX_WIDTH):
+        widths.append(width)
+        width *= 2
+    return widths + [min(size, MAX_WIDTH)]
 
 
 def origin_path(reducer, anchor: int, cone: set[int]) -> frozenset | None:

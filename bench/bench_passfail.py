@@ -1,0 +1,224 @@
+"""Side by side on pass/fail checks: ``reprokit shrink --target cmd:…`` vs ``polygraphy debug reduce
+--check …`` (a table, not a test).
+
+    python bench/bench_passfail.py            # every scenario (~3 min on 2 cores)
+    python bench/bench_passfail.py --only reducable
+
+Both tools get the same check command, wrapped by ``bench/count_check.py``, which logs every call
+and the node count of the model it judged: "calls" and "nodes built" are counted the same way for
+both, from that log. No ``--fail-regex`` for either (as polygraphy's own tests run): the exit
+status is the verdict.
+
+Scenarios (models and checkers from ``bench/planted.py``):
+- polygraphy's reducable cases: isolate node 1/3/5/7/9, required branches [1,3] and [7,9], the
+  constant-only model (node 3) and the multi-output Split;
+- a Conv→Clip fusion failure that vanishes when the Conv output is marked, in the 69-node CNN sample,
+  once with a message naming the two nodes and once with a check that only fails;
+- a TensorRT-parser-like message naming a Unique node in a 120-node chain;
+- OpenVINO refusing a Det node in a 120-node chain (a real engine; the check is bench/oracle_check.py).
+
+Writes ``bench/results/passfail.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+sys.path.insert(0, BENCH)
+
+import planted  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+REPROKIT = os.path.join(BIN, "reprokit")
+POLYGRAPHY = os.path.join(BIN, "polygraphy")
+COUNT = [sys.executable, os.path.join(BENCH, "count_check.py")]
+N = "onnx_graphsurgeon_node_{}".format
+
+
+def scenarios(work: str) -> list[dict]:
+    checker = planted.write_checker(work, "fake_reduce_checker.py", planted.FAKE_REDUCE_CHECKER)
+    fusion = planted.write_checker(work, "fusion_checker.py", planted.FUSION_CHECKER)
+    silent = planted.write_checker(work, "silent_fusion_checker.py", planted.SILENT_FUSION_CHECKER)
+    parser = planted.write_checker(work, "parser_checker.py", planted.PARSER_CHECKER)
+    red = planted.save(*planted.reducable(), work, "reducable")
+    const = planted.save(*planted.reducable_with_const(), work, "reducable_with_const")
+    multi = planted.save(*planted.multi_output(), work, "multi_output")
+    unique = planted.save(*planted.with_named_op("Unique"), work, "unique120")
+    det = planted.save(*planted.with_named_op("Det"), work, "det120")
+    conv_clip = (os.path.join(ROOT, "samples", "conv_clip.onnx"), os.path.join(ROOT, "samples", "conv_clip.inputs.npz"))
+    out = []
+    for nodes, expect in [([1], [1]), ([3], [3]), ([5], [5]), ([7], [7]), ([9], [9]), ([1, 3], [1, 3]),
+                          ([7, 9], [7, 9])]:
+        out.append({"name": f"reducable fail {nodes}", "model": red, "expect": [N(i) for i in expect],
+                    "check": [sys.executable, checker, "{model}", "--fail-node", *[N(i) for i in nodes]]})
+    out.append({"name": "with_constant fail [3]", "model": const, "expect": [N(3)],
+                "check": [sys.executable, checker, "{model}", "--fail-node", N(3)]})
+    out.append({"name": "multi_output fail [Split]", "model": multi, "expect": [N(3)],
+                "check": [sys.executable, checker, "{model}", "--fail-node", N(3)]})
+    out.append({"name": "conv_clip fusion (69 nodes)", "model": conv_clip, "expect": None,
+                "check": [sys.executable, fusion, "{model}"]})
+    out.append({"name": "conv_clip fusion, silent check (69 nodes)", "model": conv_clip, "expect": None,
+                "check": [sys.executable, silent, "{model}"]})
+    out.append({"name": "parser names Unique (120 nodes)", "model": unique, "expect": ["suspect"],
+                "check": [sys.executable, parser, "{model}"]})
+    golden = os.path.join(work, "det_golden.npz")
+    # reprokit feeds each candidate's cut tensors through {inputs}; polygraphy's candidates read
+    # the original feeds (it folds what it cuts); the golden file holds every tensor's reference.
+    out.append({"name": "OpenVINO refuses Det (120 nodes)", "model": det, "expect": ["suspect"], "golden": golden,
+                "check": [sys.executable, os.path.join(BENCH, "oracle_check.py"), "{model}", golden, "{inputs}",
+                          "--target", "openvino:f32"], "polygraphy_inputs": det[1]})
+    return out
+
+
+def _calls(log: str) -> tuple[int, int]:
+    with open(log) as handle:
+        rows = [line.split() for line in handle if line.strip()]
+    return len(rows), sum(int(r[2]) for r in rows if len(r) > 2)
+
+
+def _names(path: str) -> list[str]:
+    import onnx
+
+    return sorted(n.name for n in onnx.load(path, load_external_data=False).graph.node)
+
+
+def run_reprokit(case: dict, work: str) -> dict:
+    log = os.path.join(work, "calls.log")
+    open(log, "w").close()
+    command = " ".join([*COUNT, log, *case["check"]])
+    out = os.path.join(work, "out")
+    cmd = [REPROKIT, "shrink", case["model"][0], "--target", f"cmd:{command}", "-o", out, "--no-pack", "--json"]
+    if os.path.exists(case["model"][1]):
+        cmd += ["--inputs", case["model"][1]]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
+    row = {"tool": "reprokit", "rc": proc.returncode, "wall_s": time.monotonic() - started}
+    row["calls"], row["nodes_built"] = _calls(log)
+    if proc.returncode != 0:
+        row["error"] = (proc.stderr.strip().splitlines() or ["?"])[0][:200]
+        return row
+    summary = json.loads(proc.stdout)
+    row.update(nodes=summary["minimal"]["node_names"], one_minimal=summary["one_minimal"],
+               counted=summary["calls"]["target"],
+               steps={s["step"]: s["calls"] for s in summary["steps"] if s["calls"]})
+    return row
+
+
+def run_polygraphy(case: dict, work: str) -> dict:
+    log = os.path.join(work, "calls.log")
+    open(log, "w").close()
+    check = [a.replace("{model}", "polygraphy_debug.onnx").replace("{inputs}", case.get("polygraphy_inputs", ""))
+             for a in case["check"]]
+    cmd = [POLYGRAPHY, "debug", "reduce", case["model"][0], "-o", "reduced.onnx", "--mode=bisect"]
+    if os.path.exists(case["model"][1]):
+        import numpy as np
+        from polygraphy.json import save_json
+
+        with np.load(case["model"][1]) as data:
+            save_json([{k: np.array(data[k]) for k in data.files}], os.path.join(work, "inputs.json"))
+        cmd += ["--load-inputs", "inputs.json"]
+    cmd += ["--check", *COUNT, log, *check]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
+    row = {"tool": "polygraphy", "rc": proc.returncode, "wall_s": time.monotonic() - started}
+    row["calls"], row["nodes_built"] = _calls(log)
+    reduced = os.path.join(work, "reduced.onnx")
+    if proc.returncode != 0 or not os.path.exists(reduced):
+        row["error"] = ([line for line in (proc.stdout + proc.stderr).splitlines() if "[E]" in line or "Error" in line]
+                        or ["no reduced.onnx"])[-1][:200]
+        return row
+    row["nodes"] = _names(reduced)
+    return row
+
+
+def _golden(case: dict, work: str) -> None:
+    """Reference outputs for oracle_check (ORT fp32 on the original, every tensor marked)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(case["model"][0])
+    names = [o for n in model.graph.node for o in n.output]
+    del model.graph.output[:]
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with np.load(case["model"][1]) as data:
+        feeds = {k: data[k] for k in data.files}
+    np.savez(case["golden"], **dict(zip(names, session.run(names, feeds))))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[])
+    args = parser.parse_args(argv)
+    root = tempfile.mkdtemp(prefix="bench-passfail-")
+    results = []
+    started = time.monotonic()
+    try:
+        for number, case in enumerate(scenarios(root)):
+            if args.only and not any(o in case["name"] for o in args.only):
+                continue
+            if case.get("golden"):
+                _golden(case, root)
+            res = {"name": case["name"], "expect": case["expect"]}
+            for tool, run in (("reprokit", run_reprokit), ("polygraphy", run_polygraphy)):
+                work = os.path.join(root, f"{number}-{tool}")
+                os.makedirs(work)
+                res[tool] = run(case, work)
+            print(f"{case['name']}: reprokit {res['reprokit'].get('calls')} calls → {res['reprokit'].get('nodes')}; "
+                  f"polygraphy {res['polygraphy'].get('calls')} calls → {res['polygraphy'].get('nodes')}",
+                  file=sys.stderr, flush=True)
+            results.append(res)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    text = render(results, time.monotonic() - started)
+    print(text)
+    os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
+    stem = "passfail.partial" if args.only else "passfail"
+    with open(os.path.join(BENCH, "results", stem + ".md"), "w") as handle:
+        handle.write(text + "\n")
+    with open(os.path.join(BENCH, "results", stem + ".json"), "w") as handle:
+        json.dump(results, handle, indent=1)
+    return 0
+
+
+def _cell(row: dict, expect) -> str:
+    if row.get("error"):
+        return f"error: {row['error']}".replace("|", "/")
+    nodes = row["nodes"]
+    short = [n.replace("onnx_graphsurgeon_node_", "node ") for n in nodes]
+    mark = "" if expect is None else (" ✔" if sorted(nodes) == sorted(expect) else " ✘")
+    return (", ".join(short) if len(short) <= 5 else f"{len(short)} nodes") + mark
+
+
+def render(results: list[dict], wall: float) -> str:
+    header = ["scenario", "expected", "reprokit calls", "polygraphy calls", "reprokit nodes built",
+              "polygraphy nodes built", "reprokit result", "polygraphy result", "reprokit 1-minimal"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for res in results:
+        rk, pg = res["reprokit"], res["polygraphy"]
+        expect = ", ".join(n.replace("onnx_graphsurgeon_node_", "node ") for n in res["expect"]) if res["expect"] else "a Conv→Clip pair"
+        lines.append("| " + " | ".join([res["name"], expect, str(rk["calls"]), str(pg["calls"]), str(rk["nodes_built"]),
+                                        str(pg["nodes_built"]), _cell(rk, res["expect"]), _cell(pg, res["expect"]),
+                                        "yes" if rk.get("one_minimal") else "no"]) + " |")
+    rk_calls = sum(r["reprokit"]["calls"] for r in results)
+    pg_calls = sum(r["polygraphy"]["calls"] for r in results)
+    rk_built = sum(r["reprokit"]["nodes_built"] for r in results)
+    pg_built = sum(r["polygraphy"]["nodes_built"] for r in results)
+    lines.append(f"| **total** | | {rk_calls} | {pg_calls} | {rk_built} | {pg_built} | "
+                 f"calls {rk_calls / max(1, pg_calls):.2f}×, nodes built {rk_built / max(1, pg_built):.2f}× | | |")
+    lines += ["", f"Check calls and nodes built counted by bench/count_check.py for both tools; {wall:.0f} s in all."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

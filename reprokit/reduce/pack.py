@@ -1,0 +1,144 @@
+"""Packed candidates: one ONNX model holding several disjoint candidate subgraphs.
+
+Each member is an extraction (its nodes, its initializers, its cut inputs fed with captured
+reference activations) copied into the pack under its own names, so no two members share a
+tensor: an engine cannot fuse, merge or constant-share across them, and each member's outputs are
+read back under its own names and judged on their own. Graph surgery only: no engine runs here.
+
+Two naming modes. When the members' node sets overlap (numeric searches: regions of different
+widths, "minimal minus one node"), every tensor and node name gets a member prefix. When they
+are disjoint (pass/fail checks that may look at node names, like polygraphy's), node names stay
+exactly as in the user's model and only tensors two members would share get a member copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Member:
+    """Where one candidate's outputs are found in the pack: packed name -> original name."""
+
+    outputs: dict[str, str]
+    nodes: int
+
+
+@dataclass
+class Pack:
+    model: object  # onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> int:
+        return sum(m.nodes for m in self.members)
+
+
+def feed_bytes(extraction) -> int:
+    return int(sum(np.asarray(v).nbytes for v in extraction.feeds.values()))
+
+
+def subgraphs_of(node):
+    for attr in node.attribute:
+        yield from attr.graphs
+        if attr.HasField("g"):
+            yield attr.g
+
+
+def has_subgraphs(model) -> bool:
+    return any(True for node in model.graph.node for _ in subgraphs_of(node))
+
+
+def build_pack(extractions: list, *, keep_node_names: bool) -> Pack:
+    """One model holding every extraction as its own copy. ``keep_node_names`` requires the
+    members to have disjoint node sets (names stay unique only then)."""
+    import onnx
+    from onnx import helper
+
+    first = extractions[0].model
+    graph = onnx.GraphProto(name="reprokit_pack")
+    feeds: dict[str, np.ndarray] = {}
+    members: list[Member] = []
+    taken: set[str] = set()
+    counts: dict[str, int] = {}
+    if keep_node_names:  # a tensor name appearing in two members gets a copy per member
+        for ext in extractions:
+            for name in _names(ext.model.graph):
+                counts[name] = counts.get(name, 0) + 1
+    for number, ext in enumerate(extractions):
+        sub = ext.model.graph
+        local = _names(sub)
+        if keep_node_names:
+            mapping = {n: _fresh(f"{n}__rk{number}", taken) for n in local if counts.get(n, 0) > 1}
+        else:
+            mapping = {n: _fresh(f"rk{number}/{n}", taken) for n in local}
+        taken.update(mapping.values())
+        taken.update(n for n in local if n not in mapping)
+        for node in sub.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.input[:] = [mapping.get(i, i) for i in copy.input]
+            copy.output[:] = [mapping.get(o, o) for o in copy.output]
+            if not keep_node_names and copy.name:
+                copy.name = f"rk{number}/{copy.name}"
+            for body in subgraphs_of(copy):
+                _rename_outer_refs(body, mapping, set())
+            graph.node.append(copy)
+        for init in sub.initializer:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(init)
+            copy.name = mapping.get(init.name, init.name)
+            graph.initializer.append(copy)
+        for value in sub.input:
+            copy = onnx.ValueInfoProto()
+            copy.CopyFrom(value)
+            copy.name = mapping.get(value.name, value.name)
+            graph.input.append(copy)
+            if value.name in ext.feeds:
+                feeds[copy.name] = ext.feeds[value.name]
+        outputs = {}
+        for value in sub.output:
+            copy = onnx.ValueInfoProto()
+            copy.CopyFrom(value)
+            copy.name = mapping.get(value.name, value.name)
+            graph.output.append(copy)
+            outputs[copy.name] = value.name
+        members.append(Member(outputs, len(sub.node)))
+    model = helper.make_model(graph, opset_imports=list(first.opset_import), ir_version=first.ir_version,
+                              producer_name="reprokit")
+    model.functions.extend(first.functions)
+    return Pack(model, feeds, members)
+
+
+def _names(graph) -> set[str]:
+    names = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(n for n in node.input if n)
+        names.update(n for n in node.output if n)
+    return names
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    candidate, bump = name, 1
+    while candidate in taken:
+        bump += 1
+        candidate = f"{name}.{bump}"
+    return candidate
+
+
+def _rename_outer_refs(body, mapping: dict[str, str], shadow: set[str]) -> None:
+    """Inside a subgraph body, rename references to outer names; names the body (or a body
+    around it) defines itself shadow the outer ones and stay."""
+    local = set(shadow) | {i.name for i in body.input} | {t.name for t in body.initializer}
+    for node in body.node:
+        local.update(o for o in node.output if o)
+    for node in body.node:
+        node.input[:] = [i if (not i or i in local) else mapping.get(i, i) for i in node.input]
+        for inner in subgraphs_of(node):
+            _rename_outer_refs(inner, mapping, local)
+    for out in body.output:
+        if out.name not in local and out.name in mapping:
+            out.name = mapping[out.name]

@@ -1,0 +1,61 @@
+"""named: the engine's own message names the node — try that node first.
+
+Parsers and loaders usually say where they stopped: TensorRT's ONNX parser ("In node 5 with
+name: unique_1 and operator: Unique (parseNode): UNSUPPORTED_NODE"), onnxruntime ("… node with
+name 'unique_1'"), OpenVINO ("<Node(Conv): …/Conv_output_0>"). Nodes whose name, or one of whose
+output tensors, appears in the message are judged alone first (group-tested when several), fed
+with what they need, then all of them together (a message naming two nodes often names their
+fusion); failing that, nodes of an operator type the message names. Usually one call settles a
+build error this way, whatever the size of the model.
+"""
+
+from __future__ import annotations
+
+import re
+
+# More nodes than this named by op type alone means the message names a kind, not a place.
+MAX_BY_OP = 16
+
+
+def suspects(reducer, message: str) -> list[int]:
+    """Nodes of the best that the message names: by node or tensor name, else by op type."""
+    if not message:
+        return []
+    model = reducer.model
+    best = reducer.ordered()
+
+    def mentioned(name: str) -> bool:
+        # whole names only: not inside a longer name (a "name:" at the end of a clause is fine)
+        pattern = r"(?<![\w/.:-])" + re.escape(name) + r"(?![\w/.-]|:[\w/])"
+        return bool(name) and re.search(pattern, message) is not None
+
+    by_name = [i for i in best if mentioned(model.graph.node[i].name)
+               or any(len(t) > 2 and mentioned(t) for t in reducer.index.node_outputs[i])]
+    if by_name:
+        return by_name
+    ops = {model.graph.node[i].op_type for i in best}
+    named_ops = {op for op in ops if len(op) > 2 and re.search(r"\b" + re.escape(op) + r"\b", message)}
+    by_op = [i for i in best if model.graph.node[i].op_type in named_ops]
+    return by_op if len(by_op) <= MAX_BY_OP else []
+
+
+def run(reducer, message: str) -> bool:
+    """Accept the first named node that reproduces alone; True when one did."""
+    nodes = suspects(reducer, message)
+    if not nodes or len(nodes) >= len(reducer.best):
+        return False
+    candidates = [frozenset([i]) for i in nodes]
+    hit = reducer.first_interesting(candidates)
+    if hit is None and reducer.interactions:  # the named nodes fail only together
+        reducer.accept(min(reducer.interactions, key=len), "the nodes the engine's message names, together")
+        return True
+    if hit is None and len(nodes) > 1:
+        # A message that names several nodes often names a fusion of them: together, connected.
+        together = frozenset(nodes)
+        if reducer.test(together):
+            reducer.accept(together, "the nodes the engine's message names, together")
+            return True
+    if hit is None:
+        return False
+    reducer.accept(candidates[hit], "the node the engine's message names")
+    return True

@@ -1,0 +1,276 @@
+"""Many candidates per engine call, with real engines: packed numeric verdicts, group testing of
+pass/fail checks, the node an engine's message names, accumulated error said honestly, the final
+judgement alone, no slippage, and the user's own integer inputs kept as inputs.
+
+Engines are real: the fp16/bf16 storage emulator and onnxruntime in worker processes, OpenVINO on
+the CPU, and ``cmd`` checks written into tmp_path. Models are generated here or are the samples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import shrink_models as sm
+from conftest import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from reprokit.activations import ActivationStore
+from reprokit.oracle import Kind, Signature
+from reprokit.reduce.reducer import Journal, Reducer
+from reprokit.session import RunOptions, make_oracle
+from reprokit.shrink import Limits, shrink
+from reprokit.subgraph import GraphIndex
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "samples"
+PY = shlex.quote(sys.executable)
+sys.path.insert(0, str(REPO / "bench"))
+import planted  # noqa: E402
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _reducer(out_dir, model_path, inputs, target, tmp, packing):
+    """A Reducer over the activations a finished shrink captured, judging with ``target``."""
+    model = onnx.load(model_path)
+    summary = json.loads(Path(out_dir, "summary.json").read_text())
+    oracle = make_oracle(target, RunOptions(inputs=str(inputs)), str(tmp / f"calls-{packing}"))
+    with np.load(inputs) as data:
+        feeds = {k: data[k] for k in data.files}
+    signature = Signature(Kind(summary["signature"]["kind"]), tuple(summary["signature"]["outputs"]),
+                          summary["signature"]["detail"])
+    reducer = Reducer(model, GraphIndex.build(model), ActivationStore.open(str(Path(out_dir, ".reprokit", "activations"))),
+                      feeds, oracle, signature, workdir=str(tmp), journal=Journal(None),
+                      best=frozenset(range(len(model.graph.node))))
+    reducer.packing = packing
+    return reducer
+
+
+@pytest.fixture(scope="module")
+def layernorm_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ln") / "out"
+    name = "layernorm_overflow"
+    result = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(out),
+                    options=RunOptions(inputs=str(SAMPLES / f"{name}.inputs.npz")))
+    return out, SAMPLES / f"{name}.onnx", SAMPLES / f"{name}.inputs.npz", result
+
+
+@pytest.mark.parametrize("target", ["emulate:fp16", "openvino:f32"])
+def test_a_packed_verdict_equals_the_verdicts_of_the_candidates_run_one_by_one(layernorm_run, tmp_path, target):
+    if target.startswith("openvino"):
+        pytest.importorskip("openvino", reason="OpenVINO not installed")
+    out, model, inputs, _ = layernorm_run
+    n = len(onnx.load(model).graph.node)
+    # every node alone, a few regions (overlapping ones too) and the pair chain of the first nodes
+    candidates = [frozenset([i]) for i in range(0, n, 3)] + [frozenset(range(i, i + 5)) for i in range(0, n - 5, 11)]
+    packed = _reducer(out, model, inputs, target, tmp_path, "numeric")
+    alone = _reducer(out, model, inputs, target, tmp_path, None)
+    together = packed.verdicts(candidates)
+    one_by_one = alone.verdicts(candidates)
+    assert packed.oracle.stats.target == 1  # one engine call answered every candidate
+    assert alone.oracle.stats.target == sum(1 for o in one_by_one if o.kind not in ("no-outputs", "invalid"))
+    assert [o.kind for o in together] == [o.kind for o in one_by_one]
+    assert [o.interesting for o in together] == [o.interesting for o in one_by_one]
+    # The emulator rounds each tensor on its own: the same numbers. OpenVINO compiles the pack as
+    # one graph; its f32 kernels may sum in another order, far below any tolerance.
+    rtol, atol = (1e-6, 0.0) if target == "emulate:fp16" else (1e-2, 1e-6)
+    for a, b in zip(together, one_by_one):
+        assert (a.error is None) == (b.error is None)
+        if a.error is not None:
+            assert np.isclose(float(a.error), float(b.error), rtol=rtol, atol=atol, equal_nan=True)
+    if target == "emulate:fp16":  # the overflowing Pow alone is among the candidates
+        assert any(o.kind == "nonfinite" for o in together)
+
+
+def test_samples_shrink_in_at_most_four_calls_to_a_1_minimal_model(layernorm_run):
+    summary = layernorm_run[3].summary
+    assert summary["calls"]["target"] <= 4
+    assert summary["one_minimal"] is True
+    assert summary["build_work"]["nodes_built"] > 0
+    assert summary["build_work"]["candidates_judged"] > summary["calls"]["target"]
+
+
+def test_a_small_pack_limit_splits_the_calls_but_not_the_result(layernorm_run, tmp_path):
+    out, model, inputs, baseline = layernorm_run
+    result = shrink(str(model), "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=str(inputs)),
+                    limits=Limits(capture_chunk_bytes=1 << 20, max_calls=None))
+    assert result.summary["minimal"]["node_names"] == baseline.summary["minimal"]["node_names"]
+    assert result.summary["calls"]["target"] > baseline.summary["calls"]["target"]
+
+
+def test_jobs_do_not_change_a_packed_result(layernorm_run, tmp_path):
+    out, model, inputs, baseline = layernorm_run
+    result = shrink(str(model), "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=str(inputs)),
+                    jobs=2)
+    assert Path(result.minimal_path).read_bytes() == Path(out, "minimal.onnx").read_bytes()
+
+
+@pytest.mark.parametrize("make,expect", [(planted.blocks, {"block1/qk"}), (planted.l2norm, None),
+                                         (planted.chain, {"fault/up"})])
+def test_planted_numeric_faults_take_at_most_four_calls(tmp_path, make, expect):
+    path, inputs = planted.save(*make(), str(tmp_path), "m")
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=inputs))
+    summary = result.summary
+    assert summary["calls"]["target"] <= 4, summary["steps"]
+    assert summary["one_minimal"] is True
+    assert summary["verdict"]["signature"]["kind"] == summary["signature"]["kind"]
+    if expect is not None:
+        assert set(summary["minimal"]["node_names"]) == expect
+    else:  # the L2 normalization: square, sum, sqrt, divide — the overflow needs all four
+        assert sorted(summary["minimal"]["ops"]) == ["Div", "Mul", "ReduceSum", "Sqrt"]
+
+
+def _name_checker(tmp_path, fail_node: str) -> str:
+    """A pass/fail check that fails (exit 1, no names printed) when the node is present."""
+    return sm.write_script(tmp_path, "check.py", f"""
+    import sys
+    import onnx
+    names = {{n.name for n in onnx.load(sys.argv[1]).graph.node}}
+    if {fail_node!r} in names:
+        print("[E] engine build failed")
+        sys.exit(1)
+    """)
+
+
+def test_group_testing_finds_the_one_failing_node_among_64_in_about_log2_calls(tmp_path):
+    model = sm.pair_chain(length=64, first=4, second=50)
+    path = sm.save(model, tmp_path / "chain.onnx")
+    name = model.graph.node[37].name
+    script = _name_checker(tmp_path, name)
+    result = shrink(path, f"cmd:{PY} {script} {{model}}", str(tmp_path / "out"))
+    summary = result.summary
+    assert summary["minimal"]["node_names"] == [name]
+    assert summary["one_minimal"] is True
+    # confirm + binary splitting over 64 singles (log2 64 = 6) + the leaf alone; one by one
+    # this would be up to 64 calls
+    assert summary["calls"]["target"] <= 1 + 6 + 1
+    survey = next(s for s in summary["steps"] if s["step"] == "survey")
+    assert survey["candidates"] > survey["calls"]
+
+
+def test_a_build_error_naming_a_node_in_a_120_node_model_takes_at_most_3_calls(tmp_path):
+    pytest.importorskip("openvino", reason="OpenVINO not installed")
+    path, inputs = planted.save(*planted.with_named_op("Det"), str(tmp_path), "det")
+    result = shrink(path, "openvino:f32", str(tmp_path / "out"), options=RunOptions(inputs=inputs))
+    summary = result.summary
+    assert summary["signature"]["kind"] == "build-error"
+    assert summary["minimal"]["node_names"] == ["suspect"]
+    assert summary["calls"]["target"] <= 3
+    assert next(s for s in summary["steps"] if s["step"] == "named")["accepted"] == 1
+
+
+def test_a_parser_message_naming_a_node_in_a_120_node_model_takes_at_most_3_calls(tmp_path):
+    path, inputs = planted.save(*planted.with_named_op("Unique"), str(tmp_path), "unique")
+    script = planted.write_checker(str(tmp_path), "parser.py", planted.PARSER_CHECKER)
+    result = shrink(path, f"cmd:{PY} {script} {{model}}", str(tmp_path / "out"), options=RunOptions(inputs=inputs))
+    assert result.summary["minimal"]["node_names"] == ["suspect"]
+    assert result.summary["calls"]["target"] <= 3
+
+
+def _accumulating_mlp() -> onnx.ModelProto:
+    """x[8,64] → 24 × (MatMul → Tanh): each layer's bf16 error is small, together they add up."""
+    rng = np.random.default_rng(0)
+    nodes, inits, h = [], [], "x"
+    for k in range(24):
+        inits.append(numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), f"w{k}"))
+        nodes += [helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                  helper.make_node("Tanh", [f"m{k}"], [f"t{k}"], name=f"tanh{k}")]
+        h = f"t{k}"
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                  [helper.make_tensor_value_info(h, TensorProto.FLOAT, [8, 64])], inits)
+
+
+def test_accumulated_error_is_said_with_an_attribution_not_a_big_minimal_model(tmp_path):
+    path = sm.save(_accumulating_mlp(), tmp_path / "mlp.onnx")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:bf16", "--tol", "0.01", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "accumulated error" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "accumulated"
+    assert not (out / "minimal.onnx").exists() and not (out / "report.tar.gz").exists()
+    found = summary["attribution"]
+    assert found["nodes_judged_alone"] == 48 and found["diverging_alone"] == 0
+    assert found["top"] and found["top"][0]["op"] == "MatMul" and found["fp32_nodes"]
+    assert len(found["cumulative"]) >= 24
+    assert summary["calls"]["target"] <= 4
+
+
+def test_a_result_that_does_not_reproduce_alone_is_not_done(tmp_path):
+    """A check that fails for its first 3 runs and passes ever after: confirmed, then the search's
+    answers stop making sense and the final judgement alone does not fail — exit 7, status
+    not-reproduced, never "done"."""
+    model = sm.pair_chain(length=16, first=4, second=12)
+    path = sm.save(model, tmp_path / "chain.onnx")
+    counter = tmp_path / "runs.txt"
+    script = sm.write_script(tmp_path, "fading.py", f"""
+    import pathlib, sys
+    counter = pathlib.Path({str(counter)!r})
+    runs = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(runs + 1))
+    if runs < 3:
+        print("[E] engine build failed")
+        sys.exit(1)
+    """)
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", f"cmd:{sys.executable} {script} {{model}}", "-o", str(out),
+                   "--no-pack")
+    assert proc.returncode == 7, proc.stderr
+    assert "does not show" in proc.stderr and "Hint:" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "not-reproduced"
+
+
+def test_the_user_integer_inputs_stay_inputs_of_the_minimal_model(tmp_path):
+    """input_ids[1,6] (int64) → Gather(embedding with values past fp16's range) → MatMul → out."""
+    table = np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32)
+    table[7] *= 1e5  # token 7's embedding overflows fp16 storage
+    model = _model(
+        [helper.make_node("Gather", ["embedding", "input_ids"], ["e"], name="gather"),
+         helper.make_node("MatMul", ["e", "w"], ["y"], name="proj")],
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4])],
+        [numpy_helper.from_array(table, "embedding"),
+         numpy_helper.from_array(np.ones((8, 4), np.float32), "w")])
+    path = sm.save(model, tmp_path / "ids.onnx")
+    inputs = tmp_path / "ids.npz"
+    np.savez(inputs, input_ids=np.array([[1, 7, 3, 7, 2, 0]], np.int64))
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=str(inputs)))
+    minimal = onnx.load(result.minimal_path)
+    assert [n.name for n in minimal.graph.node] == ["gather"]
+    assert "input_ids" in [i.name for i in minimal.graph.input]
+    assert "input_ids" not in [t.name for t in minimal.graph.initializer]
+    with np.load(os.path.join(result.out_dir, "inputs.npz")) as data:
+        assert data["input_ids"].tolist() == [[1, 7, 3, 7, 2, 0]]
+
+
+def test_the_fault_that_was_localized_stays_in_every_later_candidate(tmp_path):
+    """Two faults on one output: an overflow (x·x past 65504, then normalized) and a product of
+    two big finite values that loses precision. Once the overflow's region is localized, a
+    candidate without its anchor is never judged: ddmin cannot slip to the other fault."""
+    b = planted._with_int64(planted._Builder(7))
+    big = b.op("Mul", ["x", b.const("gain_c", 400.0)], "gain")
+    normed = planted._l2norm(b, big, "l2")
+    other = b.op("Sub", [b.op("Mul", ["x", b.const("k", 3000.0)], "wide"), b.const("off", 3000.0)], "cancel")
+    out = b.op("Add", [normed, b.op("Mul", [other, b.const("tiny", 1e-4)], "scale")], "out")
+    model = _model(b.nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                   [helper.make_tensor_value_info(out, TensorProto.FLOAT, [4, 64])], b.inits)
+    path, inputs = planted.save(model, {"x": np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)},
+                                str(tmp_path), "two")
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=inputs),
+                    limits=Limits(max_calls=None))
+    names = set(result.summary["minimal"]["node_names"])
+    assert {"l2/square", "l2/sum", "l2/sqrt"} <= names, names
+    assert result.summary["verdict"]["signature"]["kind"] == "mismatch"
