@@ -1,6 +1,6 @@
 """Side-by-side benchmark: ``reprokit shrink`` vs ``polygraphy debug reduce`` (a table, not a test).
 
-    python bench/bench_shrink.py            # all seven models (~10 min on 2 cores)
+    python bench/bench_shrink.py            # samples, planted cases, PP-OCR ×4 each (~25 min on 2 cores)
     python bench/bench_shrink.py --quick    # the five samples only (~1 min)
     python bench/bench_shrink.py --only det --only conv_clip
 
@@ -57,7 +57,35 @@ def _ocr_model(name: str) -> str:
     return os.path.join(os.path.dirname(rapidocr_onnxruntime.__file__), "models", name)
 
 
+_GENERATED: dict = {}
+
+
+def _generated_dir() -> str:
+    if "dir" not in _GENERATED:
+        _GENERATED["dir"] = tempfile.mkdtemp(prefix="bench-models-")
+    return _GENERATED["dir"]
+
+
+def _picture(name: str, height: int, width: int) -> str:
+    """matplotlib's grace_hopper.jpg resized (nearest) to HxW, scaled to [-1, 1] as PP-OCR expects."""
+    import matplotlib
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    image = mpimg.imread(os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "sample_data",
+                                      "grace_hopper.jpg")).astype(np.float32) / 255.0
+    rows = (np.arange(height) * image.shape[0] / height).astype(int)
+    cols = (np.arange(width) * image.shape[1] / width).astype(int)
+    x = ((image[rows][:, cols] - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32)
+    path = os.path.join(_generated_dir(), f"{name}.npz")
+    np.savez(path, x=x)
+    return path
+
+
 def models() -> list[dict]:
+    sys.path.insert(0, BENCH)
+    import planted
+
     with open(os.path.join(ROOT, "samples", "catalog.json")) as handle:
         catalog = json.load(handle)
     out = []
@@ -72,26 +100,34 @@ def models() -> list[dict]:
             "expected": sample["expected"].get("emulate:fp16"),
             "sample": True,
         })
-    out.append({
-        "name": "ppocrv4_det",
-        "path": _ocr_model("ch_PP-OCRv4_det_infer.onnx"),
-        "target": "openvino:bf16",
-        "tol": None,
-        "shapes": {"x": [1, 3, 320, 320]},
-        "inputs": None,  # seed-0 random feeds written by `reprokit check -o`
-        "expected": "mismatch",
-        "sample": False,
-    })
-    out.append({
-        "name": "ppocrv4_rec",
-        "path": _ocr_model("ch_PP-OCRv4_rec_infer.onnx"),
-        "target": "openvino:bf16",
-        "tol": 0.01,
-        "shapes": {"x": [1, 3, 48, 320]},
-        "inputs": None,
-        "expected": "mismatch",
-        "sample": False,
-    })
+    for name, make in [("planted_blocks", planted.blocks), ("planted_l2norm", planted.l2norm),
+                       ("planted_two_faults", planted.two_faults), ("planted_chain2000", planted.chain)]:
+        path, inputs = planted.save(*make(), _generated_dir(), name)
+        out.append({"name": name, "path": path, "target": "emulate:fp16", "tol": None, "shapes": {},
+                    "inputs": inputs, "expected": None, "sample": False, "planted": True})
+    for target in ("openvino:bf16", "emulate:bf16"):
+        for feeds in ("random", "picture"):
+            out.append({
+                "name": f"ppocrv4_det {target} {feeds}",
+                "path": _ocr_model("ch_PP-OCRv4_det_infer.onnx"),
+                "target": target,
+                "tol": None,
+                "shapes": {"x": [1, 3, 320, 320]},
+                # None: seed-0 random feeds written by `reprokit check -o`
+                "inputs": _picture("det", 320, 320) if feeds == "picture" else None,
+                "expected": "mismatch",
+                "sample": False,
+            })
+            out.append({
+                "name": f"ppocrv4_rec {target} {feeds}",
+                "path": _ocr_model("ch_PP-OCRv4_rec_infer.onnx"),
+                "target": target,
+                "tol": 0.01,
+                "shapes": {"x": [1, 3, 48, 320]},
+                "inputs": _picture("rec", 48, 320) if feeds == "picture" else None,
+                "expected": "mismatch",
+                "sample": False,
+            })
     return out
 
 
@@ -222,6 +258,28 @@ def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
         return row
     with open(summary_path) as handle:
         summary = json.load(handle)
+    common = {
+        "status": summary["status"],
+        "start_nodes": summary["original"]["nodes"],
+        "calls": summary["calls"]["target"],
+        "reference_calls": summary["calls"]["reference"],
+        "cached": summary["calls"]["cached"],
+        "one_minimal": summary.get("one_minimal"),
+        "nodes_built": summary.get("build_work", {}).get("nodes_built"),
+        "signature": summary["signature"]["kind"],
+        "steps": summary.get("steps"),
+        "activations_mib": dir_mib(os.path.join(out, ".reprokit", "activations")),
+        "state_dir_mib": dir_mib(os.path.join(out, ".reprokit")),
+        "resources": summary.get("resources"),
+    }
+    if summary["status"] == "accumulated":  # no model is called minimal: the attribution instead
+        found = summary["attribution"]
+        row.update(common, minimal_nodes=0, minimal_ops=[], kept=True, attribution=found,
+                   judged={"kind": "accumulated", "line": f"attribution: {found['diverging_alone']} of "
+                           f"{found['nodes_judged_alone']} nodes exceed the tolerance alone; top "
+                           + ", ".join(f"{t['node']} {t['error']:.3g}" if not isinstance(t['error'], str)
+                                       else t['node'] for t in found["top"][:3])})
+        return row
     minimal = os.path.join(out, "minimal.onnx")
     verdict = judge(minimal, os.path.join(out, "reference_outputs.npz"), os.path.join(out, "inputs.npz"),
                     spec["target"], spec["tol"], work)
@@ -342,8 +400,8 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}×"
 
 
-HEADER = ["model", "nodes", "target", "tool", "target calls", "wall time (s)", "peak memory (MiB)",
-          "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept"]
+HEADER = ["model", "nodes", "target", "tool", "target calls", "nodes built", "wall time (s)", "peak memory (MiB)",
+          "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept", "1-minimal"]
 
 
 def render(payload: dict) -> str:
@@ -391,20 +449,28 @@ def table(results: list[dict]) -> str:
             rows[tool] = r
             nodes = f"{res['file_nodes']} → {r['start_nodes']}" if r.get("start_nodes") else str(res["file_nodes"])
             if r.get("error"):
-                cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r["wall_s"]),
-                         fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")), r["error"].replace("|", "/"), "", ""]
+                cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r.get("nodes_built")),
+                         fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
+                         r["error"].replace("|", "/"), "", "", ""]
+            elif r.get("status") == "accumulated":
+                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), fmt(r["wall_s"]),
+                         fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), "accumulated: attribution",
+                         f"fp32-nodes={r['attribution']['fp32_nodes'][:60]}…", "—", "—"]
             else:
                 kept = ("yes" if r["kept"] else "no") + f" ({r['judged']['kind']})"
-                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r["wall_s"]), fmt(r["peak_mib"], 0),
-                         fmt(r["activations_mib"]), fmt(r["minimal_nodes"]), ops_text(r["minimal_ops"]), kept]
+                one = {True: "yes", False: "no"}.get(r.get("one_minimal"), "—")
+                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), fmt(r["wall_s"]),
+                         fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), fmt(r["minimal_nodes"]),
+                         ops_text(r["minimal_ops"]), kept, one]
             lines.append("| " + " | ".join(cells) + " |")
         rk, pg = rows["reprokit"], rows["polygraphy"]
         pg_ok = not pg.get("error")
         lines.append("| " + " | ".join([
             res["name"], "", "", "**reprokit/polygraphy**",
             ratio(rk.get("calls"), pg.get("calls")) if pg_ok else "—",
+            ratio(rk.get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
             ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok else "—",
-            "", "", "", "", ""]) + " |")
+            "", "", "", "", "", ""]) + " |")
     both = [r for r in results if not r.get("error") and not r["reprokit"].get("error")
             and not r["polygraphy"].get("error")]
     if both:
@@ -412,10 +478,13 @@ def table(results: list[dict]) -> str:
         pg_calls = sum(r["polygraphy"]["calls"] for r in both)
         rk_wall = sum(r["reprokit"]["wall_s"] for r in both)
         pg_wall = sum(r["polygraphy"]["wall_s"] for r in both)
+        rk_built = sum(r["reprokit"].get("nodes_built") or 0 for r in both)
+        pg_built = sum(r["polygraphy"].get("nodes_built") or 0 for r in both)
         lines.append("| " + " | ".join([
             f"**total, {len(both)} models where both finished**", "", "", "**reprokit/polygraphy**",
             f"{rk_calls}/{pg_calls} = {ratio(rk_calls, pg_calls)}",
-            f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", ""]) + " |")
+            f"{rk_built}/{pg_built} = {ratio(rk_built, pg_built)}",
+            f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
     return "\n".join(lines)
 
 

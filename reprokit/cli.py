@@ -247,6 +247,13 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         found = audited.workaround
         result.notes.append(f"audit: {out_dir}/audit/audit.html"
                             + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
+    if not no_pack and accumulated:  # the whole model is the repro; ISSUE.md gets the attribution
+        progress("packing the report archive (the whole model, with the attribution)")
+        from reprokit.shrink_output import pack_accumulated
+
+        packed = pack_accumulated(result, model, target, options, fmt=fmt, redact=redact, on_event=progress)
+        if packed is not None:
+            result.notes.extend(packed.notes)
     if not no_pack and not accumulated:
         progress("packing the report archive")
         packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress,

@@ -154,7 +154,8 @@ def print_attribution(result) -> None:
     out.print(table)
     if found["fp32_nodes"]:
         out.print(f"  fp32       keep these in fp32 (untested as a set): fp32-nodes={found['fp32_nodes']}")
-    out.print(f"  wrote      {os.path.join(result.out_dir, 'summary.json')} (attribution: top, cumulative)")
+    out.print(f"  wrote      {os.path.join(result.out_dir, 'summary.json')} (attribution: top, cumulative)"
+              + (f", {s['report']} (the whole model; ISSUE.md with the attribution)" if s.get("report") else ""))
     for note in result.notes[:-1]:
         out.print(f"  [yellow]note[/]       {note}")
 

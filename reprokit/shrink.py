@@ -1,32 +1,36 @@
-"""shrink: confirm the divergence, capture reference activations, localize, reduce, and write
-the minimal model with its real-activation feeds. Best-so-far results are rewritten after every
-accepted step; ``resume`` replays the journal of candidate outcomes and continues.
+"""shrink, as named steps: open the run, capture the reference activations, confirm the
+divergence, reduce (``reduce/pipeline.py``), finish with the result judged alone. Best-so-far
+results are rewritten after every accepted step (``shrink_output.py``); ``resume`` replays the
+journal of candidate outcomes and continues (``runstate.py``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shlex
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from reprokit.activations import ActivationStore
-from reprokit.arrays import save_npz
 from reprokit.backends import backend_class
 from reprokit.errors import InputError, NothingToReduce, NotReproduced
-from reprokit.model import mark_outputs, save_model, staged_data
+from reprokit.model import mark_outputs, save_model
 from reprokit.oracle import Kind, check_reference_finite
 from reprokit.reduce import pipeline
 from reprokit.reduce.reducer import Journal, Reducer
+from reprokit.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
+    STATE_DIR,
+    _check_same_run,
+    _with_timing_cache,
+    option_args,
+    rerun_command,
+    resume_hint,
+    saved_run,
+)
 from reprokit.session import RunOptions, make_oracle, prepare
+from reprokit.shrink_output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
 from reprokit.spec import parse_target
 from reprokit.subgraph import GraphIndex
-
-STATE_DIR = ".reprokit"
 
 
 @dataclass(frozen=True)
@@ -52,89 +56,6 @@ class ShrinkResult:
     minimal_path: str
     verdict: object
     notes: list[str] = field(default_factory=list)
-
-
-def _atomic_json(path: str, payload: dict) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as handle:
-            json.dump(payload, handle, indent=2, default=str)
-
-    _atomic(path, ".tmp", write)
-
-
-def _atomic_npz(path: str, arrays: dict) -> None:
-    _atomic(path, ".tmp.npz", lambda tmp: save_npz(tmp, arrays))
-
-
-def _atomic(path: str, suffix: str, write) -> None:
-    """Write through a temporary file and rename; a failed write leaves nothing behind."""
-    tmp = path + suffix
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def option_args(options: RunOptions) -> list[str]:
-    """The command-line options that give ``options`` back: every one that shapes the feeds or
-    the criterion, so a printed command judges exactly what this run judged."""
-    defaults = RunOptions()
-    parts: list[str] = []
-    if options.reference != defaults.reference:
-        parts += ["--reference", options.reference]
-    if options.inputs:
-        parts += ["--inputs", options.inputs]
-        if options.sample != defaults.sample:
-            parts += ["--sample", str(options.sample)]
-    else:
-        parts += ["--seed", str(options.seed)]
-        for name, (lo, hi) in options.val_ranges.items():
-            parts += ["--val-range", f"{name + ':' if name is not None else ''}[{lo!r},{hi!r}]"]
-    for name, dims in options.input_shapes.items():
-        parts += ["--input-shapes", f"{name}:{'x'.join(map(str, dims))}"]
-    if options.metric != defaults.metric:
-        parts += ["--metric", options.metric]
-    for flag, value in (("--tol", options.tolerance), ("--atol", options.atol), ("--rtol", options.rtol)):
-        if value is not None:
-            parts += [flag, repr(float(value))]
-    if options.timeout != defaults.timeout:
-        parts += ["--timeout", repr(float(options.timeout))]
-    if options.fail_regex:
-        parts += ["--fail-regex", options.fail_regex]
-    return parts
-
-
-def rerun_command(model_path: str, target: str, options: RunOptions) -> str:
-    """The check to rerun by hand, under the user's own target: the timing cache a shrink run
-    adds for itself (:func:`_with_timing_cache`) is private to the run and left out."""
-    parts = ["reprokit", "check", model_path, "--target", _without_private_timing_cache(target),
-             *option_args(options)]
-    return " ".join(shlex.quote(p) for p in parts)
-
-
-def saved_run(out_dir: str) -> dict:
-    """What ``--resume OUT`` needs to continue a run with no other argument: the model, the
-    target and the run options (as command-line options), from OUT/.reprokit/run.json."""
-    path = os.path.join(out_dir, STATE_DIR, "run.json")
-    try:
-        with open(path) as handle:
-            saved = json.load(handle)["resume"]
-        return {"model": saved["model"], "target": saved["target"], "args": list(saved["args"])}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"--resume {out_dir}: no shrink run to continue there ({path} is missing or unreadable)",
-                         hint="give the directory a shrink wrote with -o, or start over: "
-                              "reprokit shrink MODEL --target SPEC -o DIR") from exc
-
-
-def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
-    """The command that continues an interrupted run in ``out_dir``, or why there is none."""
-    if not os.path.exists(os.path.join(out_dir, STATE_DIR, "run.json")):
-        return "nothing was saved yet; run the same command again"
-    command = " ".join(shlex.quote(p) for p in ["reprokit", "shrink", "--resume", out_dir, *extra])
-    return f"the best so far is kept in {out_dir}; continue with: {command}"
 
 
 def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
@@ -173,7 +94,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.pack_nodes = max(512, 6 * original_nodes)
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
     max_calls = auto_call_budget(original_nodes) if limits.max_calls == -1 else limits.max_calls
-    writer = _BestWriter(out_dir, model_path, run.target, options, original_nodes, run.started, max_calls)
+    writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls)
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     if max_calls:  # a promise: every target call counts, the final judgement is reserved
         reducer.budget = max(0, max_calls - run.oracle.stats.target - 1 - minimal_replays)
@@ -209,6 +130,7 @@ class _Run:
 
     model_path: str
     target: str  # the user's target, plus the run's private timing cache for TensorRT
+    user_target: str
     options: RunOptions
     out_dir: str
     state_dir: str
@@ -247,7 +169,7 @@ def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
     os.makedirs(models_dir, exist_ok=True)
     model = prepared.model
     event("capturing reference activations")
-    return _Run(model_path, target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
+    return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
                 GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started)
 
 
@@ -344,72 +266,10 @@ def _accumulated(run: _Run, reducer, writer, verdict) -> ShrinkResult:
     return ShrinkResult(writer.summary, run.out_dir, "", verdict, run.prepared.notes + [note])
 
 
-def _resources(stats, wall: float) -> dict:
-    """Where time and memory went: engine calls (in worker processes) versus reprokit's own
-    bookkeeping (graph surgery, extraction, comparison), and each side's peak resident memory."""
-    import resource
-
-    engine = stats.target_seconds + stats.reference_seconds
-    return {
-        "reprokit_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "largest_engine_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
-        "engine_seconds": round(engine, 3),
-        "bookkeeping_seconds": round(max(0.0, wall - engine), 3),
-        "bookkeeping_share": round(max(0.0, wall - engine) / wall, 3) if wall > 0 else 0.0,
-    }
-
-
 def node_label(model, index: int) -> str:
     """A node's name, or op_index for unnamed nodes (never an empty string)."""
     node = model.graph.node[index]
     return node.name or f"{node.op_type}_{index}"
-
-
-def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume) -> None:
-    """--resume continues only the run that was started: same model, feeds, target, criterion."""
-    from reprokit.oracle import feeds_digest, file_digest
-
-    fingerprint = {
-        "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
-        "reference": oracle.reference, "criterion": oracle.criterion.describe(),
-        "fail_regex": options.fail_regex,
-        "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
-    }
-    path = os.path.join(state_dir, "run.json")
-    if resume and os.path.exists(path):
-        with open(path) as handle:
-            before = json.load(handle)
-        changed = [k for k in fingerprint if before.get(k) != fingerprint[k]]
-        if changed:
-            raise InputError(
-                f"--resume: this run differs from the one in {os.path.dirname(state_dir)} in {', '.join(changed)}",
-                hint="resume with the same model, inputs/seed, target and tolerances, or use a new -o directory")
-    # Absolute paths: `reprokit shrink --resume OUT` works from any directory (saved_run).
-    absolute = options.inputs and os.path.abspath(options.inputs)
-    from dataclasses import replace
-
-    resume_with = {"model": os.path.abspath(model_path), "target": target,
-                   "args": option_args(replace(options, inputs=absolute or None))}
-    _atomic_json(path, {**fingerprint, "resume": resume_with})
-
-
-def _with_timing_cache(target: str, state_dir: str) -> str:
-    """TensorRT targets share one timing cache across every build of a shrink run."""
-    spec = parse_target(target)
-    if spec.engine != "trt" or spec.has("timing-cache"):
-        return target
-    return str(spec.with_options(f"timing-cache={os.path.abspath(os.path.join(state_dir, 'timing.cache'))}"))
-
-
-def _without_private_timing_cache(target: str) -> str:
-    """``target`` less the timing cache :func:`_with_timing_cache` put in a run's state folder."""
-    from reprokit.spec import TargetSpec
-
-    spec = parse_target(target)
-    private = os.path.join(STATE_DIR, "timing.cache")
-    options = tuple((k, v) for k, v in spec.options
-                    if not (k == "timing-cache" and str(v).endswith(os.sep + private)))
-    return target if options == spec.options else str(TargetSpec(spec.engine, options, spec.command))
 
 
 def _confirm_stats(oracle, nodes: int):
@@ -434,128 +294,3 @@ def _capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, 
 
     return ActivationStore.capture(run_chunk, names, sizes, capture_dir, chunk_bytes=limits.capture_chunk_bytes,
                                    max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
-
-
-class _BestWriter:
-    """Rewrites minimal.onnx, inputs.npz and summary.json after every accepted step."""
-
-    def __init__(self, out_dir, model_path, target, options, original_nodes, started, max_calls=None):
-        self.max_calls = max_calls
-        self.out_dir = out_dir
-        self.model_path = model_path
-        self.target = target
-        self.options = options
-        self.original_nodes = original_nodes
-        self.started = started
-        self.summary: dict = {}
-
-    def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
-              note: str = ""):
-        """Write the best so far as ONE step: every file goes to a temporary name first and
-        the renames follow only when all were written, so a full disk or an interrupt never
-        leaves a minimal.onnx beside the inputs.npz of another model."""
-        if minimal_model is None:
-            extraction = reducer.extraction(reducer.best)
-            minimal_model, feeds = extraction.model, extraction.feeds
-        staged: list[tuple[str, str]] = []
-        try:
-            def stage(name: str, write) -> None:
-                final = os.path.join(self.out_dir, name)
-                tmp = os.path.join(self.out_dir, f".{name}.writing")
-                write(tmp)
-                staged.extend(staged_data(tmp, final))  # a model's external data file moves with it
-
-            minimal_path = os.path.join(self.out_dir, "minimal.onnx")
-            stage("minimal.onnx", lambda tmp: save_model(minimal_model, tmp, base_dir=reducer.oracle.weights_dir,
-                                                         self_contained=True, final_path=minimal_path))
-            stage("inputs.npz", lambda tmp: _atomic_npz(tmp, feeds))
-            if reference is not None:
-                stage("reference_outputs.npz", lambda tmp: _atomic_npz(tmp, reference))
-            self.summary = self._summary(reducer, status, minimal_model, feeds, final_verdict, note)
-            stage("summary.json", lambda tmp: _atomic_json(tmp, self.summary))
-        except BaseException:
-            for tmp, _ in staged:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-            raise
-        for tmp, final in staged:  # summary.json last: it vouches for the files before it
-            os.replace(tmp, final)
-        stale = minimal_path + ".data"
-        if os.path.exists(stale) and stale not in {final for _, final in staged}:
-            os.remove(stale)  # the previous best needed external weights; this one holds its own
-
-    def write_summary(self, reducer, status, *, final_verdict=None, note: str = "", attribution=None):
-        """summary.json alone: an outcome with no model to call minimal (accumulated error)."""
-        self.summary = self._summary(reducer, status, None, {}, final_verdict, note)
-        self.summary["attribution"] = attribution
-        _atomic_json(os.path.join(self.out_dir, "summary.json"), self.summary)
-
-    def _summary(self, reducer, status, minimal_model, feeds, final_verdict, note) -> dict:
-        stats = reducer.oracle.stats
-        nodes = list(minimal_model.graph.node) if minimal_model is not None else []
-        built = sum(s.nodes_built for s in reducer.stats.values())
-        summary = {
-            "schema": "reprokit.shrink/1",
-            "status": status,
-            "model": self.model_path,
-            "target": reducer.oracle.target,
-            "reference": reducer.oracle.reference,
-            "criterion": reducer.oracle.criterion.describe(),
-            "signature": reducer.signature.to_json(),
-            "original": {"nodes": self.original_nodes},
-            "minimal": {
-                "nodes": len(nodes),
-                "ops": sorted(n.op_type for n in nodes),
-                "node_names": [n.name or f"{n.op_type}_{i}" for i, n in enumerate(nodes)],
-                "inputs": [{"name": i.name, "shape": list(np.asarray(feeds[i.name]).shape)}
-                           for i in (minimal_model.graph.input if nodes else []) if i.name in feeds],
-                "outputs": [{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim]}
-                            for o in (minimal_model.graph.output if nodes else [])],
-            },
-            "calls": {"target": stats.target, "reference": stats.reference,
-                      "cached": stats.cached + sum(s.cached for s in reducer.stats.values()),
-                      "target_seconds": round(stats.target_seconds, 3),
-                      "seconds_per_target_call": round(stats.target_seconds / max(1, stats.target), 3),
-                      "build_seconds": [round(b, 3) for b in stats.build_seconds]},
-            # Build work: nodes in the models the target built, over every call (packs count
-            # all their members), the number to set beside polygraphy's.
-            "build_work": {"nodes_built": built, "per_call": round(built / max(1, stats.target), 1),
-                           "candidates_judged": sum(s.candidates for s in reducer.stats.values())},
-            "one_minimal": reducer.one_minimal,
-            "resources": _resources(stats, time.monotonic() - self.started),
-            "budget": {"max_calls": self.max_calls, "target_calls_for_passes": reducer.budget,
-                       "spent": reducer.spent, "stopped": reducer.stopped},
-            "wall_s": round(time.monotonic() - self.started, 3),
-            "steps": [s.to_json(name) for name, s in reducer.stats.items()],
-            "other_findings": reducer.findings,
-            "rerun": rerun_command(self.model_path, self.target, self.options),
-        }
-        if note:
-            summary["note"] = note
-        if final_verdict is not None:
-            summary["verdict"] = final_verdict.to_json()
-        return summary
-
-
-def pack_result(result: ShrinkResult, target: str, options: RunOptions, *, fmt: str = "tar.gz",
-                redact: bool = False, on_event=None, audit=None):
-    """Pack the minimal model of a finished shrink into OUT/report.<fmt>, with shrink's context.
-    ``audit`` (a reprokit.audit.AuditResult of the original model) adds audit/ and the sweep."""
-    from dataclasses import replace
-
-    from reprokit.report import pack
-
-    summary = result.summary
-    context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
-               "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
-               "original_model": summary["model"], "original_signature": summary["signature"]}
-    if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
-        context.update(audit.issue_context())
-    packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
-                  options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
-                                  input_shapes={}, val_ranges={}),
-                  fmt=fmt, redact=redact, context=context, on_event=on_event,
-                  audit_dir=audit.out_dir if audit is not None else None)
-    summary["report"] = packed.archive
-    _atomic_json(os.path.join(result.out_dir, "summary.json"), summary)
-    return packed

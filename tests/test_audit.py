@@ -183,7 +183,10 @@ def test_sweep_on_a_sample_keeps_the_fault_node_in_fp32(tmp_path):
     # every engine call is listed with its cost; the range audit added none
     cost = result.payload["cost"]
     assert cost["target_calls"] == sum(1 for c in result.payload["calls"] if c["role"] == "target")
-    assert cost["target_calls"] == 2 + sum(r.target_calls for r in result.sweep)
+    # the verdict, the marked layerwise run, every node alone (packed: one call), the sweep
+    assert result.payload["isolated"]["calls"] == 1
+    assert result.payload["isolated"]["nodes_judged_alone"] >= 50
+    assert cost["target_calls"] == 2 + 1 + sum(r.target_calls for r in result.sweep)
 
 
 def test_sweep_fuses_the_layernorm_of_the_nafnet_sample(tmp_path):

@@ -186,3 +186,31 @@ def test_normalize_message_masks_paths_names_and_numbers():
     text = "loading /tmp/x/model.onnx\nError: node 'conv_12' failed at 0x7ffe12 with code 42\n"
     assert normalize_message(text) == "Error: node <name> failed at N with code N"
     assert normalize_message("") == ""
+
+
+def test_normalize_message_keeps_quoted_operator_types():
+    """'unsupported op A' and 'unsupported op B' are two bugs: quoted op types are not masked."""
+    unique = normalize_message("Error: unsupported op 'Unique' in node 'u_1'")
+    nonzero = normalize_message("Error: unsupported op 'NonZero' in node 'u_1'")
+    assert unique == "Error: unsupported op 'Unique' in node <name>"
+    assert unique != nonzero
+
+
+def test_crashes_without_a_signal_are_told_apart_by_exit_code_and_last_words(tmp_path):
+    """An engine process that exits without a result (no signal) is a crash whose signature
+    carries its exit code and last words, so two different aborts are two findings."""
+    from reprokit.compare import Criterion
+    from reprokit.oracle import Oracle
+    from reprokit.worker import WorkerResult
+
+    oracle = Oracle("ort", "emulate:fp16", Criterion.for_precision("fp16", "rel-l2", None, None, None),
+                    precision="fp16", workdir=str(tmp_path))
+    message = "engine process exited with code {} without a result"
+    first = oracle.verdict_from(WorkerResult("crash", message=message.format(3), log="CUDA error: illegal address"), {})
+    other = oracle.verdict_from(WorkerResult("crash", message=message.format(3), log="std::bad_alloc thrown"), {})
+    code = oracle.verdict_from(WorkerResult("crash", message=message.format(5), log="CUDA error: illegal address"), {})
+    assert first.kind is Kind.CRASH and "exit code 3" in first.signature.detail
+    assert not first.signature.same_bug(other.signature)
+    assert not first.signature.same_bug(code.signature)
+    assert first.signature.same_bug(oracle.verdict_from(
+        WorkerResult("crash", message=message.format(3), log="CUDA error: illegal address"), {}).signature)

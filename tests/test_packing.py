@@ -200,12 +200,20 @@ def test_accumulated_error_is_said_with_an_attribution_not_a_big_minimal_model(t
     assert "accumulated error" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "accumulated"
-    assert not (out / "minimal.onnx").exists() and not (out / "report.tar.gz").exists()
+    assert not (out / "minimal.onnx").exists()  # no model is called minimal
     found = summary["attribution"]
     assert found["nodes_judged_alone"] == 48 and found["diverging_alone"] == 0
     assert found["top"] and found["top"][0]["op"] == "MatMul" and found["fp32_nodes"]
     assert len(found["cumulative"]) >= 24
     assert summary["calls"]["target"] <= 4
+    # the archive carries the whole model, and ISSUE.md says what was found
+    import tarfile
+
+    with tarfile.open(out / "report.tar.gz") as archive:
+        issue = next(m for m in archive.getmembers() if m.name.endswith("/ISSUE.md"))
+        text = archive.extractfile(issue).read().decode()
+    assert "accumulating" in text and f"`{found['top'][0]['node']}`" in text
+    assert f"fp32-nodes={found['fp32_nodes']}" in text
 
 
 def test_a_result_that_does_not_reproduce_alone_is_not_done(tmp_path):

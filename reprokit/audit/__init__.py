@@ -140,6 +140,18 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
             event(f"verdict: {verdict.signature.describe() if verdict.diverges else 'agree'}; layerwise run")
             layer = _layerwise(oracle, ledger, model, marked, feeds, graph_outputs + tensors, activations, target)
 
+        isolated = None
+        if verdict is not None and verdict.diverges and verdict.kind.value in ("nonfinite", "mismatch"):
+            from reprokit.reduce.pipeline import isolated_attribution
+
+            event("each node alone, fed with the reference activations (packed)")
+            started_isolated = time.monotonic()
+            before = oracle.stats.target
+            isolated = isolated_attribution(model, activations, feeds, oracle, verdict.signature,
+                                            os.path.join(work, "isolated"), lambda i: model.graph.node[i].name)
+            for _ in range(oracle.stats.target - before):
+                ledger.add("isolated", "target", oracle.target, "every node alone (packed)",
+                           (time.monotonic() - started_isolated) / max(1, oracle.stats.target - before))
         suspects = _suspects(model, ranges, layer, verdict)
         bench = Bench(model, path, feeds, reference, options, work, ledger, prepared.base_dir)
         rows: list[SweepRow] = []
@@ -152,6 +164,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
             explained = explain(bench, oracle, verdict.signature, seed=options.seed + 1)
         payload = _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
                            rows, explained, kept_nodes, ledger, started, sweep, explain_inputs)
+        payload["isolated"] = isolated
         files = {}
         if out_dir:
             from reprokit.audit.output import write_outputs

@@ -2,9 +2,14 @@
 
 On CPUs with AVX512-BF16 OpenVINO's default CPU precision is bf16, so real models really diverge
 here: a true optimizing engine with layer fusion, standing in for TensorRT on a machine with no GPU.
+OpenVINO renames, merges and drops tensors while it reads a model, so inputs and outputs are
+matched to its ports through the ONNX graph (by position and by every name a port carries), never
+through the one name OpenVINO happens to report.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -71,13 +76,13 @@ class OpenVinoBackend(Backend):
         try:
             model = core.read_model(model_path)
         except Exception as exc:  # OpenVINO raises RuntimeError subclasses with its own text
-            raise BuildError(f"OpenVINO could not read the model: {exc}") from exc
+            raise BuildError(f"OpenVINO failed to read the model: {engine_reason(exc)}\n{exc}") from exc
         bound = bind_inputs(model.inputs, graph_inputs, feeds)
         reshape_to_feeds(model, bound)
         try:
             compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
         except Exception as exc:
-            raise BuildError(f"OpenVINO could not compile the model: {exc}") from exc
+            raise BuildError(f"OpenVINO failed to compile the model: {engine_reason(exc)}\n{exc}") from exc
         ports = output_ports([set(p.get_names()) for p in compiled.outputs], graph_outputs,
                              output_names or graph_outputs)
         missing = [n for n, index in ports.items() if index is None]
@@ -88,10 +93,25 @@ class OpenVinoBackend(Backend):
             request.infer(bound)
             outputs = {n: request.get_output_tensor(index).data.copy() for n, index in ports.items()}
         except Exception as exc:
-            raise BuildError(f"OpenVINO failed to run the model: {exc}") from exc
+            raise BuildError(f"OpenVINO failed to run the model: {engine_reason(exc)}\n{exc}") from exc
         actual = compiled.get_property("INFERENCE_PRECISION_HINT")
         name = actual.get_type_name() if hasattr(actual, "get_type_name") else str(actual)
         return RunResult(outputs=outputs, meta={"inference_precision": name, "device": "CPU"})
+
+
+# Lines of OpenVINO's errors that locate or introduce the reason rather than give it.
+_NOT_THE_REASON = re.compile(
+    r"^(Exception from |Check '.*' failed at |FrontEnd API failed|Summary:|Model wasn't fully converted"
+    r"|While validating |-- Conversion is failed for|-- .* with a message:)")
+
+
+def engine_reason(exc: Exception) -> str:
+    """The line of OpenVINO's multi-line error that says why ("Exception from core.cpp:84:" and
+    "Check 'false' failed at …" come first, the reason last): it leads the message, so the
+    verdict's one-line summary and its signature name the reason, not a source location."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reasons = [line for line in lines if not _NOT_THE_REASON.match(line)]
+    return (reasons or lines or [exc.__class__.__name__])[-1]
 
 
 def onnx_io_names(model_path: str) -> tuple[list[str], list[str]]:
@@ -147,7 +167,7 @@ def reshape_to_feeds(model, bound: dict) -> None:
     try:
         model.reshape(shapes)
     except Exception as exc:  # the engine's own refusal of these shapes
-        raise BuildError(f"OpenVINO could not reshape the model to the feeds' shapes: {exc}") from exc
+        raise BuildError(f"OpenVINO failed to reshape the model to the feeds' shapes: {engine_reason(exc)}\n{exc}") from exc
 
 
 def output_ports(port_names: list[set[str]], graph_outputs: list[str], wanted: list[str]) -> dict:
