@@ -177,6 +177,9 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
               help="Skip the survey and localization (named node, each node alone, layerwise); search only.")
 @click.option("--one-by-one", is_flag=True,
               help="Judge one candidate per engine call (no packed candidates, no group testing).")
+@click.option("--accept-milder", is_flag=True,
+              help="Accept candidates whose mismatch is much milder than the original's (by default a candidate "
+                   "must reach a tenth of its error, between 1x and 10x the tolerance).")
 @click.option("--search-accumulated", is_flag=True,
               help="When no small region shows a mismatch alone (accumulated error), search on for the "
                    "smallest window instead of stopping with the attribution.")
@@ -189,7 +192,8 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
-           no_localize, one_by_one, search_accumulated, no_pack, fmt, redact, with_audit, as_json, **kw):
+           no_localize, one_by_one, accept_milder, search_accumulated, no_pack, fmt, redact, with_audit, as_json,
+           **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
@@ -229,7 +233,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
                                   resume=resume is not None, localize_first=not no_localize, on_event=progress,
                                   limits=limits, pack_candidates=not one_by_one,
-                                  search_accumulated=search_accumulated)
+                                  search_accumulated=search_accumulated, accept_milder=accept_milder)
     except KeyboardInterrupt:
         keep = [a for p in ctx.command.params if p.name in _SHRINK_ONLY and _given(ctx, p.name)
                 for a in _as_args(p, ctx.params[p.name])]
@@ -376,7 +380,7 @@ def _run_args(**kw):
 
 # shrink options that shape how the search runs, not what it judges: kept in the resume hint.
 _SHRINK_ONLY = ("jobs", "replays", "max_activation_disk", "max_calls", "capture_chunk", "no_localize",
-                "one_by_one", "search_accumulated", "no_pack", "fmt", "redact", "with_audit")
+                "one_by_one", "accept_milder", "search_accumulated", "no_pack", "fmt", "redact", "with_audit")
 
 
 def _given(ctx, name: str) -> bool:

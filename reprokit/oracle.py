@@ -207,6 +207,7 @@ class Oracle:
         os.makedirs(self.workdir, exist_ok=True)
         self.stats = CallStats()
         self._cache: dict[str, Verdict] = {}
+        self._pending: dict[str, threading.Event] = {}  # keys being computed right now
         self._counter = 0
         self._lock = threading.Lock()  # shrink --jobs N calls judge() from several threads
 
@@ -279,11 +280,31 @@ class Oracle:
     ) -> Verdict:
         """Verdict for one model and feeds. Cached: an identical call is never run twice."""
         key = self.cache_key(model_path, feeds, output_names)
-        hit = self._cache.get(key)
-        if hit is not None:
-            with self._lock:
+        # One computation per key, even under --jobs: a second thread asking for the same model
+        # waits for the first one's verdict instead of building the engine again.
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is None:
+                owner = key not in self._pending
+                pending = self._pending.setdefault(key, threading.Event())
+            else:
                 self.stats.cached += 1
+        if hit is not None:
             return Verdict(**{**hit.__dict__, "cached": True})
+        if not owner:
+            pending.wait()
+            return self.judge(model_path, feeds, reference_outputs=reference_outputs, output_names=output_names)
+        try:
+            verdict = self._judge_uncached(model_path, feeds, reference_outputs, output_names)
+            with self._lock:
+                self._cache[key] = verdict
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+            pending.set()
+        return verdict
+
+    def _judge_uncached(self, model_path, feeds, reference_outputs, output_names) -> Verdict:
         reference_run = result = None
         try:  # every call's folder goes, whatever the outcome: crash hunts leave no feeds behind
             if reference_outputs is None:
@@ -296,7 +317,6 @@ class Oracle:
             for run in (result, reference_run):
                 if run is not None:
                     run.discard()
-        self._cache[key] = verdict
         return verdict
 
     def verdict_from(self, result: WorkerResult, reference_outputs: dict) -> Verdict:

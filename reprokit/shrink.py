@@ -42,6 +42,19 @@ class Limits:
     max_calls: int | None = -1  # target calls in all; -1 = auto (polygraphy parity), None = no limit
 
 
+def severity_floor(verdict) -> float | None:
+    """The error a mismatch candidate must reach: a tenth of the original's worst error, at least
+    the tolerance and at most ten times it — so a 1.0 divergence never shrinks to a 0.0104 one
+    (tolerance 0.01) a maintainer would dismiss, while a divergence near the tolerance keeps it."""
+    from reprokit.compare import Metric
+
+    if verdict.kind is not Kind.MISMATCH or verdict.criterion.metric is Metric.ALLCLOSE:
+        return None
+    tolerance = verdict.criterion.tolerance
+    worst = max((o.error for o in verdict.outputs if o.exceeds), default=tolerance)
+    return max(tolerance, min(worst / 10, 10 * tolerance))
+
+
 def auto_call_budget(nodes: int) -> int:
     """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for each
     end), plus what reprokit spends on its promises: the confirming call, the final judgement of
@@ -61,7 +74,7 @@ class ShrinkResult:
 def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
            jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
            on_event=None, limits: Limits | None = None, pack_candidates: bool = True,
-           search_accumulated: bool = False) -> ShrinkResult:
+           search_accumulated: bool = False, accept_milder: bool = False) -> ShrinkResult:
     """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``.
     The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish."""
     options = options or RunOptions()
@@ -86,6 +99,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                       workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
                       best=frozenset(range(original_nodes)))
     reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
+    if not accept_milder:
+        reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
         from reprokit.oracle import normalize_message
 

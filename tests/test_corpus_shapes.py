@@ -105,6 +105,19 @@ def test_openvino_compiles_for_the_feeds_shapes_not_dynamic_rank(tmp_path, openv
     assert v.signature == Signature(Kind.AGREE), v.message
 
 
+def test_openvino_refusal_names_its_reason_first(tmp_path, openvino):
+    # x[3,4,5], axes[1] (a runtime input) -> Unsqueeze -> y      (rank depends on axes' values:
+    # OpenVINO's CPU plug-in refuses it, reshaped or not; the verdict must say so, not "core.cpp:117")
+    model = opset_model([helper.make_node("Unsqueeze", ["x", "axes"], ["y"])],
+                        [vi("x", [3, 4, 5]), vi("axes", [1], INT64)], [vi("y", [1, 3, 4, 5])])
+    feeds = write_npz(tmp_path / "feeds.npz", x=np.ones((3, 4, 5), np.float32), axes=np.array([0], np.int64))
+    v = check(save(model, tmp_path / "m.onnx"), "openvino:f32", options=RunOptions(inputs=feeds)).verdict
+    assert v.signature.kind is Kind.BUILD_ERROR
+    first = v.message.splitlines()[0]
+    assert first.startswith("OpenVINO failed to compile the model: ") and "dynamic rank" in first
+    assert "dynamic rank" in v.signature.detail
+
+
 # 4. Storage emulation of models whose default-domain opset is absent or cannot be lifted.
 
 

@@ -214,3 +214,25 @@ def test_crashes_without_a_signal_are_told_apart_by_exit_code_and_last_words(tmp
     assert not first.signature.same_bug(code.signature)
     assert first.signature.same_bug(oracle.verdict_from(
         WorkerResult("crash", message=message.format(3), log="CUDA error: illegal address"), {}).signature)
+
+
+def test_two_threads_asking_the_same_verdict_build_the_engine_once(model_file, tmp_path):
+    """The verdict cache is checked and filled under one lock: --jobs never builds twice."""
+    import threading
+
+    from reprokit.session import RunOptions, make_oracle
+
+    oracle = make_oracle("emulate:fp16", RunOptions(), str(tmp_path / "calls"))
+    path = model_file("small_mlp")
+    import onnx
+
+    feeds = {i.name: np.random.default_rng(0).random([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in onnx.load(path).graph.input}
+    verdicts = []
+    threads = [threading.Thread(target=lambda: verdicts.append(oracle.judge(path, feeds))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert oracle.stats.target == 1 and oracle.stats.reference == 1
+    assert len({v.signature for v in verdicts}) == 1 and sum(v.cached for v in verdicts) == 2

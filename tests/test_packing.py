@@ -282,3 +282,31 @@ def test_the_fault_that_was_localized_stays_in_every_later_candidate(tmp_path):
     names = set(result.summary["minimal"]["node_names"])
     assert {"l2/square", "l2/sum", "l2/sqrt"} <= names, names
     assert result.summary["verdict"]["signature"]["kind"] == "mismatch"
+
+
+def _mild_and_severe():
+    """x → Add(64) → Sub(64): fp16 storage costs ~2.8 % here (a mild mismatch, just over the 1 %
+    tolerance); x → ×400 → L2-normalize: the square overflows, the output is lost (severe).
+    out = mild + 20 · normalized."""
+    b = planted._with_int64(planted._Builder(9))
+    shifted = b.op("Add", ["x", b.const("shift_c", 64.0)], "shift")
+    mild = b.op("Sub", [shifted, b.const("unshift_c", 64.0)], "unshift")
+    normed = planted._l2norm(b, b.op("Mul", ["x", b.const("gain_c", 400.0)], "gain"), "l2")
+    scaled = b.op("Mul", [normed, b.const("twenty_c", 20.0)], "twenty")
+    out = b.op("Add", [mild, scaled], "out")
+    model = _model(b.nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                   [helper.make_tensor_value_info(out, TensorProto.FLOAT, [4, 64])], b.inits)
+    return model, {"x": np.random.default_rng(5).random((4, 64)).astype(np.float32)}
+
+
+def test_a_much_milder_mismatch_is_not_the_same_bug(tmp_path):
+    path, inputs = planted.save(*_mild_and_severe(), str(tmp_path), "mild")
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=inputs))
+    summary = result.summary
+    names = set(summary["minimal"]["node_names"])
+    assert "unshift" not in names and {"l2/square", "l2/sum"} <= names, names
+    assert any(k.startswith("milder mismatch") for k in summary["other_findings"]), summary["other_findings"]
+    assert max(float(o["error"]) for o in summary["verdict"]["outputs"]) >= 0.1
+    milder = shrink(path, "emulate:fp16", str(tmp_path / "milder"), options=RunOptions(inputs=inputs),
+                    accept_milder=True)
+    assert milder.summary["minimal"]["node_names"] == ["unshift"]

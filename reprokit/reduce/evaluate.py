@@ -47,6 +47,13 @@ def _prepare(reducer, nodes: frozenset, *, check: bool):
 
 def _outcome(reducer, verdict, *, packed: bool) -> Outcome:
     interesting = verdict.diverges and reducer.signature.same_bug(verdict.signature)
+    error = max((o.error for o in verdict.outputs), default=None)
+    if interesting and reducer.severity is not None and error is not None and not error >= reducer.severity:
+        # A mismatch much milder than the original's is another, smaller effect: a repro a
+        # maintainer would dismiss as noise. Counted, never followed.
+        interesting = False
+        label = f"milder mismatch (error below {reducer.severity:.3g})"
+        reducer.findings[label] = reducer.findings.get(label, 0) + 1
     if interesting and reducer.message_key and verdict.message:
         # Same failure class, other words (a check printing which node it saw): counted, so the
         # summary can say so and suggest --fail-regex when they are different bugs.
@@ -59,7 +66,7 @@ def _outcome(reducer, verdict, *, packed: bool) -> Outcome:
     return Outcome(
         interesting=interesting,
         kind=verdict.kind.value, detail=verdict.signature.detail,
-        error=max((o.error for o in verdict.outputs), default=None),
+        error=error,
         from_cache=verdict.cached, packed=packed,
     )
 

@@ -145,10 +145,10 @@ def isolated_attribution(model, activations: dict, feeds: dict, oracle, signatur
     """Every node alone, fed with the captured activations, in packed calls (one for most models):
     the same attribution shrink writes for an accumulated error, for ``audit``. Nodes that read a
     tensor the capture does not hold (integer shapes) are left out."""
+    import os
+
     from reprokit.reduce.reducer import Journal, Reducer
     from reprokit.subgraph import GraphIndex
-
-    import os
 
     os.makedirs(workdir, exist_ok=True)
     index = GraphIndex.build(model)

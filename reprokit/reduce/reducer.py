@@ -117,6 +117,7 @@ class Reducer:
     pack_bytes: int = 1 << 30  # feeds + outputs one packed call may move
     pack_nodes: int = 4096  # nodes one packed call may build
     isolated: dict = field(default_factory=dict)  # node index -> Outcome of the node alone
+    severity: float | None = None  # a mismatch candidate's error must reach this (None: the tolerance)
     message_key: str = ""  # the original failure's normalized message (pass/fail oracles)
     interactions: list = field(default_factory=list)  # groups that fail only together (group testing)
     contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
