@@ -7,7 +7,6 @@ reduction never slips to a different bug. Engine calls go through ``worker.run_i
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import os
 import re
@@ -112,19 +111,20 @@ def normalize_message(message: str) -> str:
     chosen = re.sub(r"(?<![\w>])(?:/[\w.\-]+){2,}", "<path>", chosen)
     # A quote opens a name only where no letter precedes it and closes one only where none
     # follows: the apostrophes of "can't" or "model's" are not quotes.
-    # Quoted operator types stay: "unsupported op 'Unique'" and "… 'NonZero'" are two bugs.
+    # Quoted operator types stay: "unsupported op 'Unique'" and "… 'NonZero'" are two bugs. The
+    # set of every op type onnx knows is kept on the function itself: repro.py embeds this
+    # function's source alone, so it may not call a helper of this module.
+    if not hasattr(normalize_message, "op_types"):
+        try:
+            import onnx.defs
+
+            normalize_message.op_types = frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
+        except Exception:  # no onnx: every quoted name is masked
+            normalize_message.op_types = frozenset()
     chosen = re.sub(r"(?<!\w)(['\"`])(.*?)\1(?!\w)",
-                    lambda m: m.group(0) if m.group(2) in _op_types() else "<name>", chosen)
+                    lambda m: m.group(0) if m.group(2) in normalize_message.op_types else "<name>", chosen)
     chosen = re.sub(r"0x[0-9a-fA-F]+|(?<![A-Za-z])\d+", "N", chosen)
     return chosen[:200]
-
-
-@functools.lru_cache(maxsize=1)
-def _op_types() -> frozenset:
-    """Every operator type onnx knows (all domains), for telling op names from tensor names."""
-    import onnx.defs
-
-    return frozenset(schema.name for schema in onnx.defs.get_all_schemas_with_history())
 
 
 def _last_lines(text: str, count: int = 3) -> str:
