@@ -82,7 +82,7 @@ def scenarios(work: str) -> list[dict]:
 def _calls(log: str) -> tuple[int, int]:
     with open(log) as handle:
         rows = [line.split() for line in handle if line.strip()]
-    return len(rows), sum(int(r[2]) for r in rows if len(r) > 2)
+    return len(rows), sum(int(r[-1]) for r in rows if len(r) > 2 and r[-1].isdigit())
 
 
 def _names(path: str) -> list[str]:

@@ -356,7 +356,7 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
         with open(call_log) as handle:
             logged = [line.split() for line in handle if line.strip()]
         row["calls"] = len(logged)
-        row["nodes_built"] = sum(int(parts[2]) for parts in logged if len(parts) > 2)
+        row["nodes_built"] = sum(int(parts[-1]) for parts in logged if len(parts) > 2 and parts[-1].isdigit())
         if name in ("sanitize", "run_mark_all") and m["rc"] == 0 and "start_nodes" not in row:
             row["start_nodes"] = model_nodes(os.path.join(work, "folded.onnx"))[0]
         if m["rc"] != 0 or (name == "reduce" and not os.path.exists(os.path.join(work, "reduced.onnx"))):
@@ -519,7 +519,7 @@ def main(argv=None) -> int:
     results = []
     try:
         for spec in selected:
-            work = os.path.join(root, spec["name"])
+            work = os.path.join(root, spec["name"].replace(" ", "_").replace(":", "-"))
             os.makedirs(work)
             res = {k: spec[k] for k in ("name", "path", "target", "tol", "shapes", "expected")}
             res["file_nodes"] = model_nodes(spec["path"])[0]

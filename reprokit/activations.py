@@ -61,10 +61,12 @@ class ActivationStore:
             if on_event and len(chunks) > 1:
                 on_event(f"capturing activations, part {number + 1} of {len(chunks)} ({len(chunk)} tensors)")
             result = run_chunk(chunk)
+            dtypes = getattr(result.outputs, "dtypes", {})
             for name, source in result.outputs.paths.items():
                 file = f"a{len(files):06d}.npy"
                 os.replace(source, os.path.join(directory, file))
-                files[name] = file
+                # an ml_dtype saved as raw bits keeps its name in the index: "a000001.npy#bfloat16"
+                files[name] = file + (f"#{dtypes[name]}" if name in dtypes else "")
                 used += os.path.getsize(os.path.join(directory, file))
             result.discard()
             if max_disk_bytes is not None and used > max_disk_bytes:
@@ -94,7 +96,10 @@ class ActivationStore:
         return self.get(name)
 
     def get(self, name: str) -> np.ndarray:
-        return np.load(os.path.join(self.directory, self._files[name]), mmap_mode="r", allow_pickle=False)
+        from reprokit.worker import load_npy
+
+        file, _, dtype = self._files[name].partition("#")
+        return load_npy(os.path.join(self.directory, file), dtype or None)
 
     def info(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         """Shape and dtype without reading the data."""

@@ -37,15 +37,31 @@ def kill_running() -> None:
             pass
 
 
+# ml_dtypes that .npy cannot name (bfloat16, float8, int4): saved as raw bits, viewed back by name.
+RAW_BITS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e4m3fnuz": np.uint8,
+            "float8_e5m2": np.uint8, "float8_e5m2fnuz": np.uint8, "int4": np.int8, "uint4": np.uint8}
+
+
+def load_npy(path: str, dtype: str | None = None) -> np.ndarray:
+    """A .npy written by an engine call, memory-mapped; ``dtype`` names an ml_dtype saved as bits."""
+    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    if dtype:
+        import ml_dtypes
+
+        array = array.view(getattr(ml_dtypes, dtype))
+    return array
+
+
 class OutputFiles(Mapping):
     """An engine call's outputs, one .npy file each, opened (memory-mapped) only when read:
     a capture of thousands of tensors moves files without opening them."""
 
-    def __init__(self, paths: dict[str, str]):
+    def __init__(self, paths: dict[str, str], dtypes: dict[str, str] | None = None):
         self.paths = paths
+        self.dtypes = dtypes or {}  # name -> ml_dtype name, for outputs saved as raw bits
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return np.load(self.paths[name], mmap_mode="r", allow_pickle=False)
+        return load_npy(self.paths[name], self.dtypes.get(name))
 
     def __iter__(self):
         return iter(self.paths)
@@ -146,7 +162,8 @@ def run_in_worker(
     with open(result_path) as handle:
         result = json.load(handle)
     outputs = OutputFiles({entry["name"]: os.path.join(job_dir, entry["file"])
-                           for entry in result.get("outputs", [])})
+                           for entry in result.get("outputs", [])},
+                          {entry["name"]: entry["dtype"] for entry in result.get("outputs", []) if entry.get("dtype")})
     return WorkerResult(
         result["status"],
         outputs=outputs,
@@ -209,8 +226,13 @@ def _child(job_dir: str) -> int:
         entries = []
         for index, (name, value) in enumerate(_tensors(run.outputs).items()):
             file = f"out{index:05d}.npy"
-            np.save(os.path.join(job_dir, file), _savable(np.asarray(value)), allow_pickle=False)
-            entries.append({"name": name, "file": file})
+            array = _savable(np.asarray(value))
+            entry = {"name": name, "file": file}
+            if str(array.dtype) in RAW_BITS:
+                entry["dtype"] = str(array.dtype)
+                array = array.view(RAW_BITS[str(array.dtype)])
+            np.save(os.path.join(job_dir, file), array, allow_pickle=False)
+            entries.append(entry)
         result.update(outputs=entries, meta=run.meta, log=run.log if len(run.log) <= _STDERR_TAIL else _whole_lines(run.log[-_STDERR_TAIL:]))
     except CommandCrash as exc:
         result = {"status": "crash", "message": exc.message, "meta": {"signal": exc.signal_name}}

@@ -277,3 +277,29 @@ def test_worker_traceback_reaches_debug_output_not_the_hint():
     assert "Traceback" not in info.value.hint
     assert "Traceback (most recent call last)" in str(info.value.__cause__)
 
+
+
+@pytest.mark.parametrize("elem,dtype_name", [(TensorProto.BFLOAT16, "bfloat16"),
+                                              (TensorProto.FLOAT8E4M3FN, "float8_e4m3fn")])
+def test_narrow_float_feeds_from_a_test_data_set_reach_onnxruntime_as_themselves(tmp_path, elem, dtype_name):
+    """test_cast_BFLOAT16_to_FLOAT's shape: x (bfloat16 / float8) → Cast → y (float), and back
+    → z (the narrow type). The feed travels as the real narrow type (not void bytes) to the
+    reference and the target, and the narrow output comes back comparable: exit 0, not 5."""
+    import ml_dtypes
+
+    model = opset_model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT),
+                         helper.make_node("Cast", ["y"], ["z"], to=elem)],
+                        [helper.make_tensor_value_info("x", elem, [2, 3])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+                         helper.make_tensor_value_info("z", elem, [2, 3])], opsets=(("", 19),))
+    path = str(tmp_path / "cast.onnx")
+    onnx.save(model, path)
+    data = tmp_path / "test_data_set_0"
+    data.mkdir()
+    x = np.array([[1.5, -2.25, 0.5], [3.0, 0.125, -1.0]], dtype=getattr(ml_dtypes, dtype_name))
+    (data / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
+    result = check(path, "ort:opt", options=RunOptions(inputs=str(data)))
+    assert result.verdict.kind is Kind.AGREE
+    assert str(np.asarray(result.prepared.feeds.arrays["x"]).dtype) == dtype_name
+    assert np.array_equal(np.asarray(result.reference_outputs["y"]), x.astype(np.float32))
+    assert str(np.asarray(result.target_outputs["z"]).dtype) == dtype_name

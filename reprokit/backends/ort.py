@@ -38,13 +38,67 @@ def make_session(model_path: str, *, optimize: bool = False, providers=None, thr
         raise BuildError(f"onnxruntime could not load the model: {exc}") from exc
 
 
+# numpy dtypes onnxruntime's Python API cannot take or give (ml_dtypes): they travel as raw bits
+# in OrtValues typed by their ONNX element type.
+_RAW = {"bfloat16": ("BFLOAT16", "uint16"), "float8_e4m3fn": ("FLOAT8E4M3FN", "uint8"),
+        "float8_e4m3fnuz": ("FLOAT8E4M3FNUZ", "uint8"), "float8_e5m2": ("FLOAT8E5M2", "uint8"),
+        "float8_e5m2fnuz": ("FLOAT8E5M2FNUZ", "uint8"), "int4": ("INT4", "uint8"), "uint4": ("UINT4", "uint8")}
+
+
 def run_session(session, feeds, output_names):
     names = output_names or [o.name for o in session.get_outputs()]
     try:
+        if any(str(getattr(v, "dtype", "")) in _RAW for v in feeds.values()):
+            return dict(zip(names, _run_raw(session, names, feeds)))
         values = session.run(names, feeds)
     except Exception as exc:
         raise BuildError(f"onnxruntime failed to run the model: {exc}") from exc
     return dict(zip(names, values))
+
+
+def _run_raw(session, names, feeds):
+    """Run with OrtValues so bfloat16/float8/int4 feeds reach the model as themselves, and read
+    outputs of those types back as raw bits viewed through ml_dtypes."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    values = {}
+    for name, value in feeds.items():
+        array = np.ascontiguousarray(value)
+        raw = _RAW.get(str(array.dtype))
+        if raw is None:
+            values[name] = ort.OrtValue.ortvalue_from_numpy(array)
+        elif raw[0] in ("INT4", "UINT4"):  # two per byte in ONNX: pack them as ONNX stores them
+            from onnx import numpy_helper
+
+            packed = numpy_helper.from_array(array, name)
+            bits = np.frombuffer(packed.raw_data, np.uint8)
+            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, getattr(TensorProto, raw[0]))
+        else:
+            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(raw[1]),
+                                                                            getattr(TensorProto, raw[0]))
+    return [_to_numpy(v) for v in session.run_with_ort_values(names, values)]
+
+
+def _to_numpy(value):
+    import ctypes
+
+    import numpy as np
+
+    element = value.data_type()[len("tensor("):-1] if value.data_type().startswith("tensor(") else ""
+    kind = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
+            "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz"}.get(element)
+    if kind is None:
+        return value.numpy()
+    import ml_dtypes
+
+    shape = tuple(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    width = ctypes.c_uint16 if kind == "bfloat16" else ctypes.c_uint8
+    bits = np.ctypeslib.as_array((width * count).from_address(value.data_ptr())).copy() if count else \
+        np.zeros(0, np.uint16 if kind == "bfloat16" else np.uint8)
+    return bits.reshape(shape).view(getattr(ml_dtypes, kind))
 
 
 class OrtBackend(Backend):
