@@ -128,3 +128,15 @@ def pid_gone(pid: int) -> bool:
     except OSError:
         return True
     return state in ("Z", "X")
+
+
+def pack_matmul_softmax(folder: Path):
+    """x[1,16] -> MatMul(3e4) -> Softmax: NaN under emulate:fp16, packed into FOLDER/report.tar.gz
+    (the archive several test modules start from)."""
+    from reprokit.report import pack
+    from reprokit.session import RunOptions
+
+    model = models.save(models.matmul_overflow_softmax(), folder / "model.onnx")
+    result = pack(model, "emulate:fp16", str(folder / "report.tar.gz"), options=RunOptions(seed=3))
+    assert result.reproduces, result.notes
+    return result

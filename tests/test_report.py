@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import pack_matmul_softmax
 
 from reprokit.archive import check_manifest, safe_extract
 from reprokit.report import pack, verify
@@ -30,11 +31,9 @@ NO_REPROKIT = "import runpy, sys; sys.modules['reprokit'] = None; sys.argv = ['r
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
-    """x[1,16] -> MatMul(3e4) -> Softmax: NaN under emulate:fp16, packed once for the module."""
+    """The MatMul→Softmax archive (conftest.pack_matmul_softmax), packed once for the module."""
     folder = tmp_path_factory.mktemp("pack")
-    model = save(matmul_overflow_softmax(), folder / "model.onnx")
-    result = pack(model, "emulate:fp16", str(folder / "report.tar.gz"), options=RunOptions(seed=3))
-    assert result.reproduces, result.notes
+    result = pack_matmul_softmax(folder)
     top = safe_extract(result.archive, str(folder / "x"))
     return result, Path(top)
 

@@ -16,23 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PY, assert_user_error, run_cli
+from conftest import PY, assert_user_error, pack_matmul_softmax, run_cli
 from onnx import TensorProto, helper
 
 from reprokit.archive import safe_extract, write_archive, write_manifest
-from reprokit.report import pack
-from reprokit.session import RunOptions
-from tests.models import make, matmul_overflow_softmax, save, vi
+from tests.models import make, save, vi
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    """x[1,16] -> MatMul(3e4) -> Softmax: NaN under emulate:fp16, packed once for the module."""
-    folder = tmp_path_factory.mktemp("pack")
-    model = save(matmul_overflow_softmax(), folder / "model.onnx")
-    result = pack(model, "emulate:fp16", str(folder / "report.tar.gz"), options=RunOptions(seed=3))
-    assert result.reproduces, result.notes
-    return result.archive
+    """The MatMul→Softmax archive (conftest.pack_matmul_softmax), packed once for the module."""
+    return pack_matmul_softmax(tmp_path_factory.mktemp("pack")).archive
 
 
 def hostile(archive: str, tmp_path: Path, **changes) -> str:
