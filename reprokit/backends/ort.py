@@ -45,10 +45,15 @@ _RAW = {"bfloat16": ("BFLOAT16", "uint16"), "float8_e4m3fn": ("FLOAT8E4M3FN", "u
         "float8_e5m2fnuz": ("FLOAT8E5M2FNUZ", "uint8"), "int4": ("INT4", "uint8"), "uint4": ("UINT4", "uint8")}
 
 
+_NARROW_OUTPUTS = {"tensor(bfloat16)", "tensor(float8e4m3fn)", "tensor(float8e4m3fnuz)", "tensor(float8e5m2)",
+                   "tensor(float8e5m2fnuz)", "tensor(int4)", "tensor(uint4)"}
+
+
 def run_session(session, feeds, output_names):
     names = output_names or [o.name for o in session.get_outputs()]
+    narrow_out = {o.name for o in session.get_outputs() if o.type in _NARROW_OUTPUTS}
     try:
-        if any(str(getattr(v, "dtype", "")) in _RAW for v in feeds.values()):
+        if any(str(getattr(v, "dtype", "")) in _RAW for v in feeds.values()) or narrow_out & set(names):
             return dict(zip(names, _run_raw(session, names, feeds)))
         values = session.run(names, feeds)
     except Exception as exc:
@@ -69,12 +74,14 @@ def _run_raw(session, names, feeds):
         raw = _RAW.get(str(array.dtype))
         if raw is None:
             values[name] = ort.OrtValue.ortvalue_from_numpy(array)
-        elif raw[0] in ("INT4", "UINT4"):  # two per byte in ONNX: pack them as ONNX stores them
+        elif raw[0] in ("INT4", "UINT4"):  # two per byte in ONNX: copied in packed, as ONNX stores them
+            import ctypes
+
             from onnx import numpy_helper
 
-            packed = numpy_helper.from_array(array, name)
-            bits = np.frombuffer(packed.raw_data, np.uint8)
-            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, getattr(TensorProto, raw[0]))
+            bits = np.frombuffer(numpy_helper.from_array(array, name).raw_data, np.uint8)
+            values[name] = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), getattr(TensorProto, raw[0]))
+            ctypes.memmove(values[name].data_ptr(), bits.ctypes.data, bits.nbytes)
         else:
             values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(raw[1]),
                                                                             getattr(TensorProto, raw[0]))
@@ -88,13 +95,20 @@ def _to_numpy(value):
 
     element = value.data_type()[len("tensor("):-1] if value.data_type().startswith("tensor(") else ""
     kind = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
-            "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz"}.get(element)
+            "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "int4": "int4",
+            "uint4": "uint4"}.get(element)
     if kind is None:
         return value.numpy()
     import ml_dtypes
 
     shape = tuple(value.shape())
     count = int(np.prod(shape, dtype=np.int64))
+    if kind in ("int4", "uint4"):  # two values per byte, low nibble first
+        packed = np.ctypeslib.as_array((ctypes.c_uint8 * ((count + 1) // 2)).from_address(value.data_ptr())).copy()
+        nibbles = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(-1)[:count].astype(np.int8)
+        if kind == "int4":
+            nibbles = np.where(nibbles > 7, nibbles - 16, nibbles)
+        return nibbles.reshape(shape).astype(getattr(ml_dtypes, kind))
     width = ctypes.c_uint16 if kind == "bfloat16" else ctypes.c_uint8
     bits = np.ctypeslib.as_array((width * count).from_address(value.data_ptr())).copy() if count else \
         np.zeros(0, np.uint16 if kind == "bfloat16" else np.uint8)
