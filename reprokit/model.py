@@ -118,6 +118,30 @@ def external_locations(model) -> set[str]:
     return found
 
 
+def weight_bytes(model) -> int:
+    """Bytes of the model's weights, inline or external (from the external-data length fields;
+    nothing is read)."""
+    return sum(tensor_proto_bytes(tensor) for tensor in _all_tensors(model.graph))
+
+
+def tensor_proto_bytes(tensor) -> int:
+    """Bytes of one TensorProto's data, inline or external (nothing is read)."""
+    import numpy as np
+    from onnx import helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if not uses_external_data(tensor):
+        return tensor.ByteSize()
+    info = ExternalDataInfo(tensor)
+    if info.length:
+        return int(info.length)
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except Exception:
+        itemsize = 4
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
 def _all_tensors(graph):
     yield from graph.initializer
     for node in graph.node:

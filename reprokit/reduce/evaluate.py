@@ -90,13 +90,18 @@ def judge_alone(reducer, nodes: frozenset) -> Outcome:
 
 
 def _member_bytes(reducer, sub) -> int:
+    """What one copy makes the engine hold: its feeds, its outputs and its own weights (every copy
+    gets its own; external ones are read from disk for each)."""
     import numpy as np
+
+    from reprokit.model import tensor_proto_bytes
 
     def nbytes(name: str) -> int:
         shape, dtype = reducer.store.info(name)
         return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
-    return feed_bytes(sub) + sum(nbytes(n) for n in sub.outputs if n in reducer.store)
+    weights = sum(tensor_proto_bytes(t) for t in sub.model.graph.initializer)
+    return feed_bytes(sub) + weights + sum(nbytes(n) for n in sub.outputs if n in reducer.store)
 
 
 def _fit(reducer, prepared: list) -> list[list]:
@@ -116,14 +121,21 @@ def _fit(reducer, prepared: list) -> list[list]:
     return groups
 
 
-def judge_packed(reducer, candidates: list[frozenset]) -> list[Outcome]:
+def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = False) -> list[Outcome | None]:
     """Outcomes of numeric candidates, as many per engine call as the pack limits allow. A
     pending layerwise request (``reducer.want_layerwise``) rides along as one more member: the
     whole model with every float tensor marked, its own copy like any other member."""
     results: dict[frozenset, Outcome] = {}
     prepared = []
     if reducer.want_layerwise:
-        prepared.append((None, _marked_member(reducer)))
+        from reprokit.model import weight_bytes
+
+        marked = _marked_member(reducer)
+        if weight_bytes(reducer.model) > reducer.pack_bytes // 2:
+            # Its own copy of every weight would double what the engine holds: a call of its own.
+            _run_marked_alone(reducer, marked)
+        else:
+            prepared.append((None, marked))
     for cand in candidates:
         sub, trivial = _prepare(reducer, cand, check=False)
         if trivial is not None:
@@ -132,7 +144,9 @@ def judge_packed(reducer, candidates: list[frozenset]) -> list[Outcome]:
             prepared.append((cand, sub))
     for group in _fit(reducer, prepared):
         _run_numeric_pack(reducer, group, results)
-    return [results[c] for c in candidates]
+        if stop_at_hit and any(results[c].interesting for c, _ in group if c is not None and c in results):
+            break
+    return [results.get(c) for c in candidates]
 
 
 def _marked_member(reducer):

@@ -170,11 +170,11 @@ class Reducer:
         known = self.cached(nodes)
         return known if known is not None else judge_alone(self, nodes)
 
-    def _evaluate_pack(self, candidates: list[frozenset]) -> list[Outcome]:
+    def _evaluate_pack(self, candidates: list[frozenset], *, stop_at_hit: bool = False) -> list[Outcome | None]:
         """Several candidates in as few engine calls as the pack limits allow."""
         from reprokit.reduce.evaluate import judge_packed
 
-        return judge_packed(self, candidates)
+        return judge_packed(self, candidates, stop_at_hit=stop_at_hit)
 
     def _group_fails(self, candidates: list[frozenset]) -> bool:
         """Pass/fail: does one call on these disjoint candidates together show the signature?"""
@@ -203,28 +203,30 @@ class Reducer:
         nodes = frozenset(nodes)
         return self._count(self._evaluate_checked(nodes)).interesting
 
-    def verdicts(self, candidates: list) -> list[Outcome]:
-        """Outcomes of every candidate, in order (packed into few calls where the oracle allows)."""
+    def verdicts(self, candidates: list, *, stop_at_hit: bool = False) -> list[Outcome | None]:
+        """Outcomes of every candidate, in order (packed into few calls where the oracle allows).
+        ``stop_at_hit``: packed calls stop after the first one that holds an interesting
+        candidate; the candidates after it stay unjudged (None)."""
         candidates = [frozenset(c) for c in candidates]
         known = {c: self.cached(c) for c in candidates}
         todo = list(dict.fromkeys(c for c in candidates if known[c] is None))
         if (todo or self.want_layerwise) and self.packing == "numeric":
             todo = todo + [c for c in self._take_speculative() if self.cached(c) is None and c not in todo]
-            for cand, outcome in zip(todo, self._evaluate_pack(todo)):
+            for cand, outcome in zip(todo, self._evaluate_pack(todo, stop_at_hit=stop_at_hit)):
                 known[cand] = outcome
         else:
             self.prefetch(todo)
             for cand in todo:
                 known[cand] = self._evaluate_checked(cand)
-        return [self._count(known[c]) for c in candidates]
+        return [self._count(known[c]) if known[c] is not None else None for c in candidates]
 
     def first_interesting(self, candidates: list) -> int | None:
         """Index of the earliest interesting candidate in order, or None."""
         candidates = [frozenset(c) for c in candidates]
         if self.packing == "numeric":
             for start, chunk in self._chunks(candidates):
-                for offset, outcome in enumerate(self.verdicts(chunk)):
-                    if outcome.interesting:
+                for offset, outcome in enumerate(self.verdicts(chunk, stop_at_hit=True)):
+                    if outcome is not None and outcome.interesting:
                         return start + offset
             return None
         if self.packing == "group":

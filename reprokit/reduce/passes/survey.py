@@ -7,7 +7,9 @@ alone is the answer — and it is 1-minimal at once, since its parts were judged
 
 For numeric oracles the whole survey is one packed call (a few when the pack limits split it)
 and the marked layerwise run (every tensor of the whole model marked, where the signature's kind
-first appears) rides along in the same call. For pass/fail oracles the same candidates are
+first appears) rides along in the same call. A model whose weights pass half a pack runs the
+marked model alone first and judges nodes nearest its anchor first, stopping at the first pack
+that holds a hit: memory stays that of one run of the model. For pass/fail oracles the same candidates are
 group-tested: singles first, then pairs arranged as matchings so each group is disjoint.
 Each node's isolated outcome is kept for attribution when no small window diverges alone.
 """
@@ -29,6 +31,18 @@ def run(reducer, *, layerwise: bool) -> bool:
     if layerwise and saved is None:
         reducer.want_layerwise = True
     candidates = singles
+    if reducer.packing == "numeric" and _heavy(reducer):
+        # Weights too big for one pack: the marked run first (a call of its own), then the nodes
+        # alone nearest the anchor first, in as many packs as it takes to meet the first hit.
+        reducer.verdicts([])
+        if layerwise:
+            _anchors(reducer, saved)
+        anchor = reducer.anchors[0] if reducer.anchors else order[-1]
+        order.sort(key=lambda i: (abs(i - anchor), i))
+        candidates = [frozenset([i]) for i in order]
+        hit = reducer.first_interesting(candidates)
+        reducer.isolated.update({i: o for i in order if (o := reducer.cached(frozenset([i]))) is not None})
+        return _accept(reducer, candidates, hit)
     if reducer.packing == "numeric":
         outcomes = reducer.verdicts(singles)
         reducer.isolated.update({i: o for i, o in zip(order, outcomes)})
@@ -51,6 +65,15 @@ def run(reducer, *, layerwise: bool) -> bool:
         reducer.accept(together, "nodes that fail only together (group testing)")
         return True
     return _accept(reducer, candidates, hit)
+
+
+def _heavy(reducer) -> bool:
+    """Are the model's weights more than half of what one pack may hold?"""
+    from reprokit.model import weight_bytes
+
+    if not hasattr(reducer, "_weight_bytes"):
+        reducer._weight_bytes = weight_bytes(reducer.model)
+    return reducer._weight_bytes > reducer.pack_bytes // 2
 
 
 def pairs(reducer) -> bool:
