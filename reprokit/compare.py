@@ -121,6 +121,13 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         tgt_nan, tgt_inf = _nonfinite(tgt)
         return OutputError(name, tuple(ref.shape), inf, inf, inf, _max_abs(ref), tgt_nan, tgt_inf,
                            ref_nan, ref_inf, int(ref.size), inf, True, tuple(tgt.shape))
+    if ref.dtype.kind == "V" or tgt.dtype.kind == "V":
+        # Opaque bytes (a dtype numpy cannot name): equal or not, element by element.
+        same = ref.dtype == tgt.dtype and ref.tobytes() == tgt.tobytes()
+        gap = 0.0 if same else float("inf")
+        differ = 0 if same else int(ref.size)
+        error = float(differ) if criterion.metric is Metric.ALLCLOSE else gap
+        return OutputError(name, tuple(ref.shape), gap, gap, gap, 0.0, 0, 0, 0, 0, differ, error, not same)
     if ref.dtype.kind in "OSU" or tgt.dtype.kind in "OSU":
         # Strings have no distance: equal or not, elementwise.
         differ = int(np.count_nonzero(ref.astype(str) != tgt.astype(str)))

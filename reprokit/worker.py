@@ -39,7 +39,8 @@ def kill_running() -> None:
 
 # ml_dtypes that .npy cannot name (bfloat16, float8, int4): saved as raw bits, viewed back by name.
 RAW_BITS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e4m3fnuz": np.uint8,
-            "float8_e5m2": np.uint8, "float8_e5m2fnuz": np.uint8, "int4": np.int8, "uint4": np.uint8}
+            "float8_e5m2": np.uint8, "float8_e5m2fnuz": np.uint8, "int4": np.int8, "uint4": np.uint8,
+            "int2": np.int8, "uint2": np.uint8, "float4_e2m1fn": np.uint8}
 
 
 def load_npy(path: str, dtype: str | None = None) -> np.ndarray:

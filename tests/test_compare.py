@@ -146,3 +146,16 @@ def test_explicit_tolerances_override_defaults():
     assert crit.describe() == "allclose(atol=0.2, rtol=0.1)"
     assert Criterion.for_precision("bf16").describe() == "rel-l2 <= 0.05"
     assert set(DEFAULT_TOLERANCE) >= {"fp32", "fp16", "bf16"}
+
+
+def test_opaque_byte_arrays_compare_by_equality_never_crash():
+    """A dtype numpy cannot name (raw bytes, |V2) is compared byte for byte: never an internal
+    error, never a float conversion."""
+    from reprokit.compare import Criterion, compare_arrays
+
+    criterion = Criterion.for_precision("fp32", "rel-l2", None, None, None)
+    a = np.frombuffer(b"\x00\x3c\x00\x40", dtype="V2")
+    same = compare_arrays("z", a, a.copy(), criterion)
+    other = compare_arrays("z", a, np.frombuffer(b"\x00\x3c\x00\x41", dtype="V2"), criterion)
+    assert not same.exceeds and same.error == 0.0
+    assert other.exceeds and other.mismatched == 2

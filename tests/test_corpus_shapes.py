@@ -281,7 +281,7 @@ def test_worker_traceback_reaches_debug_output_not_the_hint():
 
 @pytest.mark.parametrize("elem,dtype_name", [(TensorProto.BFLOAT16, "bfloat16"),
                                               (TensorProto.FLOAT8E4M3FN, "float8_e4m3fn"),
-                                              (TensorProto.INT4, "int4")])
+                                              (TensorProto.INT4, "int4"), (TensorProto.INT2, "int2")])
 def test_narrow_float_feeds_from_a_test_data_set_reach_onnxruntime_as_themselves(tmp_path, elem, dtype_name):
     """test_cast_BFLOAT16_to_FLOAT's shape: x (bfloat16 / float8) → Cast → y (float), and back
     → z (the narrow type). The feed travels as the real narrow type (not void bytes) to the
@@ -292,12 +292,14 @@ def test_narrow_float_feeds_from_a_test_data_set_reach_onnxruntime_as_themselves
                          helper.make_node("Cast", ["y"], ["z"], to=elem)],
                         [helper.make_tensor_value_info("x", elem, [2, 3])],
                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
-                         helper.make_tensor_value_info("z", elem, [2, 3])], opsets=(("", 21),))
+                         helper.make_tensor_value_info("z", elem, [2, 3])],
+                        opsets=(("", 25 if elem == TensorProto.INT2 else 21),))
     path = str(tmp_path / "cast.onnx")
     onnx.save(model, path)
     data = tmp_path / "test_data_set_0"
     data.mkdir()
-    values = [[1.5, -2.25, 0.5], [3.0, 0.125, -1.0]] if elem != TensorProto.INT4 else [[1, -2, 3], [-8, 7, 0]]
+    values = {TensorProto.INT4: [[1, -2, 3], [-8, 7, 0]], TensorProto.INT2: [[1, -2, 0], [-1, 1, 0]]}.get(
+        elem, [[1.5, -2.25, 0.5], [3.0, 0.125, -1.0]])
     x = np.array(values, dtype=getattr(ml_dtypes, dtype_name))
     (data / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
     result = check(path, "ort:opt", options=RunOptions(inputs=str(data)))

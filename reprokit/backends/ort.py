@@ -42,11 +42,13 @@ def make_session(model_path: str, *, optimize: bool = False, providers=None, thr
 # in OrtValues typed by their ONNX element type.
 _RAW = {"bfloat16": ("BFLOAT16", "uint16"), "float8_e4m3fn": ("FLOAT8E4M3FN", "uint8"),
         "float8_e4m3fnuz": ("FLOAT8E4M3FNUZ", "uint8"), "float8_e5m2": ("FLOAT8E5M2", "uint8"),
-        "float8_e5m2fnuz": ("FLOAT8E5M2FNUZ", "uint8"), "int4": ("INT4", "uint8"), "uint4": ("UINT4", "uint8")}
+        "float8_e5m2fnuz": ("FLOAT8E5M2FNUZ", "uint8"), "int4": ("INT4", "uint8"), "uint4": ("UINT4", "uint8"),
+        "int2": ("INT2", "uint8"), "uint2": ("UINT2", "uint8")}
+_PACKED_BITS = {"INT4": 4, "UINT4": 4, "INT2": 2, "UINT2": 2}  # several values per byte in ONNX
 
 
 _NARROW_OUTPUTS = {"tensor(bfloat16)", "tensor(float8e4m3fn)", "tensor(float8e4m3fnuz)", "tensor(float8e5m2)",
-                   "tensor(float8e5m2fnuz)", "tensor(int4)", "tensor(uint4)"}
+                   "tensor(float8e5m2fnuz)", "tensor(int4)", "tensor(uint4)", "tensor(int2)", "tensor(uint2)"}
 
 
 def run_session(session, feeds, output_names):
@@ -74,7 +76,7 @@ def _run_raw(session, names, feeds):
         raw = _RAW.get(str(array.dtype))
         if raw is None:
             values[name] = ort.OrtValue.ortvalue_from_numpy(array)
-        elif raw[0] in ("INT4", "UINT4"):  # two per byte in ONNX: copied in packed, as ONNX stores them
+        elif raw[0] in _PACKED_BITS:  # several per byte in ONNX: copied in packed, as ONNX stores them
             import ctypes
 
             from onnx import numpy_helper
@@ -96,19 +98,23 @@ def _to_numpy(value):
     element = value.data_type()[len("tensor("):-1] if value.data_type().startswith("tensor(") else ""
     kind = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
             "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "int4": "int4",
-            "uint4": "uint4"}.get(element)
+            "uint4": "uint4", "int2": "int2", "uint2": "uint2"}.get(element)
     if kind is None:
         return value.numpy()
     import ml_dtypes
 
     shape = tuple(value.shape())
     count = int(np.prod(shape, dtype=np.int64))
-    if kind in ("int4", "uint4"):  # two values per byte, low nibble first
-        packed = np.ctypeslib.as_array((ctypes.c_uint8 * ((count + 1) // 2)).from_address(value.data_ptr())).copy()
-        nibbles = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(-1)[:count].astype(np.int8)
-        if kind == "int4":
-            nibbles = np.where(nibbles > 7, nibbles - 16, nibbles)
-        return nibbles.reshape(shape).astype(getattr(ml_dtypes, kind))
+    bits = _PACKED_BITS.get(kind.upper())
+    if bits:  # several values per byte, lowest bits first
+        per = 8 // bits
+        packed = np.ctypeslib.as_array((ctypes.c_uint8 * ((count + per - 1) // per)).from_address(value.data_ptr())).copy()
+        mask = (1 << bits) - 1
+        values = np.stack([(packed >> (bits * k)) & mask for k in range(per)], axis=-1).reshape(-1)[:count]
+        values = values.astype(np.int8)
+        if kind.startswith("int"):  # two's complement
+            values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
+        return values.reshape(shape).astype(getattr(ml_dtypes, kind))
     width = ctypes.c_uint16 if kind == "bfloat16" else ctypes.c_uint8
     bits = np.ctypeslib.as_array((width * count).from_address(value.data_ptr())).copy() if count else \
         np.zeros(0, np.uint16 if kind == "bfloat16" else np.uint8)
