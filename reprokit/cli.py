@@ -163,7 +163,8 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Evaluate candidates in parallel; the result is the same for every N.")
 @click.option("--replays", default=None, type=click.IntRange(0, 10),
-              help="Extra runs of the original to detect flakiness (default: 0 for deterministic engines, 1 otherwise).")
+              help="Extra runs of the original (and of the result) to detect flakiness. Default: the original "
+                   "once, the result replayed once where the engine is not deterministic.")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="Continue an interrupted or budget-stopped run: --resume DIR alone takes the model, target "
                    "and run options from DIR; plain --resume continues the same command's --out.")
