@@ -22,6 +22,7 @@ class TensorRow:
     op: str
     error: OutputError
     inputs_agree: bool  # all float inputs of the node agree (so the divergence starts here)
+    inputs_finite: bool = True  # no float input of the node is NaN/Inf in the target where the reference is finite
 
     def to_json(self) -> dict:
         return {"index": self.index, "tensor": self.tensor, "node": self.node, "op": self.op,
@@ -40,8 +41,12 @@ class LayerwiseReport:
 
     @property
     def first(self) -> list[TensorRow]:
-        """Diverging tensors whose node's inputs all still agree: where divergence starts."""
-        return [r for r in self.diverging if r.inputs_agree]
+        """Where divergence starts: first the tensors where NaN/Inf is born (the node's inputs are
+        still finite, however far they drifted: a NaN is the kind users come with, and it is the
+        node shrink and audit find), then diverging tensors whose node's inputs all still agree."""
+        born = [r for r in self.rows if r.error.nonfinite_in_target_only and r.inputs_finite]
+        seen = {r.tensor for r in born}
+        return born + [r for r in self.diverging if r.inputs_agree and r.tensor not in seen]
 
     def to_json(self, limit: int = 20) -> dict:
         return {
@@ -72,14 +77,17 @@ def compare_layerwise(model, reference, target, criterion, marking_changes_engin
     rows: list[TensorRow] = []
     missing: list[str] = []
     agrees: dict[str, bool] = {}
+    finite: dict[str, bool] = {}
     for index, (tensor, node, op, inputs) in enumerate(float_node_outputs(model)):
         if tensor not in target or tensor not in reference:
             missing.append(tensor)
             continue
         error = compare_arrays(tensor, reference[tensor], target[tensor], criterion, full=False)
         agrees[tensor] = not (error.exceeds or error.nonfinite_in_target_only)
+        finite[tensor] = not error.nonfinite_in_target_only
         inputs_ok = all(agrees.get(i, i in graph_inputs or i not in floats) for i in inputs)
-        rows.append(TensorRow(index, tensor, node, op, error, inputs_ok))
+        inputs_finite = all(finite.get(i, True) for i in inputs)
+        rows.append(TensorRow(index, tensor, node, op, error, inputs_ok, inputs_finite))
     return LayerwiseReport(rows, marking_changes_engine, missing)
 
 

@@ -307,3 +307,32 @@ def test_narrow_float_feeds_from_a_test_data_set_reach_onnxruntime_as_themselves
     assert str(np.asarray(result.prepared.feeds.arrays["x"]).dtype) == dtype_name
     assert np.array_equal(np.asarray(result.reference_outputs["y"]), x.astype(np.float32))
     assert str(np.asarray(result.target_outputs["z"]).dtype) == dtype_name
+
+
+def test_layerwise_names_the_node_where_nan_or_inf_is_born_first(tmp_path):
+    """PP-OCRv4 rec's shape: a mismatch starts early (a cancellation after an fp16 rounding, then
+    Clips carry it), and the Inf is born later in a Mul whose inputs already mismatch but are
+    finite. The first rows name the Mul — the node shrink finds — before the cancellation."""
+    # x[2,8] -> Add(2048.3) -> Sub(2048) -> Clip(0, 3000) -> Clip -> Mul(1e5) -> Sub(self) -> y
+    model = opset_model(
+        [helper.make_node("Add", ["x", "shift"], ["a"], name="add"),
+         helper.make_node("Sub", ["a", "unshift"], ["d"], name="cancel"),
+         helper.make_node("Clip", ["d", "lo", "hi"], ["c1"], name="clip1"),
+         helper.make_node("Clip", ["c1", "lo", "hi"], ["c2"], name="clip2"),
+         helper.make_node("Mul", ["c2", "big"], ["m"], name="mul"),
+         helper.make_node("Sub", ["m", "m"], ["y"], name="sub")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(np.array(2048.3, np.float32), "shift"),
+         numpy_helper.from_array(np.array(2048.0, np.float32), "unshift"),
+         numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+         numpy_helper.from_array(np.array(3000.0, np.float32), "hi"),
+         numpy_helper.from_array(np.array(1e5, np.float32), "big")])
+    path = str(tmp_path / "born.onnx")
+    onnx.save(model, path)
+    result = check(path, "emulate:fp16", layerwise=True)
+    assert result.verdict.kind is Kind.NONFINITE
+    first = result.layerwise.first
+    assert first[0].node == "mul" and first[0].error.nonfinite_in_target_only
+    assert not first[0].inputs_agree  # the old rule (inputs agree) never named it
+    assert "cancel" in [r.node for r in first]  # where the mismatch starts is still listed
