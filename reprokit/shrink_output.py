@@ -33,8 +33,11 @@ def _resources(stats, wall: float) -> dict:
 class _BestWriter:
     """Rewrites minimal.onnx, inputs.npz and summary.json after every accepted step."""
 
-    def __init__(self, out_dir, model_path, target, options, original_nodes, started, max_calls=None):
+    def __init__(self, out_dir, model_path, target, options, original_nodes, started, max_calls=None, *,
+                 earlier_calls: int = 0, file_nodes: int | None = None):
         self.max_calls = max_calls
+        self.earlier_calls = earlier_calls  # a resumed run's calls before this process
+        self.file_nodes = file_nodes
         self.out_dir = out_dir
         self.model_path = model_path
         self.target = target
@@ -78,6 +81,14 @@ class _BestWriter:
         if os.path.exists(stale) and stale not in {final for _, final in staged}:
             os.remove(stale)  # the previous best needed external weights; this one holds its own
 
+    def _original(self) -> dict:
+        found = {"nodes": self.original_nodes}
+        if self.file_nodes is not None and self.file_nodes != self.original_nodes:
+            found["file_nodes"] = self.file_nodes
+            found["why"] = ("--input-shapes froze the dynamic dims and folded the constants that depended on "
+                            "them: shrink starts from the folded model")
+        return found
+
     def write_summary(self, reducer, status, *, final_verdict=None, note: str = "", attribution=None):
         """summary.json alone: an outcome with no model to call minimal (accumulated error)."""
         self.summary = self._summary(reducer, status, None, {}, final_verdict, note)
@@ -96,7 +107,7 @@ class _BestWriter:
             "reference": reducer.oracle.reference,
             "criterion": reducer.oracle.criterion.describe(),
             "signature": reducer.signature.to_json(),
-            "original": {"nodes": self.original_nodes},
+            "original": self._original(),
             "minimal": {
                 "nodes": len(nodes),
                 "ops": sorted(n.op_type for n in nodes),
@@ -106,7 +117,9 @@ class _BestWriter:
                 "outputs": [{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim]}
                             for o in (minimal_model.graph.output if nodes else [])],
             },
-            "calls": {"target": stats.target, "reference": stats.reference,
+            # One source of truth: every target call of the run, a resumed run's earlier ones too.
+            "calls": {"target": self.earlier_calls + stats.target, "this_process": stats.target,
+                      "reference": stats.reference,
                       "cached": stats.cached + sum(s.cached for s in reducer.stats.values()),
                       "target_seconds": round(stats.target_seconds, 3),
                       "seconds_per_target_call": round(stats.target_seconds / max(1, stats.target), 3),

@@ -310,3 +310,30 @@ def test_a_much_milder_mismatch_is_not_the_same_bug(tmp_path):
     milder = shrink(path, "emulate:fp16", str(tmp_path / "milder"), options=RunOptions(inputs=inputs),
                     accept_milder=True)
     assert milder.summary["minimal"]["node_names"] == ["unshift"]
+
+
+def test_a_resumed_run_counts_every_call_of_the_run_and_keeps_its_budget(tmp_path):
+    """Calls have one source: a run stopped at its budget and resumed with a larger one reports
+    the calls of both processes, and the resumed part stays within the new budget."""
+    model = sm.pair_chain(length=32, first=4, second=27)
+    path = sm.save(model, tmp_path / "chain.onnx")
+    log = tmp_path / "runs.log"
+    script = sm.write_script(tmp_path, "pair.py", f"""
+    import sys
+    with open({str(log)!r}, "a") as handle:
+        handle.write("run\\n")
+    data = open(sys.argv[1], "rb").read()
+    if b"Sigmoid" in data and b"Tanh" in data:
+        print("[E] Error Code 2: unsupported pair")
+        sys.exit(1)
+    """)
+    out = tmp_path / "out"
+    first = shrink(path, f"cmd:{PY} {script} {{model}}", str(out), localize_first=False,
+                   limits=Limits(max_calls=8))
+    assert first.summary["budget"]["stopped"] and first.summary["calls"]["target"] <= 8
+    second = shrink(path, f"cmd:{PY} {script} {{model}}", str(out), localize_first=False, resume=True,
+                    limits=Limits(max_calls=40))
+    runs = len(log.read_text().splitlines())
+    assert second.summary["calls"]["target"] == runs <= 40
+    assert second.summary["calls"]["this_process"] < runs
+    assert sorted(second.summary["minimal"]["ops"]) == ["Sigmoid", "Tanh"]
