@@ -336,3 +336,21 @@ def test_layerwise_names_the_node_where_nan_or_inf_is_born_first(tmp_path):
     assert first[0].node == "mul" and first[0].error.nonfinite_in_target_only
     assert not first[0].inputs_agree  # the old rule (inputs agree) never named it
     assert "cancel" in [r.node for r in first]  # where the mismatch starts is still listed
+
+
+def test_backends_says_which_openvino_precisions_work_on_this_cpu(openvino):
+    """`backends` said "yes" for OpenVINO on a CPU where its default precision (bf16) is refused:
+    it now lists the precisions this CPU takes, from OpenVINO's own capability list."""
+    import json
+    import subprocess
+
+    from conftest import reprokit_exe
+
+    out = subprocess.run([reprokit_exe(), "backends", "--json"], capture_output=True, text=True, timeout=120)
+    import openvino as ov
+
+    row = next(b for b in json.loads(out.stdout)["backends"] if b["engine"] == "openvino")
+    caps = list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    text = row["detail"]
+    assert "precisions here: f32" in text
+    assert ("bf16" in text.split("precisions here:")[1].split(";")[0].split("(")[0]) == ("BF16" in caps)

@@ -55,7 +55,13 @@ class OpenVinoBackend(Backend):
         if not found.available:
             return Availability(False, None, f"{found.detail}; install: {cls.install_hint}")
         caps = cpu_capabilities()
-        return Availability(True, found.version, f"CPU capabilities: {', '.join(caps)}")
+        usable = [name for name, cap in (("f32", "FP32"), ("bf16", "BF16"), ("f16", "FP16")) if cap in caps]
+        missing = [name for name in ("bf16", "f16") if name not in usable]
+        text = f"precisions here: {', '.join(usable) or 'none'}"
+        if missing:
+            text += f" ({', '.join('openvino:' + m for m in missing)} refused: this CPU lacks the capability"
+            text += "; plain `openvino` means bf16)" if "bf16" in missing else ")"
+        return Availability(True, found.version, f"{text}; CPU capabilities: {', '.join(caps)}")
 
     def run(self, model_path, feeds, output_names):
         try:
