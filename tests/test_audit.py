@@ -285,3 +285,29 @@ def test_sweep_plan_for_tensorrt_orders_settings_by_size():
     ov = {s.key: s for s in plan("openvino:bf16", [["a"]], (False, "none"), None)}
     assert ov["fp32-nodes"].target is None and ov["narrow"].target == "openvino:f16"
     assert ov["fp32"].target == "openvino:f32" and ov["batch"].target is None
+
+
+def test_the_workaround_search_starts_where_the_error_is_born_not_where_it_is_seen(tmp_path):
+    """Magika's shape: x + 2048.3 is stored in fp16 (rounded), then Sub(2048) cancels and exposes
+    the rounding, then Sqrt. The first diverging node is the Sub, but its input already carries
+    the error: keeping the Sub in fp32 changes nothing; keeping the Add (that feeds it) does."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "shift"], ["a"], name="add"),
+         helper.make_node("Sub", ["a", "unshift"], ["d"], name="cancel"),
+         helper.make_node("Sqrt", ["d"], ["y"], name="sqrt")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [numpy_helper.from_array(np.array(2048.3, np.float32), "shift"),
+         numpy_helper.from_array(np.array(2048.0, np.float32), "unshift")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = str(tmp_path / "cancel.onnx")
+    onnx.save(model, path)
+    result = audit(path, "emulate:fp16", str(tmp_path / "out"), explain_inputs=False)
+    assert result.verdict.kind.value == "mismatch"
+    assert result.payload["suspects"]["layerwise_first"][0] == "cancel"
+    assert "add" in result.payload["suspects"]["first_with_inputs"]
+    found = result.workaround
+    assert found and found["verdict"] == "agree" and "add" in found["setting"], found

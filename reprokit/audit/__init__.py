@@ -152,7 +152,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
             for _ in range(oracle.stats.target - before):
                 ledger.add("isolated", "target", oracle.target, "every node alone (packed)",
                            (time.monotonic() - started_isolated) / max(1, oracle.stats.target - before))
-        suspects = _suspects(model, ranges, layer, verdict)
+        suspects = _suspects(model, ranges, layer, verdict, isolated)
         bench = Bench(model, path, feeds, reference, options, work, ledger, prepared.base_dir)
         rows: list[SweepRow] = []
         explained = None
@@ -207,12 +207,24 @@ def _kind(row) -> str:
     return "mismatch" if row.error.exceeds else "agree"
 
 
-def _suspects(model, ranges, layer, verdict) -> dict:
+def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
     """Nodes to keep in fp32: the range audit's first finding (with its connected run), the
-    layerwise first diverging nodes, and where the verdict's own kind starts (as shrink does)."""
+    layerwise first diverging nodes, where the error is born (the nodes with the largest error
+    alone, from the isolated run; and the first diverging node with the nodes that feed it, for a
+    cancellation whose inputs already carry the error), and where the verdict's own kind starts."""
     from reprokit.layerwise import float_node_outputs
 
     first = [r.node for r in layer.first][:3]
+    producer = {o: (n.name or f"{n.op_type}_{i}") for i, n in enumerate(model.graph.node) for o in n.output}
+    feeding = []
+    if layer.first:
+        row = layer.first[0]
+        feeding = [producer[t] for t in next((ins for t, _, _, ins in float_node_outputs(model) if t == row.tensor), [])
+                   if t in producer] + [row.node]
+    born = []
+    if isolated and isolated.get("top"):
+        alone = [r["node"] for r in isolated["top"] if r["kind"] != "agree"]
+        born = (alone or [isolated["top"][0]["node"]])[:3]
     status = {r.tensor: _kind(r) for r in layer.rows}
     inputs = {t: ins for t, _, _, ins in float_node_outputs(model)}
     wanted = verdict.kind.value if verdict is not None else "-"
@@ -222,13 +234,13 @@ def _suspects(model, ranges, layer, verdict) -> dict:
     candidates: list[list[str]] = []
     # Where the verdict's kind starts (shrink's anchors) is reported, not tried: its inputs
     # already carry the error, so keeping that node alone in fp32 cannot help.
-    for group in (region, first[:1], first, region + [n for n in first if n not in region][:1]):
+    for group in (region, first[:1], first, region + [n for n in first if n not in region][:1], born, feeding):
         group = list(dict.fromkeys(group))[:3]
         if group and group not in candidates:
             candidates.append(group)
     candidates.sort(key=len)
     return {"range_region": region, "layerwise_first": first, "kind_starts": list(dict.fromkeys(anchors))[:3],
-            "candidates": candidates[:3]}
+            "born_alone": born, "first_with_inputs": feeding[:3], "candidates": candidates[:5]}
 
 
 def _sweep(bench, target, verdict, suspects, prepared, event) -> list[SweepRow]:
