@@ -38,24 +38,11 @@ def make_session(model_path: str, *, optimize: bool = False, providers=None, thr
         raise BuildError(f"onnxruntime could not load the model: {exc}") from exc
 
 
-# numpy dtypes onnxruntime's Python API cannot take or give (ml_dtypes): they travel as raw bits
-# in OrtValues typed by their ONNX element type.
-_RAW = {"bfloat16": ("BFLOAT16", "uint16"), "float8_e4m3fn": ("FLOAT8E4M3FN", "uint8"),
-        "float8_e4m3fnuz": ("FLOAT8E4M3FNUZ", "uint8"), "float8_e5m2": ("FLOAT8E5M2", "uint8"),
-        "float8_e5m2fnuz": ("FLOAT8E5M2FNUZ", "uint8"), "int4": ("INT4", "uint8"), "uint4": ("UINT4", "uint8"),
-        "int2": ("INT2", "uint8"), "uint2": ("UINT2", "uint8")}
-_PACKED_BITS = {"INT4": 4, "UINT4": 4, "INT2": 2, "UINT2": 2}  # several values per byte in ONNX
-
-
-_NARROW_OUTPUTS = {"tensor(bfloat16)", "tensor(float8e4m3fn)", "tensor(float8e4m3fnuz)", "tensor(float8e5m2)",
-                   "tensor(float8e5m2fnuz)", "tensor(int4)", "tensor(uint4)", "tensor(int2)", "tensor(uint2)"}
-
-
 def run_session(session, feeds, output_names):
     names = output_names or [o.name for o in session.get_outputs()]
-    narrow_out = {o.name for o in session.get_outputs() if o.type in _NARROW_OUTPUTS}
+    narrow_out = {o.name for o in session.get_outputs() if _narrow_element(o.type) is not None}
     try:
-        if any(str(getattr(v, "dtype", "")) in _RAW for v in feeds.values()) or narrow_out & set(names):
+        if any(_is_narrow(v) for v in feeds.values()) or narrow_out & set(names):
             return dict(zip(names, _run_raw(session, names, feeds)))
         values = session.run(names, feeds)
     except Exception as exc:
@@ -63,30 +50,47 @@ def run_session(session, feeds, output_names):
     return dict(zip(names, values))
 
 
+# onnxruntime's Python API cannot take or give the dtypes numpy only knows through ml_dtypes
+# (bfloat16, float8, int4/int2, float4): those travel as OrtValues holding ONNX's own raw bytes,
+# converted both ways by onnx's numpy_helper (which packs and unpacks the sub-byte types).
+
+def _is_narrow(value) -> bool:
+    return getattr(getattr(value, "dtype", None), "isbuiltin", 1) == 2  # a user-defined numpy dtype
+
+
+def _narrow_element(type_text: str):
+    """The ONNX element type of ``tensor(bfloat16)`` & co. when numpy needs ml_dtypes for it."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    if not (type_text.startswith("tensor(") and type_text.endswith(")")):
+        return None
+    element = getattr(TensorProto, type_text[len("tensor("):-1].upper(), None)
+    if element is None:
+        return None
+    try:
+        return element if np.dtype(helper.tensor_dtype_to_np_dtype(element)).isbuiltin == 2 else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _run_raw(session, names, feeds):
-    """Run with OrtValues so bfloat16/float8/int4 feeds reach the model as themselves, and read
-    outputs of those types back as raw bits viewed through ml_dtypes."""
+    import ctypes
+
     import numpy as np
     import onnxruntime as ort
-    from onnx import TensorProto
+    from onnx import helper, numpy_helper
 
     values = {}
     for name, value in feeds.items():
         array = np.ascontiguousarray(value)
-        raw = _RAW.get(str(array.dtype))
-        if raw is None:
+        if not _is_narrow(array):
             values[name] = ort.OrtValue.ortvalue_from_numpy(array)
-        elif raw[0] in _PACKED_BITS:  # several per byte in ONNX: copied in packed, as ONNX stores them
-            import ctypes
-
-            from onnx import numpy_helper
-
-            bits = np.frombuffer(numpy_helper.from_array(array, name).raw_data, np.uint8)
-            values[name] = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), getattr(TensorProto, raw[0]))
-            ctypes.memmove(values[name].data_ptr(), bits.ctypes.data, bits.nbytes)
-        else:
-            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(raw[1]),
-                                                                            getattr(TensorProto, raw[0]))
+            continue
+        raw = numpy_helper.from_array(array, name).raw_data
+        values[name] = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape),
+                                                                 helper.np_dtype_to_tensor_dtype(array.dtype))
+        ctypes.memmove(values[name].data_ptr(), raw, len(raw))
     return [_to_numpy(v) for v in session.run_with_ort_values(names, values)]
 
 
@@ -94,31 +98,27 @@ def _to_numpy(value):
     import ctypes
 
     import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
 
-    element = value.data_type()[len("tensor("):-1] if value.data_type().startswith("tensor(") else ""
-    kind = {"bfloat16": "bfloat16", "float8e4m3fn": "float8_e4m3fn", "float8e4m3fnuz": "float8_e4m3fnuz",
-            "float8e5m2": "float8_e5m2", "float8e5m2fnuz": "float8_e5m2fnuz", "int4": "int4",
-            "uint4": "uint4", "int2": "int2", "uint2": "uint2"}.get(element)
-    if kind is None:
+    element = _narrow_element(value.data_type())
+    if element is None:
         return value.numpy()
+    shape = list(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    dtype = helper.tensor_dtype_to_np_dtype(element)
+    raw = ctypes.string_at(value.data_ptr(), (count * _bits(dtype) + 7) // 8) if count else b""
+    return numpy_helper.to_array(onnx.TensorProto(name="out", data_type=element, dims=shape, raw_data=raw))
+
+
+def _bits(dtype) -> int:
+    """Bits per element of an ml_dtypes type (16 for bfloat16, 8 for float8, 4 for int4 …)."""
     import ml_dtypes
 
-    shape = tuple(value.shape())
-    count = int(np.prod(shape, dtype=np.int64))
-    bits = _PACKED_BITS.get(kind.upper())
-    if bits:  # several values per byte, lowest bits first
-        per = 8 // bits
-        packed = np.ctypeslib.as_array((ctypes.c_uint8 * ((count + per - 1) // per)).from_address(value.data_ptr())).copy()
-        mask = (1 << bits) - 1
-        values = np.stack([(packed >> (bits * k)) & mask for k in range(per)], axis=-1).reshape(-1)[:count]
-        values = values.astype(np.int8)
-        if kind.startswith("int"):  # two's complement
-            values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
-        return values.reshape(shape).astype(getattr(ml_dtypes, kind))
-    width = ctypes.c_uint16 if kind == "bfloat16" else ctypes.c_uint8
-    bits = np.ctypeslib.as_array((width * count).from_address(value.data_ptr())).copy() if count else \
-        np.zeros(0, np.uint16 if kind == "bfloat16" else np.uint8)
-    return bits.reshape(shape).view(getattr(ml_dtypes, kind))
+    try:
+        return ml_dtypes.finfo(dtype).bits
+    except (TypeError, ValueError):
+        return ml_dtypes.iinfo(dtype).bits
 
 
 class OrtBackend(Backend):
