@@ -24,7 +24,7 @@ def save_npz(path: str, arrays: dict) -> str:
     """Write ``arrays`` (name → array) to ``path`` as an .npz; any name, any ONNX dtype."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, value in arrays.items():
-            stored, note = _storable(np.asarray(value))
+            stored, note = storable(np.asarray(value))
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             if note:
                 info.comment = _NOTE + note.encode()
@@ -42,10 +42,10 @@ def load_npz(path: str) -> dict:
             if info.filename.endswith(".npy") and info.comment.startswith(_NOTE):
                 notes[info.filename[:-4]] = info.comment[len(_NOTE):].decode("ascii", "replace")
     with np.load(path, allow_pickle=False) as data:
-        return {name: _restored(np.array(data[name]), notes.get(name)) for name in data.files}
+        return {name: restored(np.array(data[name]), notes.get(name)) for name in data.files}
 
 
-def _storable(array: np.ndarray) -> tuple[np.ndarray, str]:
+def storable(array: np.ndarray) -> tuple[np.ndarray, str]:
     """The array numpy's .npy format can hold without pickling, and the dtype note to restore it."""
     if array.dtype.kind == "O":
         if all(isinstance(v, str) for v in array.flat):
@@ -58,7 +58,7 @@ def _storable(array: np.ndarray) -> tuple[np.ndarray, str]:
     return array, ""
 
 
-def _restored(array: np.ndarray, note: str | None) -> np.ndarray:
+def restored(array: np.ndarray, note: str | None) -> np.ndarray:
     if not note:
         return array
     if note == _STRING:

@@ -37,20 +37,12 @@ def kill_running() -> None:
             pass
 
 
-# ml_dtypes that .npy cannot name (bfloat16, float8, int4): saved as raw bits, viewed back by name.
-RAW_BITS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e4m3fnuz": np.uint8,
-            "float8_e5m2": np.uint8, "float8_e5m2fnuz": np.uint8, "int4": np.int8, "uint4": np.uint8,
-            "int2": np.int8, "uint2": np.uint8, "float4_e2m1fn": np.uint8}
+def load_npy(path: str, note: str | None = None) -> np.ndarray:
+    """A .npy written by an engine call, memory-mapped; ``note`` is the dtype note
+    ``arrays.storable`` gave it (an ml_dtype saved as raw bits, strings)."""
+    from reprokit.arrays import restored
 
-
-def load_npy(path: str, dtype: str | None = None) -> np.ndarray:
-    """A .npy written by an engine call, memory-mapped; ``dtype`` names an ml_dtype saved as bits."""
-    array = np.load(path, mmap_mode="r", allow_pickle=False)
-    if dtype:
-        import ml_dtypes
-
-        array = array.view(getattr(ml_dtypes, dtype))
-    return array
+    return restored(np.load(path, mmap_mode="r", allow_pickle=False), note)
 
 
 class OutputFiles(Mapping):
@@ -59,7 +51,7 @@ class OutputFiles(Mapping):
 
     def __init__(self, paths: dict[str, str], dtypes: dict[str, str] | None = None):
         self.paths = paths
-        self.dtypes = dtypes or {}  # name -> ml_dtype name, for outputs saved as raw bits
+        self.dtypes = dtypes or {}  # name -> dtype note (arrays.storable), for outputs .npy cannot name
 
     def __getitem__(self, name: str) -> np.ndarray:
         return load_npy(self.paths[name], self.dtypes.get(name))
@@ -204,7 +196,7 @@ def _whole_lines(tail: str) -> str:
 
 def _child(job_dir: str) -> int:
     """Child side: run the job, write result.json. Engine crashes kill this process, by design."""
-    from reprokit.arrays import load_npz
+    from reprokit.arrays import load_npz, storable
     from reprokit.backends import create_backend
     from reprokit.backends.base import BuildError
     from reprokit.backends.cmd import CmdBackend, CommandCrash
@@ -227,11 +219,10 @@ def _child(job_dir: str) -> int:
         entries = []
         for index, (name, value) in enumerate(_tensors(run.outputs).items()):
             file = f"out{index:05d}.npy"
-            array = _savable(np.asarray(value))
+            array, note = storable(np.asarray(value))  # the same rule as every .npz reprokit writes
             entry = {"name": name, "file": file}
-            if str(array.dtype) in RAW_BITS:
-                entry["dtype"] = str(array.dtype)
-                array = array.view(RAW_BITS[str(array.dtype)])
+            if note:
+                entry["dtype"] = note
             np.save(os.path.join(job_dir, file), array, allow_pickle=False)
             entries.append(entry)
         result.update(outputs=entries, meta=run.meta, log=run.log if len(run.log) <= _STDERR_TAIL else _whole_lines(run.log[-_STDERR_TAIL:]))
@@ -255,14 +246,6 @@ def _child(job_dir: str) -> int:
         json.dump(result, handle, default=str)
     os.replace(tmp, os.path.join(job_dir, "result.json"))
     return 0
-
-
-def _savable(array: np.ndarray) -> np.ndarray:
-    """STRING outputs come back from onnxruntime as object arrays, which .npy holds only by
-    pickling: as unicode arrays they cross without it and compare by equality."""
-    if array.dtype.kind == "O" and all(isinstance(v, str) for v in array.flat):
-        return array.astype(np.str_)
-    return array
 
 
 def _tensors(outputs: dict) -> dict:
