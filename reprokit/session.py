@@ -34,6 +34,7 @@ class Prepared:
     feeds: Feeds
     notes: list[str] = field(default_factory=list)
     base_dir: str = ""  # where the model's external data files are (weights are not loaded)
+    file_nodes: int = 0  # nodes in the user's file, before --input-shapes folded any constants
 
 
 @dataclass
@@ -57,6 +58,7 @@ class RunOptions:
 def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
     """Load and validate the model, freeze shapes if asked, make or load the feeds."""
     model = load_model(model_path, load_weights=False)
+    file_nodes = len(model.graph.node)
     notes: list[str] = []
     path = model_path
     base_dir = os.path.dirname(os.path.abspath(model_path))
@@ -72,7 +74,7 @@ def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
                              val_ranges=options.val_ranges)
     notes.extend(feeds.notes)
-    return Prepared(model, path, infos, feeds, notes, base_dir)
+    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes)
 
 
 def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None) -> Oracle:

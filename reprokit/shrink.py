@@ -111,7 +111,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     max_calls = auto_call_budget(original_nodes) if limits.max_calls == -1 else limits.max_calls
     earlier = _earlier_calls(out_dir) if resume else 0
     writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
-                         earlier_calls=earlier, file_nodes=_file_nodes(model_path))
+                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes)
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
         reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays)
@@ -174,12 +174,6 @@ def _earlier_calls(out_dir: str) -> int:
             return int(json.load(handle)["calls"]["target"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
-
-
-def _file_nodes(model_path: str) -> int:
-    from reprokit.model import load_model
-
-    return len(load_model(model_path, load_weights=False).graph.node)
 
 
 def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:

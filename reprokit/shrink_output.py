@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,21 +31,20 @@ def _resources(stats, wall: float) -> dict:
     }
 
 
+@dataclass
 class _BestWriter:
     """Rewrites minimal.onnx, inputs.npz and summary.json after every accepted step."""
 
-    def __init__(self, out_dir, model_path, target, options, original_nodes, started, max_calls=None, *,
-                 earlier_calls: int = 0, file_nodes: int | None = None):
-        self.max_calls = max_calls
-        self.earlier_calls = earlier_calls  # a resumed run's calls before this process
-        self.file_nodes = file_nodes
-        self.out_dir = out_dir
-        self.model_path = model_path
-        self.target = target
-        self.options = options
-        self.original_nodes = original_nodes
-        self.started = started
-        self.summary: dict = {}
+    out_dir: str
+    model_path: str
+    target: str  # the user's target (a TensorRT run's private timing cache left out)
+    options: RunOptions
+    original_nodes: int
+    started: float
+    max_calls: int | None = None
+    earlier_calls: int = 0  # a resumed run's calls before this process
+    file_nodes: int | None = None
+    summary: dict = field(default_factory=dict)
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
               note: str = ""):
@@ -103,7 +103,7 @@ class _BestWriter:
             "schema": "reprokit.shrink/1",
             "status": status,
             "model": self.model_path,
-            "target": self.target,  # the user's (a TensorRT run's private timing cache left out)
+            "target": self.target,
             "reference": reducer.oracle.reference,
             "criterion": reducer.oracle.criterion.describe(),
             "signature": reducer.signature.to_json(),

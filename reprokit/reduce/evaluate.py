@@ -128,11 +128,8 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
     results: dict[frozenset, Outcome] = {}
     prepared = []
     if reducer.want_layerwise:
-        from reprokit.model import weight_bytes
-
         marked = _marked_member(reducer)
-        if weight_bytes(reducer.model) > reducer.pack_bytes // 2:
-            # Its own copy of every weight would double what the engine holds: a call of its own.
+        if reducer.heavy():  # its own copy of every weight would double what the engine holds
             _run_marked_alone(reducer, marked)
         else:
             prepared.append((None, marked))
@@ -254,9 +251,10 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
     return fails
 
 
-def first_failing_group(reducer, candidates: list[frozenset]) -> int | None:
+def first_failing_group(reducer, candidates: list[frozenset], *, together_fail: bool = False) -> int | None:
     """Earliest interesting candidate by group testing over runs of consecutive, pairwise
-    disjoint candidates (overlapping ones are judged one by one)."""
+    disjoint candidates (overlapping ones are judged one by one). ``together_fail``: all the
+    candidates together are known to fail, so the first run needs no call of its own."""
     position = 0
     while position < len(candidates):
         known = reducer.cached(candidates[position])
@@ -276,7 +274,7 @@ def first_failing_group(reducer, candidates: list[frozenset]) -> int | None:
             used |= cand
             nodes += len(cand)
             following += 1
-        known = reducer.covers_original and len(run) == len(candidates) and position == 0
+        known = together_fail and len(run) == len(candidates) and position == 0
         hit = _split(reducer, candidates, run, known_fail=known)
         if hit is not None:
             return hit

@@ -121,7 +121,6 @@ class Reducer:
     message_key: str = ""  # the original failure's normalized message (pass/fail oracles)
     interactions: list = field(default_factory=list)  # groups that fail only together (group testing)
     contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
-    covers_original: bool = False  # the candidates asked next cover the whole best (survey of singles)
     want_layerwise: bool = False  # the next packed call also runs the marked whole model
     layerwise_report: object | None = None  # reprokit.layerwise.LayerwiseReport, once run
     _current: str = "setup"
@@ -131,6 +130,7 @@ class Reducer:
         self._lock = threading.Lock()
         self._feed_ok: dict[str, str | None] = {}
         self._speculative: list[frozenset] = []
+        self._weights: int | None = None
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -176,6 +176,15 @@ class Reducer:
 
         return judge_packed(self, candidates, stop_at_hit=stop_at_hit)
 
+    def heavy(self) -> bool:
+        """Are the model's weights more than half of what one pack may hold? (A copy of the whole
+        model beside others would then hold every weight twice.)"""
+        if self._weights is None:
+            from reprokit.model import weight_bytes
+
+            self._weights = weight_bytes(self.model)
+        return self._weights > self.pack_bytes // 2
+
     def _group_fails(self, candidates: list[frozenset]) -> bool:
         """Pass/fail: does one call on these disjoint candidates together show the signature?"""
         from reprokit.reduce.evaluate import group_fails
@@ -220,8 +229,10 @@ class Reducer:
                 known[cand] = self._evaluate_checked(cand)
         return [self._count(known[c]) if known[c] is not None else None for c in candidates]
 
-    def first_interesting(self, candidates: list) -> int | None:
-        """Index of the earliest interesting candidate in order, or None."""
+    def first_interesting(self, candidates: list, *, together_fail: bool = False) -> int | None:
+        """Index of the earliest interesting candidate in order, or None. ``together_fail``: the
+        candidates together are known to fail (they cover the confirmed model), so group testing
+        need not spend a call on all of them at once."""
         candidates = [frozenset(c) for c in candidates]
         if self.packing == "numeric":
             for start, chunk in self._chunks(candidates):
@@ -232,7 +243,7 @@ class Reducer:
         if self.packing == "group":
             from reprokit.reduce.evaluate import first_failing_group
 
-            return first_failing_group(self, candidates)
+            return first_failing_group(self, candidates, together_fail=together_fail)
         for start in range(len(candidates)):
             self.prefetch(candidates[start : start + self.jobs])
             if self.test(candidates[start]):

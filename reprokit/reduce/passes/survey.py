@@ -31,7 +31,7 @@ def run(reducer, *, layerwise: bool) -> bool:
     if layerwise and saved is None:
         reducer.want_layerwise = True
     candidates = singles
-    if reducer.packing == "numeric" and _heavy(reducer):
+    if reducer.packing == "numeric" and reducer.heavy():
         # Weights too big for one pack: the marked run first (a call of its own), then the nodes
         # alone nearest the anchor first, in as many packs as it takes to meet the first hit.
         reducer.verdicts([])
@@ -50,11 +50,7 @@ def run(reducer, *, layerwise: bool) -> bool:
     else:
         # The singles together hold every node of the confirmed model: their group needs no
         # call of its own (binary splitting starts at its halves).
-        reducer.covers_original = len(order) == len(reducer.index.node_outputs)
-        try:
-            hit = reducer.first_interesting(singles)
-        finally:
-            reducer.covers_original = False
+        hit = reducer.first_interesting(singles, together_fail=len(order) == len(reducer.index.node_outputs))
         if hit is None and not reducer.interactions:
             candidates = matchings(reducer, order)
             hit = reducer.first_interesting(candidates) if candidates else None
@@ -65,15 +61,6 @@ def run(reducer, *, layerwise: bool) -> bool:
         reducer.accept(together, "nodes that fail only together (group testing)")
         return True
     return _accept(reducer, candidates, hit)
-
-
-def _heavy(reducer) -> bool:
-    """Are the model's weights more than half of what one pack may hold?"""
-    from reprokit.model import weight_bytes
-
-    if not hasattr(reducer, "_weight_bytes"):
-        reducer._weight_bytes = weight_bytes(reducer.model)
-    return reducer._weight_bytes > reducer.pack_bytes // 2
 
 
 def pairs(reducer) -> bool:
