@@ -51,8 +51,13 @@ def run_options(func):
         click.option("--rtol", type=float, default=None, help="Relative tolerance for allclose."),
         click.option("--timeout", type=float, default=600.0, show_default=True,
                      help="Seconds per engine call; a call past it is killed (verdict: timeout)."),
-        click.option("--fail-regex", default=None,
-                     help="cmd targets: a failure counts only if the output matches this."),
+        click.option("--fail-regex", multiple=True, metavar="RE",
+                     help="cmd targets: a run whose output matches RE fails, whatever its exit status "
+                          "(repeatable: any match). The regexes, not the words, are the bug's signature."),
+        click.option("--fail-code", multiple=True, type=int, metavar="N",
+                     help="cmd targets: only these exit codes are failures (repeatable)."),
+        click.option("--ignore-fail-code", multiple=True, type=int, metavar="N",
+                     help="cmd targets: these exit codes are passes (repeatable)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -89,7 +94,8 @@ def make_run_options(kw: dict):
     return RunOptions(
         reference=kw.pop("reference"), metric=kw.pop("metric"), tolerance=kw.pop("tol"),
         atol=kw.pop("atol"), rtol=kw.pop("rtol"), timeout=kw.pop("timeout"),
-        fail_regex=kw.pop("fail_regex"), inputs=kw.pop("inputs"), sample=kw.pop("sample"),
+        fail_regex=tuple(kw.pop("fail_regex")), fail_codes=tuple(kw.pop("fail_code")),
+        ignore_fail_codes=tuple(kw.pop("ignore_fail_code")), inputs=kw.pop("inputs"), sample=kw.pop("sample"),
         seed=kw.pop("seed"), input_shapes=parse_shape_args(kw.pop("input_shapes")),
         val_ranges=parse_val_ranges(kw.pop("val_range")),
     )

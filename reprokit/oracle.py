@@ -189,7 +189,7 @@ class Oracle:
         *,
         precision: str,
         timeout: float = 600.0,
-        fail_regex: str | None = None,
+        policy=None,
         workdir: str | None = None,
         target_env: dict[str, str] | None = None,
     ):
@@ -198,7 +198,7 @@ class Oracle:
         self.criterion = criterion
         self.precision = precision
         self.timeout = timeout
-        self.fail_regex = fail_regex
+        self.policy = policy  # reprokit.checkpolicy.CheckPolicy of a cmd target, or None
         self.target_env = target_env
         self.build_only = False  # shrink sets it while hunting a build error
         self.weights_dir: str | None = None  # external data of the models judged, if any
@@ -254,7 +254,7 @@ class Oracle:
         job = self._job_dir("target")
         result = run_in_worker(
             self.target, model_path, self._feeds_file(job, feeds), job, output_names=output_names,
-            timeout=self.timeout, fail_regex=self.fail_regex, env=self.target_env,
+            timeout=self.timeout, policy=self.policy.to_json() if self.policy else None, env=self.target_env,
             build_only=self.build_only, weights_dir=self.weights_dir,
         )
         with self._lock:
@@ -267,7 +267,7 @@ class Oracle:
 
     def cache_key(self, model_path: str, feeds: dict, output_names=None) -> str:
         parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
-                 repr(self.criterion), repr(output_names), str(self.fail_regex), str(self.build_only)]
+                 repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only)]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
     def judge(

@@ -20,6 +20,7 @@ import numpy as np
 from reprokit import __version__
 from reprokit.archive import check_manifest, safe_extract, write_archive, write_manifest
 from reprokit.arrays import save_npz
+from reprokit.checkpolicy import CheckPolicy
 from reprokit.envinfo import fingerprint
 from reprokit.envinfo import redact as redact_env
 from reprokit.errors import InputError, NothingToReduce
@@ -138,7 +139,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
         save_model(convert_float_model(inline, narrow), os.path.join(stage, f"model.{narrow}.onnx"))
     with open(os.path.join(stage, "verdict.json"), "w") as handle:
-        json.dump({**verdict.to_json(), "fail_regex": options.fail_regex, "reprokit": __version__,
+        json.dump({**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
                    "redaction": redaction}, handle, indent=2, default=str)
     env = fingerprint()
     if redaction:
@@ -261,13 +262,14 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
     from reprokit.oracle import normalize_message
 
     compare_source = _module_source("compare.py")
-    emulation_source = _module_source("emulation.py")
+    emulation_source = _module_source("names.py") + "\n\n" + _module_source("emulation.py")
     arrays_source = _module_source("arrays.py")
+    policy_source = _module_source("checkpolicy.py")
     settings = {
         "target": verdict.target, "reference": verdict.reference, "metric": verdict.criterion.metric.value,
         "tolerance": verdict.criterion.tolerance, "atol": verdict.criterion.atol, "rtol": verdict.criterion.rtol,
         "expected_kind": verdict.kind.value, "summary": verdict.signature.describe(),
-        "fail_regex": options.fail_regex,
+        "check_policy": options.policy().to_json(),
     }
     return {
         "version": __version__, "title": title(verdict, spec, env, ops), "verdict": verdict,
@@ -279,7 +281,7 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
         "alternative": ALTERNATIVE[spec.engine],
         "reference": verdict.reference, "target": verdict.target, "criterion": verdict.criterion.describe(),
         "settings": settings, "compare_source": compare_source, "emulation_source": emulation_source,
-        "arrays_source": arrays_source, "normalize_source": getsource(normalize_message),
+        "arrays_source": arrays_source, "policy_source": policy_source, "normalize_source": getsource(normalize_message),
         "polygraphy_command": polygraphy_command(spec, verdict, model), "trtexec_command": trtexec_command(spec, bins),
         "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env),
         "repro_output": "",
@@ -287,10 +289,12 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
 
 
 def _module_source(name: str) -> str:
-    """A standalone reprokit module's source, without its __future__ import (repro.py has one)."""
+    """A standalone reprokit module's source, without its __future__ import (repro.py has one) and
+    without its imports of modules embedded above it (lines marked "# repro.py: embedded above")."""
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)) as handle:
         text = handle.read()
-    return text.replace("from __future__ import annotations\n", "")
+    text = text.replace("from __future__ import annotations\n", "")
+    return "\n".join(line for line in text.split("\n") if not line.endswith("# repro.py: embedded above"))
 
 
 def _latest_release(spec, env) -> str:
@@ -392,6 +396,20 @@ def trusted_archive_spec(text: str, role: str, archive_path: str) -> str:
                      "that on an archive's word", hint=hint)
 
 
+def archive_policy(recorded: dict, archive_path: str) -> CheckPolicy:
+    """The check policy an archive records (``check_policy``, or an older ``fail_regex``), its
+    regexes bounded and its exit codes integers."""
+    try:
+        policy = CheckPolicy.from_json(recorded.get("check_policy"))
+        legacy = CheckPolicy.from_json(recorded.get("fail_regex"))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"archive {archive_path} records a check policy reprokit cannot read",
+                         hint="ask for a fresh archive") from exc
+    regexes = policy.regexes + legacy.regexes
+    return CheckPolicy(tuple(bounded_archive_regex(r, archive_path) for r in regexes),
+                       policy.fail_codes, policy.ignore_codes)
+
+
 def bounded_archive_regex(pattern, archive_path: str) -> str | None:
     """A ``fail_regex`` from an archive if it cannot backtrack for ever: at most
     MAX_ARCHIVE_REGEX characters, no repetition inside a repetition, no alternation or
@@ -479,12 +497,13 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float = 600
                              hint="only archives written by `reprokit pack` can be verified") from exc
         chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
         reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
-        fail_regex = bounded_archive_regex(recorded.get("fail_regex"), archive_path)
+        policy = archive_policy(recorded, archive_path)
         if not chosen.strip().lower().startswith("cmd:"):
-            fail_regex = None  # a cmd archive verified under --target ort: the regex has nothing to match
+            policy = CheckPolicy()  # a cmd archive verified under --target ort: nothing to match
         options = RunOptions(reference=reference, metric=criterion["metric"],
                              tolerance=criterion["tolerance"], atol=criterion["atol"], rtol=criterion["rtol"],
-                             timeout=timeout, fail_regex=fail_regex,
+                             timeout=timeout, fail_regex=policy.regexes, fail_codes=policy.fail_codes,
+                             ignore_fail_codes=policy.ignore_codes,
                              inputs=os.path.join(top, "inputs.npz"))
         result = check(os.path.join(top, "model.onnx"), chosen, options=options, workdir=os.path.join(tmp, "check"))
         verdict = result.verdict

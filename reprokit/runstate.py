@@ -65,8 +65,7 @@ def option_args(options: RunOptions) -> list[str]:
             parts += [flag, repr(float(value))]
     if options.timeout != defaults.timeout:
         parts += ["--timeout", repr(float(options.timeout))]
-    if options.fail_regex:
-        parts += ["--fail-regex", options.fail_regex]
+    parts += options.policy().argv()
     return parts
 
 
@@ -107,7 +106,7 @@ def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resum
     fingerprint = {
         "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
         "reference": oracle.reference, "criterion": oracle.criterion.describe(),
-        "fail_regex": options.fail_regex,
+        "check_policy": options.policy().to_json(),
         "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
     }
     path = os.path.join(state_dir, "run.json")

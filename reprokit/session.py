@@ -5,10 +5,12 @@ run ``check``. Knows nothing of click; raises ReprokitError subclasses only.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 
 from reprokit.backends import backend_class
+from reprokit.checkpolicy import CheckPolicy
 from reprokit.compare import Criterion
 from reprokit.errors import InputError, UsageError
 from reprokit.inputs import Feeds, load_feeds, random_feeds
@@ -47,12 +49,19 @@ class RunOptions:
     atol: float | None = None
     rtol: float | None = None
     timeout: float = 600.0
-    fail_regex: str | None = None
+    fail_regex: str | tuple | None = None  # one regex or several (any match fails)
+    fail_codes: tuple = ()
+    ignore_fail_codes: tuple = ()
     inputs: str | None = None
     sample: int = 0
     seed: int = 0
     input_shapes: dict = field(default_factory=dict)
     val_ranges: dict = field(default_factory=dict)
+
+    def policy(self) -> CheckPolicy:
+        """When a cmd target's run counts as a failure (polygraphy's --check rules)."""
+        regexes = (self.fail_regex,) if isinstance(self.fail_regex, str) else tuple(self.fail_regex or ())
+        return CheckPolicy(regexes, tuple(self.fail_codes), tuple(self.ignore_fail_codes))
 
 
 def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
@@ -83,14 +92,22 @@ def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=No
     reference_spec = parse_target(options.reference)
     if reference_spec.engine == "cmd":
         raise UsageError("the reference cannot be a cmd engine", hint="use --reference ort (the default)")
-    if options.fail_regex and target_spec.engine != "cmd":
-        raise UsageError("--fail-regex applies only to a cmd target", hint="use --target 'cmd:...'")
+    policy = options.policy()
+    if policy and target_spec.engine != "cmd":
+        flag = "--fail-regex" if policy.regexes else "--fail-code/--ignore-fail-code"
+        raise UsageError(f"{flag} applies only to a cmd target", hint="use --target 'cmd:...'")
+    for regex in policy.regexes:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise UsageError(f"--fail-regex {regex!r} is not a regular expression: {exc}",
+                             hint="Python re syntax, e.g. --fail-regex 'Error Code \\d+'") from exc
     backend = backend_class(target_spec.engine)(target_spec)
     precision = backend.precision()
     criterion = Criterion.for_precision(precision, options.metric, options.tolerance,
                                         options.atol, options.rtol)
     return Oracle(str(reference_spec), str(target_spec), criterion, precision=precision,
-                  timeout=options.timeout, fail_regex=options.fail_regex, workdir=workdir,
+                  timeout=options.timeout, policy=policy, workdir=workdir,
                   target_env=target_env)
 
 

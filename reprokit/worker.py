@@ -93,7 +93,7 @@ def run_in_worker(
     *,
     output_names: list[str] | None = None,
     timeout: float = 600.0,
-    fail_regex: str | None = None,
+    policy: dict | None = None,
     env: dict[str, str] | None = None,
     build_only: bool = False,
     weights_dir: str | None = None,
@@ -105,7 +105,7 @@ def run_in_worker(
         "model": os.path.abspath(model_path),
         "feeds": os.path.abspath(feeds_path),
         "outputs": output_names,
-        "fail_regex": fail_regex,
+        "check_policy": policy,
         "build_only": build_only,
         "weights_dir": os.path.abspath(weights_dir) if weights_dir else None,
     }
@@ -200,6 +200,7 @@ def _child(job_dir: str) -> int:
     from reprokit.backends import create_backend
     from reprokit.backends.base import BuildError
     from reprokit.backends.cmd import CmdBackend, CommandCrash
+    from reprokit.checkpolicy import CheckPolicy
     from reprokit.errors import EngineUnavailable, ReprokitError
     from reprokit.spec import parse_target
 
@@ -208,7 +209,8 @@ def _child(job_dir: str) -> int:
     result: dict = {"status": "ok"}
     try:
         spec = parse_target(job["spec"])
-        backend = CmdBackend(spec, job["fail_regex"]) if spec.engine == "cmd" else create_backend(spec)
+        backend = (CmdBackend(spec, CheckPolicy.from_json(job.get("check_policy"))) if spec.engine == "cmd"
+                   else create_backend(spec))
         backend.build_only = bool(job.get("build_only"))
         model_path = _place_weights(backend, job["model"], job.get("weights_dir"), job_dir)
         feeds = load_npz(job["feeds"])

@@ -166,8 +166,39 @@ def test_fail_regex_not_matching_is_a_different_failure(log_model):
     assert not v.signature.same_bug(
         Signature(Kind.BUILD_ERROR, detail="check failed matching /Assertion failed/")
     )
-    assert "WITHOUT matching /Assertion failed/" in v.message
+    assert "without matching /Assertion failed/" in v.message
     assert "out of memory" in v.message
+
+
+def _exits(code: int, said: str = "") -> str:
+    return f"""cmd:{PY} -c 'import sys; print("{said}"); sys.exit({code})'"""
+
+
+@pytest.mark.parametrize("code, said, options, kind, detail", [
+    # polygraphy's --check rules, one row each
+    (2, "", {}, "build-error", "check command exit code 2"),
+    (2, "", {"fail_codes": (3,)}, "build-error", "exit code 2 is not a --fail-code (3)"),
+    (3, "", {"fail_codes": (3,)}, "build-error", "check command exit code 3"),
+    (0, "bad", {"fail_codes": (0,)}, "build-error", "check command exit code 0"),
+    (4, "", {"ignore_fail_codes": (4,)}, "agree", ""),
+    (0, "REALLY BAD!", {"fail_regex": ("REALLY BAD", "FOUND A BAD NODE")}, "build-error",
+     "check failed matching /REALLY BAD/ | /FOUND A BAD NODE/"),
+    (1, "FOUND A BAD NODE!", {"fail_regex": ("REALLY BAD", "FOUND A BAD NODE")}, "build-error",
+     "check failed matching /REALLY BAD/ | /FOUND A BAD NODE/"),
+    (0, "all good", {"fail_regex": ("REALLY BAD",)}, "agree", ""),
+    (1, "REALLY BAD", {"fail_regex": ("REALLY BAD",), "fail_codes": (2,)}, "build-error",
+     "exit code 1 is not a --fail-code (2)"),
+])
+def test_check_policy_decides_as_polygraphy_check_does(log_model, code, said, options, kind, detail):
+    v = check(log_model, _exits(code, said), options=RunOptions(**options)).verdict
+    assert (v.signature.kind.value, v.signature.detail) == (kind, detail)
+
+
+def test_fail_code_on_another_target_is_a_usage_error(log_model):
+    from reprokit.errors import UsageError
+
+    with pytest.raises(UsageError, match="--fail-code/--ignore-fail-code applies only to a cmd target"):
+        check(log_model, "emulate:fp16", options=RunOptions(fail_codes=(3,)))
 
 
 @pytest.fixture

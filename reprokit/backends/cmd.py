@@ -1,9 +1,10 @@
 """External check command, like polygraphy's ``--check``.
 
 ``{model}``, ``{inputs}`` (an .npz of the feeds) and ``{outputs}`` (an .npz path the command may
-write for a numeric comparison) are substituted into each argument. A non-zero exit is a failure
-(with ``--fail-regex``: only when the output matches; a non-matching failure is reported as a
-different finding instead of passing silently). Death by a signal is a crash.
+write for a numeric comparison) are substituted into each argument. Which runs fail is
+polygraphy's rule (``reprokit.checkpolicy``: exit status, ``--fail-code``, ``--ignore-fail-code``,
+``--fail-regex``); a non-zero exit that is not a failure by that rule is reported as a different
+finding instead of passing silently. Death by a signal is a crash.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tempfile
 
 from reprokit.arrays import load_npz, save_npz
 from reprokit.backends.base import Availability, Backend, BuildError, RunResult
+from reprokit.checkpolicy import FAIL, OTHER, CheckPolicy
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.spec import TargetSpec
 
@@ -105,9 +107,9 @@ class CmdBackend(Backend):
     install_hint = "the command itself must be installed and on PATH"
     marking_changes_engine = True  # unknown engine: assume the worst
 
-    def __init__(self, spec: TargetSpec, fail_regex: str | None = None):
+    def __init__(self, spec: TargetSpec, policy: CheckPolicy | None = None):
         super().__init__(spec)
-        self.fail_regex = fail_regex
+        self.policy = policy or CheckPolicy()
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:
@@ -133,7 +135,7 @@ class CmdBackend(Backend):
         return Availability(True, None, "always available: runs the command you give")
 
     def run(self, model_path, feeds, output_names):
-        pattern = re.compile(self.fail_regex) if self.fail_regex else None
+        pattern = self.policy.pattern()
         with tempfile.TemporaryDirectory(prefix="reprokit-cmd-") as tmp:
             inputs_path = os.path.join(tmp, "inputs.npz")
             outputs_path = os.path.join(tmp, "outputs.npz")
@@ -160,22 +162,17 @@ class CmdBackend(Backend):
                 raise CommandCrash(f"check command killed by {name}\n{tail}", name)
             if code != 0:
                 _raise_if_script_missing(argv, tail)
-                if pattern is None:
-                    # Without --fail-regex a check means what polygraphy's --check means: the exit
-                    # status is the failure class. Its message varies with the candidate (a
-                    # checker may print which node it saw) and is kept for the report only.
-                    raise BuildError(f"check command failed (exit code {code}): {last_line(tail)}\n{tail}",
-                                     detail=f"check command exit code {code}")
-                if match is not None:
-                    # The signature of a matched failure is the regex itself: stable across candidates.
-                    raise BuildError(
-                        f"check command failed matching /{self.fail_regex}/: {match}\n{tail}",
-                        detail=f"check failed matching /{self.fail_regex}/",
-                    )
-                raise BuildError(
-                    f"check command failed (exit code {code}) WITHOUT matching /{self.fail_regex}/: "
-                    f"{last_line(tail)}\n{tail}"
-                )
+            verdict, detail = self.policy.decide(code, match is not None)
+            if verdict == FAIL:
+                # The class of the failure (exit status, or the regexes that matched) is its
+                # signature: a checker's words vary with the candidate (which node it saw) and
+                # are kept for the report only.
+                how = f" matching {self.policy.label()}" if match is not None else ""
+                said = match if match is not None else last_line(tail)
+                raise BuildError(f"check command failed (exit code {code}){how}: {said}\n{tail}", detail=detail)
+            if verdict == OTHER:
+                raise BuildError(f"check command exited {code}, a different finding ({detail}): "
+                                 f"{last_line(tail)}\n{tail}", detail=detail)
             outputs = {}
             if os.path.exists(outputs_path):
                 try:
