@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from reprokit.names import FreshNames
+
 _NARROW = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 _TYPE_STR = {TensorProto.FLOAT16: "tensor(float16)", TensorProto.BFLOAT16: "tensor(bfloat16)"}
 _FLOAT = TensorProto.FLOAT
@@ -203,7 +205,7 @@ class _Converter:
         self.functions = {(f.domain, f.name) for f in model.functions}
         self.types: dict[str, int] = {}
         self.domain: dict[str, str] = {}  # float tensor → WIDE or NARROW, after conversion
-        self.used = set(node_names(model.graph))
+        self.used = FreshNames(node_names(model.graph))
         self.schema_fp32: list[str] = []
         self.casts = 0
         self._collect_types(model.graph)
@@ -241,12 +243,12 @@ class _Converter:
             if vi.type.HasField("tensor_type"):
                 self.types[vi.name] = vi.type.tensor_type.elem_type
         for node in graph.node:
-            self.used.update(o for o in node.output if o)
+            self.used.take(node.output)
             if node.op_type == "Constant" and _constant_value(node) is not None:
                 self.types[node.output[0]] = _FLOAT
             for sub in _subgraphs(node):
                 self._collect_types(sub)
-        self.used.update(self.types)
+        self.used.take(self.types)
 
     def _is_float(self, name: str) -> bool:
         return bool(name) and self.types.get(name) == _FLOAT
@@ -390,12 +392,7 @@ class _Converter:
         return "fp32" if want == WIDE else self.label
 
     def _fresh(self, base: str) -> str:
-        name, count = base, 0
-        while name in self.used:
-            count += 1
-            name = f"{base}_{count}"
-        self.used.add(name)
-        return name
+        return self.used.fresh(base)
 
     def _cast(self, source: str, target: str, want: str):
         self.casts += 1

@@ -1,12 +1,15 @@
 """fp16/bf16 storage emulation as a pure model rewrite: numpy, onnx and ml_dtypes only.
 
 Kept free of reprokit imports on purpose: report archives embed this file verbatim in their
-standalone ``repro.py``, so the repro computes exactly what reprokit computed.
+standalone ``repro.py``, so the repro computes exactly what reprokit computed. The one exception,
+``reprokit.names`` (new names for the Casts), is embedded just above it there.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from reprokit.names import FreshNames  # repro.py: embedded above
 
 NARROW = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -56,7 +59,8 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
              for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)
              if vi.type.HasField("tensor_type")}
     outer.update({init.name: init.data_type for init in model.graph.initializer})
-    _round_graph(model, model.graph, float_names, outer, narrow_type, keep_fp32, "", [0])
+    pool = FreshNames.of(model)
+    _round_graph(model, model.graph, float_names, outer, narrow_type, keep_fp32, "", [0], pool)
     return model
 
 
@@ -138,7 +142,7 @@ def _body_types(model, graph, outer: dict[str, int]) -> dict[str, int]:
     return types
 
 
-def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, counter) -> None:
+def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, counter, pool) -> None:
     """Round ``graph``'s float initializers and node outputs, and every body nested in it: a
     body's values never leave it unrounded, so an overflow inside an If branch or a Loop shows."""
     from onnx import TensorProto, helper
@@ -150,27 +154,27 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
         name = init.name
         if init.data_type != TensorProto.FLOAT or (readers.get(name) and readers[name] <= keep_fp32):
             continue
-        wide, mid = f"{name}__rk_wide{tag}", f"{name}__rk_narrow{tag}"
+        wide, mid = pool.fresh(f"{name}__rk_wide{tag}"), pool.fresh(f"{name}__rk_narrow{tag}")
         init.name = wide
         if name in graph_inputs:  # old models list weights among the inputs too
             graph_inputs[name].name = wide
         new_nodes.append(helper.make_node("Cast", [wide], [mid], to=narrow_type, name=mid))
-        new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=name + "__rk_cast"))
+        new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=pool.fresh(name + "__rk_cast")))
     for index, node in enumerate(graph.node):
         new_nodes.append(node)
         for sub in _subgraphs(node):
             counter[0] += 1
             types = _body_types(model, sub, outer)
             inner = {n for n, t in types.items() if t == TensorProto.FLOAT}
-            _round_graph(model, sub, inner, types, narrow_type, keep_fp32, f"_b{counter[0]}_", counter)
+            _round_graph(model, sub, inner, types, narrow_type, keep_fp32, f"_b{counter[0]}_", counter, pool)
         if node.name in keep_fp32:
             continue
         for slot, name in enumerate(node.output):
             if not name or name not in float_names:
                 continue
-            wide, mid = f"{name}__rk_wide{tag}{index}", f"{name}__rk_narrow{tag}{index}"
+            wide, mid = pool.fresh(f"{name}__rk_wide{tag}{index}"), pool.fresh(f"{name}__rk_narrow{tag}{index}")
             node.output[slot] = wide
             new_nodes.append(helper.make_node("Cast", [wide], [mid], to=narrow_type, name=mid))
-            new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=name + "__rk_cast"))
+            new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=pool.fresh(name + "__rk_cast")))
     del graph.node[:]
     graph.node.extend(new_nodes)

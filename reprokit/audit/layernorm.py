@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.names import FreshNames
+
 LAYERNORM_OPSET = 17
 
 
@@ -194,6 +196,7 @@ def fuse_layernorms(model, base_dir: str = ""):
 
         model = version_converter.convert_version(model, LAYERNORM_OPSET)
     g = _Graph(model, base_dir)
+    pool = FreshNames.of(model)  # two blocks whose names share a short prefix stay apart
     replaced: dict[int, list] = {}  # index of a pattern's last node -> new nodes
     dropped: set[int] = set()
     matches: list[LayerNormMatch] = []
@@ -213,26 +216,27 @@ def fuse_layernorms(model, base_dir: str = ""):
         if scale is None or bias is None:
             continue
         names = [n.name for n in found["parts"]]
-        fused = f"{_prefix(names)}/LayerNormalization"
+        fused = pool.fresh(f"{_prefix(names)}/LayerNormalization")
         trailing = axes == list(range(rank - len(axes), rank))
         new = []
         x, out = found["x"], found["out"]
         if not trailing:
             perm = [a for a in range(rank) if a not in axes] + axes
-            new.append(helper.make_node("Transpose", [x], [f"{fused}/in"], name=f"{fused}/transpose_in", perm=perm))
-            x = f"{fused}/in"
-        scale_name, bias_name = f"{fused}.scale", f"{fused}.bias"
+            x = pool.fresh(f"{fused}/in")
+            new.append(helper.make_node("Transpose", [found["x"]], [x], name=pool.fresh(f"{fused}/transpose_in"),
+                                        perm=perm))
+        scale_name, bias_name = pool.fresh(f"{fused}.scale"), pool.fresh(f"{fused}.bias")
         # LayerNormalization takes scale and bias in X's type: float32 ones in an fp16 model
         # make a model onnxruntime refuses to load
         dtype = helper.tensor_dtype_to_np_dtype(g.types.get(found["x"], onnx.TensorProto.FLOAT))
         model.graph.initializer.extend([numpy_helper.from_array(scale.astype(dtype), scale_name),
                                         numpy_helper.from_array(bias.astype(dtype), bias_name)])
-        ln_out = out if trailing else f"{fused}/out"
+        ln_out = out if trailing else pool.fresh(f"{fused}/out")
         new.append(helper.make_node("LayerNormalization", [x, scale_name, bias_name], [ln_out], name=fused,
                                     axis=rank - len(axes), epsilon=found["eps"]))
         if not trailing:
             inverse = list(np.argsort(perm))
-            new.append(helper.make_node("Transpose", [ln_out], [out], name=f"{fused}/transpose_out",
+            new.append(helper.make_node("Transpose", [ln_out], [out], name=pool.fresh(f"{fused}/transpose_out"),
                                         perm=[int(p) for p in inverse]))
         indices = [index_of[id(n)] for n in found["parts"]]
         dropped.update(indices)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.names import FreshNames
+
 
 @dataclass
 class Member:
@@ -62,21 +64,20 @@ def build_pack(extractions: list, *, keep_node_names: bool) -> Pack:
     graph = onnx.GraphProto(name="reprokit_pack")
     feeds: dict[str, np.ndarray] = {}
     members: list[Member] = []
-    taken: set[str] = set()
+    taken = FreshNames()
     counts: dict[str, int] = {}
     if keep_node_names:  # a tensor name appearing in two members gets a copy per member
         for ext in extractions:
             for name in _names(ext.model.graph):
                 counts[name] = counts.get(name, 0) + 1
+        taken.take(n for n, c in counts.items() if c == 1)  # kept as they are: no copy may take them
     for number, ext in enumerate(extractions):
         sub = ext.model.graph
         local = _names(sub)
         if keep_node_names:
-            mapping = {n: _fresh(f"{n}__rk{number}", taken) for n in local if counts.get(n, 0) > 1}
+            mapping = {n: taken.fresh(f"{n}__rk{number}", ".") for n in local if counts.get(n, 0) > 1}
         else:
-            mapping = {n: _fresh(f"rk{number}/{n}", taken) for n in local}
-        taken.update(mapping.values())
-        taken.update(n for n in local if n not in mapping)
+            mapping = {n: taken.fresh(f"rk{number}/{n}", ".") for n in local}
         for node in sub.node:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
@@ -119,14 +120,6 @@ def _names(graph) -> set[str]:
         names.update(n for n in node.input if n)
         names.update(n for n in node.output if n)
     return names
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    candidate, bump = name, 1
-    while candidate in taken:
-        bump += 1
-        candidate = f"{name}.{bump}"
-    return candidate
 
 
 def _rename_outer_refs(body, mapping: dict[str, str], shadow: set[str]) -> None:
