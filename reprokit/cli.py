@@ -149,6 +149,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
                       "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
                                  for k, v in result.prepared.feeds.arrays.items()}},
             "notes": result.prepared.notes,
+            "warnings": result.verdict.warnings,
             "layerwise": result.layerwise.to_json(top) if result.layerwise else None,
         }
         click.echo(json.dumps(payload, indent=2))

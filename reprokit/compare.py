@@ -88,6 +88,7 @@ class OutputError:
     error: float
     exceeds: bool
     target_shape: tuple[int, ...] | None = None  # set only when it differs from ``shape``
+    reference_note: str = ""  # why relative error means little on this reference (degenerate_reference)
 
     @property
     def shape_mismatch(self) -> bool:
@@ -176,7 +177,45 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
     return OutputError(
         name, tuple(ref.shape), rel_l2, max_abs, cosine, max_ref, tgt_nan, tgt_inf, ref_nan,
         ref_inf, mismatched, error, bool(exceeds),
+        reference_note=(degenerate_reference(ref) or "") if full else "",
     )
+
+
+# Below sqrt(float32 eps) ~ 3.5e-4 everywhere, an output is a saturated tail (a sigmoid
+# of very negative logits, a residual that cancels): its relative error is the logits' absolute
+# error, so even an fp32 reordering of the same sums "diverges" by percents.
+NEAR_ZERO = float(np.sqrt(np.finfo(np.float32).eps))
+
+
+def degenerate_reference(reference) -> str | None:
+    """Why a relative error on this reference output says little, or None: every value (near)
+    zero, or one constant value. Float outputs only."""
+    ref = np.asarray(reference)
+    if ref.dtype.kind != "f" or ref.size == 0:
+        return None
+    values = ref.astype(np.float64).ravel()
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return None
+    low, high = float(values.min()), float(values.max())
+    if high == 0.0 and low == 0.0:
+        return "every value is 0"
+    biggest = max(abs(low), abs(high))
+    if biggest < NEAR_ZERO:
+        return f"near zero everywhere (max |ref| = {biggest:.2g})"
+    if values.size > 1 and low == high:
+        return f"constant (every value = {low:.6g})"
+    return None
+
+
+def reference_warnings(outputs, metric: Metric | str) -> list[str]:
+    """One line per output whose reference is degenerate: what the numbers cannot tell, and
+    what to do instead (real inputs, or an absolute metric)."""
+    relative = Metric(metric) in (Metric.REL_L2, Metric.COSINE)
+    advice = "use real inputs (--inputs)" + (" or --metric max-abs" if relative else "")
+    return [f"reference output {o.name!r} is {o.reference_note}: its relative error is meaningless "
+            f"there (the feeds barely exercise it); {advice}" for o in outputs
+            if o.reference_note and (relative or not o.reference_note.startswith("near zero"))]
 
 
 def _nonfinite(array: np.ndarray) -> tuple[int, int]:

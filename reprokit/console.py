@@ -51,6 +51,8 @@ def print_check(result, model_path: str, top: int = 10) -> None:
     out.print(f"  criterion  {verdict.criterion.describe()} per output")
     for note in result.prepared.notes:
         out.print(f"  [yellow]note[/]       {note}")
+    for warning in verdict.warnings:
+        out.print(f"  [bold yellow]warning[/]    {escape(warning)}")
     if verdict.diverges:
         out.print(f"[bold red]DIVERGES[/]: {verdict.signature.describe()}")
     else:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.arrays import save_npz
-from reprokit.compare import Criterion, OutputError, compare_arrays
+from reprokit.compare import Criterion, OutputError, compare_arrays, reference_warnings
 from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
 from reprokit.worker import WorkerResult, run_in_worker
 
@@ -78,6 +78,11 @@ class Verdict:
     def kind(self) -> Kind:
         return self.signature.kind
 
+    @property
+    def warnings(self) -> list[str]:
+        """Outputs whose reference makes the metric say little (all zero, near zero, constant)."""
+        return reference_warnings(self.outputs, self.criterion.metric)
+
     def worst(self) -> OutputError | None:
         return max(self.outputs, key=lambda o: (o.exceeds, o.error), default=None)
 
@@ -96,6 +101,7 @@ class Verdict:
                 "rtol": self.criterion.rtol,
             },
             "outputs": [o.to_json() for o in self.outputs],
+            "warnings": self.warnings,
             "message": self.message,
             "target_meta": self.target_meta,
             "seconds": round(self.seconds, 3),
@@ -246,7 +252,8 @@ class Oracle:
             raise ReferenceFailure(
                 f"the reference ({self.reference}) fails on this model: {result.status}: "
                 f"{quote_message(text)}",
-                hint="reprokit needs a working reference; check the model with `polygraphy run MODEL --onnxrt`",
+                hint=_old_opset_hint(model_path)
+                or "reprokit needs a working reference; check the model with `polygraphy run MODEL --onnxrt`",
             )
         return result
 
@@ -361,6 +368,27 @@ class Oracle:
         else:
             signature = Signature(Kind.AGREE)
         return Verdict(signature, tuple(errors), message="", **base)
+
+
+OLDEST_OPSET = 7  # onnxruntime has no kernels for ai.onnx opsets before 7 (Add-6, BatchNormalization-6 ...)
+UPGRADE_OPSET = 13
+
+
+def _old_opset_hint(model_path: str) -> str | None:
+    """How to upgrade a model whose ai.onnx opset onnxruntime no longer runs; None otherwise."""
+    import onnx
+
+    try:
+        model = onnx.load(model_path, load_external_data=False)
+    except Exception:  # the engine's own message says what is wrong with the file
+        return None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= OLDEST_OPSET:
+        return None
+    copy = os.path.splitext(model_path)[0] + f".opset{UPGRADE_OPSET}.onnx"
+    return (f"the model uses opset {opset}, older than onnxruntime runs ({OLDEST_OPSET}); convert a copy and check "
+            f"that: python -c \"import onnx; from onnx import version_converter; onnx.save(version_converter."
+            f"convert_version(onnx.load({model_path!r}), {UPGRADE_OPSET}), {copy!r})\"")
 
 
 def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> None:

@@ -62,6 +62,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             raise NothingToReduce(
                 f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): nothing to pack",
                 hint="pack a model that `reprokit check` reports as diverging")
+        notes.extend(f"WARNING: {w}" for w in result.verdict.warnings)  # a degenerate reference
         redaction = None
         if redact:
             event("redacting and checking that the redacted model still diverges")

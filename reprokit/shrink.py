@@ -111,7 +111,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     max_calls = auto_call_budget(original_nodes) if limits.max_calls == -1 else limits.max_calls
     earlier = _earlier_calls(out_dir) if resume else 0
     writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
-                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes)
+                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings)
+    run.prepared.notes.extend(f"warning: {w}" for w in verdict.warnings)  # a degenerate reference
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
         reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays)

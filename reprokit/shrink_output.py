@@ -44,6 +44,7 @@ class _BestWriter:
     max_calls: int | None = None
     earlier_calls: int = 0  # a resumed run's calls before this process
     file_nodes: int | None = None
+    warnings: list = field(default_factory=list)  # the original's degenerate reference outputs
     summary: dict = field(default_factory=dict)
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
@@ -136,6 +137,7 @@ class _BestWriter:
             "steps": [s.to_json(name) for name, s in reducer.stats.items()],
             "other_findings": reducer.findings,
             "rerun": rerun_command(self.model_path, self.target, self.options),
+            "warnings": self.warnings,
         }
         if note:
             summary["note"] = note
@@ -155,7 +157,8 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
     summary = result.summary
     context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
                "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
-               "original_model": summary["model"], "original_signature": summary["signature"]}
+               "original_model": summary["model"], "original_signature": summary["signature"],
+               "reference_warnings": summary.get("warnings", [])}
     if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
         context.update(audit.issue_context())
     packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
