@@ -18,14 +18,10 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
-import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 
 def regenerate(root: str) -> list[tuple[str, str, str]]:
@@ -81,28 +77,8 @@ def sample(tests: list[tuple[str, str, str]], per_op: int) -> list[tuple[str, st
     return sorted(chosen)
 
 
-def check(folder: str, target: str, timeout: float) -> dict:
-    argv = [sys.executable, "-m", "reprokit", "check", os.path.join(folder, "model.onnx"),
-            "--target", target, "--inputs", os.path.join(folder, "test_data_set_0"), "--json"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"exit": "timeout", "what": f"no answer within {timeout:g} s"}
-    what = next((line for line in proc.stderr.splitlines() if line.startswith("Error: ")), "")
-    if proc.returncode in (0, 1):
-        try:
-            verdict = json.loads(proc.stdout)["verdict"]
-            signature = verdict["signature"]
-            what = signature["kind"] + (f" ({signature['detail']})" if signature["detail"] else "")
-            if verdict.get("message"):
-                what += ": " + verdict["message"].strip().splitlines()[0][:200]
-        except (ValueError, KeyError):
-            what = "unreadable --json output"
-    return {"exit": proc.returncode, "what": what}
-
-
 def main() -> int:
+    """The node corpus alone, check only: ``corpus_sweep.py`` does the work and prints the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-op", type=int, default=3, help="tests per operator (default 3)")
     parser.add_argument("--targets", default="emulate:fp16,openvino:f32")
@@ -112,46 +88,14 @@ def main() -> int:
     parser.add_argument("--details", action="store_true", help="list every non-zero exit too")
     parser.add_argument("--json", dest="json_path", help="also write all results to this file")
     args = parser.parse_args()
-    targets = args.targets.split(",")
-    with tempfile.TemporaryDirectory(prefix="node-corpus-") as tmp:
-        root = args.out or tmp
-        tests = regenerate(root)
-        picked = sample(tests, args.per_op)
-        ops = len({t[1] for t in picked})
-        print(f"{len(tests)} node tests regenerated in {root}; {len(picked)} sampled ({ops} operators)\n")
-        jobs = [(test, target) for test in picked for target in targets]
-        done = collections.Counter()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import corpus_sweep
 
-        def run(job):
-            result = check(job[0][2], job[1], args.timeout)
-            done["n"] += 1
-            if done["n"] % 50 == 0 or done["n"] == len(jobs):
-                print(f"  {done['n']}/{len(jobs)} checks done", file=sys.stderr, flush=True)
-            return result
-
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            results = list(pool.map(run, jobs))
-    rows = [{"test": test[0], "op": test[1], "target": target, **result}
-            for (test, target), result in zip(jobs, results)]
-    counts = {t: collections.Counter(str(r["exit"]) for r in rows if r["target"] == t) for t in targets}
-    codes = sorted({c for counter in counts.values() for c in counter}, key=lambda c: (not c.isdigit(), c.zfill(4)))
-    print("| target | " + " | ".join(f"exit {c}" for c in codes) + " |")
-    print("| --- |" + " --- |" * len(codes))
-    for target in targets:
-        print(f"| {target} | " + " | ".join(str(counts[target].get(c, 0)) for c in codes) + " |")
-    internal = [r for r in rows if r["exit"] == 70]
-    print(f"\nexit 70 (internal errors): {len(internal)}")
-    for row in internal:
-        print(f"  {row['target']:<16} {row['test']}: {row['what']}")
-    if args.details:
-        print("\nevery non-zero exit:")
-        for row in rows:
-            if row["exit"] not in (0, 70):
-                print(f"  exit {row['exit']!s:<7} {row['target']:<16} {row['test']}: {row['what']}")
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(rows, handle, indent=1)
-    return 0
+    argv = ["--suites", "node", "--node-per-op", str(args.per_op), "--targets", args.targets, "--no-shrink",
+            "--jobs", str(args.jobs), "--timeout", str(args.timeout)]
+    argv += (["--node-dir", args.out] if args.out else []) + (["--details"] if args.details else [])
+    argv += ["--json", args.json_path] if args.json_path else []
+    return corpus_sweep.main(argv)
 
 
 if __name__ == "__main__":

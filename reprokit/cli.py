@@ -123,6 +123,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
     """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge."""
     from reprokit import session
     from reprokit.console import err, print_check
+    from reprokit.inputs import feed_dtype, feed_shape
     from reprokit.spec import parse_target
 
     options = make_run_options(kw)
@@ -146,7 +147,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
             "model": model,
             "verdict": result.verdict.to_json(),
             "feeds": {"source": result.prepared.feeds.source,
-                      "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                      "inputs": {k: {"shape": feed_shape(v), "dtype": feed_dtype(v)}
                                  for k, v in result.prepared.feeds.arrays.items()}},
             "notes": result.prepared.notes,
             "warnings": result.verdict.warnings,

@@ -40,7 +40,9 @@ def fmt(value: float) -> str:
 def print_check(result, model_path: str, top: int = 10) -> None:
     verdict = result.verdict
     feeds = result.prepared.feeds
-    shapes = ", ".join(f"{k}{list(v.shape)} {v.dtype}" for k, v in feeds.arrays.items())
+    from reprokit.inputs import feed_dtype, feed_shape
+
+    shapes = ", ".join(f"{k}{feed_shape(v)} {feed_dtype(v)}" for k, v in feeds.arrays.items())
     out.print(f"[bold]reprokit check[/] {model_path}")
     out.print(f"  reference  {verdict.reference}")
     out.print(f"  target     {verdict.target} (precision {verdict.precision}, {verdict.seconds:.2f} s)")
@@ -265,7 +267,7 @@ def print_audit(result) -> None:
         out.print(table)
         found = a.get("workaround")
         out.print("  workaround " + (f"[bold green]{escape(found['change'])}[/]: {escape(found['setting'])} ({found['basis']})"
-                                     if found else "[red]none of the settings tried avoids it[/]"))
+                                     if found else f"[red]{escape(a.get('no_workaround') or 'none of the settings tried avoids it')}[/]"))
     if a.get("explain"):
         out.print(f"  explain    {escape(a['explain']['conclusion'])}")
     cost = a["cost"]

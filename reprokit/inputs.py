@@ -95,6 +95,11 @@ def random_feeds(
                          hint=f"model inputs: {', '.join(i.name for i in infos)}")
     arrays = {}
     for info in infos:
+        if info.kind != "tensor":
+            raise InputError(f"model input {info.name!r} is a{'n' if info.kind[0] == 'o' else ''} {info.kind}, "
+                             "not a tensor: reprokit makes random feeds for tensors only",
+                             hint="pass --inputs: an ONNX test_data_set_N folder, or an .npz with one member per "
+                                  f"element ({info.name}[0], {info.name}[1], …)")
         shape = resolved_shape(info, shapes, notes)
         lo, hi = val_ranges.get(info.name, val_ranges.get(None, DEFAULT_RANGE))
         kind = info.dtype.kind
@@ -117,9 +122,43 @@ def load_feeds(path: str, infos: list[InputInfo], *, sample: int = 0) -> Feeds:
     elif path.endswith(".json"):
         arrays = _load_polygraphy_json(path, sample, notes)
     else:
-        arrays = _load_npz(path)
+        arrays = _group_sequences(_load_npz(path), infos)
+    notes.extend(cast_feeds(arrays, infos))
     validate_feeds(arrays, infos)
     return Feeds(arrays, path, notes)
+
+
+def cast_feeds(arrays: dict, infos: list[InputInfo]) -> list[str]:
+    """Numeric feeds of another dtype than the model's, cast where the meaning is kept, with a
+    note each (polygraphy's data loaders accept them too): float to float always (the change is
+    rounding, and it is said how large), integers and integer-valued floats to integers, and
+    integers to floats, only when every value survives exactly. Anything else is left for
+    ``validate_feeds`` to refuse."""
+    notes = []
+    for info in infos:
+        value = arrays.get(info.name)
+        if info.kind != "tensor" or not isinstance(value, np.ndarray) or value.dtype == info.dtype:
+            continue
+        have, want = value.dtype.kind, info.dtype.kind
+        if have not in "biuf" or want not in "biuf" or (want == "b") != (have == "b"):
+            continue
+        with np.errstate(all="ignore"):
+            cast = value.astype(info.dtype)
+            back = cast.astype(value.dtype)
+        if have == "f" and want == "f":
+            finite = np.isfinite(value)
+            if not np.array_equal(np.isfinite(cast), finite):
+                continue  # values past the narrower type's range: refused, not silently inf
+            scale = np.abs(value[finite]).max(initial=0.0)
+            change = float(np.abs(back[finite] - value[finite]).max(initial=0.0) / scale) if scale else 0.0
+            how = "exactly" if change == 0 else f"max change {change:.2g} of max |x|"
+        elif np.array_equal(back, value):
+            how = "exactly"
+        else:
+            continue
+        arrays[info.name] = cast
+        notes.append(f"input {info.name!r}: {value.dtype} cast to the model's {info.dtype} ({how})")
+    return notes
 
 
 def _load_npz(path: str) -> dict[str, np.ndarray]:
@@ -170,18 +209,47 @@ def _load_test_data_set(path: str, infos: list[InputInfo]) -> dict[str, np.ndarr
         raise InputError(f"{path} has no input_*.pb files", hint="pass an ONNX test_data_set_N folder")
     arrays = {}
     for index, file in enumerate(files):
-        tensor = onnx.TensorProto()
+        kind = infos[index].kind if index < len(infos) else "tensor"
+        proto, convert, what = {
+            "sequence": (onnx.SequenceProto, numpy_helper.to_list, "SequenceProto"),
+            "optional": (onnx.OptionalProto, numpy_helper.to_optional, "OptionalProto"),
+            "optional-sequence": (onnx.OptionalProto, numpy_helper.to_optional, "OptionalProto"),
+        }.get(kind, (onnx.TensorProto, numpy_helper.to_array, "TensorProto"))
+        if kind == "map":
+            raise InputError(f"model input {infos[index].name!r} is a map (or another non-tensor type) that "
+                             f"reprokit cannot feed ({file})", hint="feed tensors, sequences or optionals")
+        message = proto()
         try:
             with open(file, "rb") as handle:
-                tensor.ParseFromString(handle.read())
+                message.ParseFromString(handle.read())
         except Exception as exc:
-            raise InputError(f"cannot read {file} as a TensorProto: {exc}", hint="regenerate the test data") from exc
-        name = tensor.name or (infos[index].name if index < len(infos) else f"input_{index}")
+            raise InputError(f"cannot read {file} as a {what}: {exc}", hint="regenerate the test data") from exc
+        name = message.name or (infos[index].name if index < len(infos) else f"input_{index}")
         try:
-            arrays[name] = numpy_helper.to_array(tensor)
-        except Exception as exc:  # a SequenceProto/OptionalProto/MapProto parses as a garbled tensor
-            raise InputError(f"cannot read {file} as a tensor ({exc.__class__.__name__}: {exc})",
-                             hint="reprokit feeds tensors only, not sequences, maps or optionals") from exc
+            arrays[name] = convert(message)
+        except Exception as exc:  # a proto of another kind parses as a garbled one
+            raise InputError(f"cannot read {file} as a {what} ({exc.__class__.__name__}: {exc})",
+                             hint=f"the model declares input {name!r} as a {kind}; regenerate the test data") from exc
+    return arrays
+
+
+def _group_sequences(arrays: dict, infos: list[InputInfo]) -> dict:
+    """An .npz feeds a sequence input ``s`` as members ``s[0]``, ``s[1]`` … (the way sequence
+    outputs are written): gathered into a list here, unless ``s`` itself is there."""
+    for info in infos:
+        if info.kind not in ("sequence", "optional-sequence") or info.name in arrays:
+            continue
+        prefix = info.name + "["
+        found = {k: v for k, v in arrays.items() if k.startswith(prefix) and k.endswith("]")
+                 and k[len(prefix):-1].isdigit()}
+        if found:
+            order = sorted(found, key=lambda k: int(k[len(prefix):-1]))
+            if [int(k[len(prefix):-1]) for k in order] != list(range(len(order))):
+                raise InputError(f"sequence input {info.name!r}: members {', '.join(order)} do not count 0, 1, 2 …",
+                                 hint=f"name the elements {info.name}[0], {info.name}[1], …")
+            for key in order:
+                del arrays[key]
+            arrays[info.name] = [found[k] for k in order]
     return arrays
 
 
@@ -194,9 +262,19 @@ def validate_feeds(arrays: dict[str, np.ndarray], infos: list[InputInfo]) -> Non
                              hint=f"model inputs: {', '.join(expected) or '(none)'}")
     for info in infos:
         if info.name not in arrays:
+            if info.kind.startswith("optional"):
+                arrays[info.name] = None  # an optional left out is an empty optional
+                continue
             raise InputError(f"the inputs lack model input {info.name!r}",
                              hint="provide every input, or drop --inputs to use random data")
-        array = arrays[info.name]
+        value = arrays[info.name]
+        if info.kind != "tensor":
+            _validate_container(info, value)
+            continue
+        if isinstance(value, list) or value is None:
+            raise InputError(f"input {info.name!r} is a {'sequence' if value is not None else 'empty optional'} "
+                             "in the inputs, the model expects a tensor", hint="feed a tensor")
+        array = value
         if array.dtype != info.dtype:
             raise InputError(
                 f"input {info.name!r} has dtype {array.dtype}, the model expects {info.dtype}",
@@ -213,6 +291,42 @@ def validate_feeds(arrays: dict[str, np.ndarray], infos: list[InputInfo]) -> Non
                     f"input {info.name!r} has shape {list(array.shape)}, the model expects {list(info.shape)} (dim {axis})",
                     hint="reshape the array, or re-export the model with dynamic dims",
                 )
+
+
+def _validate_container(info: InputInfo, value) -> None:
+    """A sequence or optional feed: the right kind of value, every element of the right dtype."""
+    if value is None:
+        if not info.kind.startswith("optional"):
+            raise InputError(f"input {info.name!r} is empty, the model expects a {info.kind}", hint="feed a value")
+        return
+    wants_list = info.kind in ("sequence", "optional-sequence")
+    if wants_list != isinstance(value, list):
+        raise InputError(f"input {info.name!r} is a {'sequence' if isinstance(value, list) else 'tensor'} in the "
+                         f"inputs, the model expects a{'n' if info.kind[0] == 'o' else ''} {info.kind}",
+                         hint=f"feed {'a list of tensors' if wants_list else 'one tensor'}")
+    for index, element in enumerate(value if wants_list else [value]):
+        if np.asarray(element).dtype != info.dtype and not (info.dtype.kind == "O" and np.asarray(element).dtype.kind in "OU"):
+            where = f"element {index} of " if wants_list else ""
+            raise InputError(f"{where}input {info.name!r} has dtype {np.asarray(element).dtype}, the model expects "
+                             f"{info.dtype}", hint=f"convert it, e.g. array.astype(np.{info.dtype.name})")
+
+
+def feed_shape(value) -> list:
+    """A feed's shape for display: a tensor's, one list per element of a sequence, None for an
+    empty optional."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [list(np.shape(v)) for v in value]
+    return list(np.shape(value))
+
+
+def feed_dtype(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return "sequence(" + (str(np.asarray(value[0]).dtype) if value else "") + ")"
+    return str(np.asarray(value).dtype)
 
 
 def save_feeds(path: str, arrays: dict[str, np.ndarray]) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.errors import InputError
+from reprokit.errors import InputError, UsageError
 
 _TWO_GB = 2_000_000_000
 
@@ -17,8 +17,9 @@ _TWO_GB = 2_000_000_000
 @dataclass(frozen=True)
 class InputInfo:
     name: str
-    dtype: np.dtype
+    dtype: np.dtype  # the element dtype (of each tensor, for a sequence or an optional)
     shape: tuple[int | str | None, ...]  # int for static dims, str/None for dynamic ones
+    kind: str = "tensor"  # tensor, sequence, optional, optional-sequence (ONNX's value types); or map
 
     @property
     def is_static(self) -> bool:
@@ -273,24 +274,48 @@ def input_infos(model) -> list[InputInfo]:
     for vi in model.graph.input:
         if vi.name in initializers:
             continue
-        tensor = vi.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)) if tensor.elem_type else np.dtype("float32")
+        kind, tensor = _value_kind(vi.type)
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)) if tensor.elem_type else np.dtype("float32")
+        except (KeyError, TypeError, ValueError):
+            dtype = np.dtype("float32") if tensor.elem_type != 8 else np.dtype(object)
         dims = []
         for dim in tensor.shape.dim:
             if dim.HasField("dim_value"):
                 dims.append(int(dim.dim_value))
             else:
                 dims.append(dim.dim_param or None)
-        infos.append(InputInfo(vi.name, dtype, tuple(dims)))
+        infos.append(InputInfo(vi.name, dtype, tuple(dims), kind))
     return infos
+
+
+def _value_kind(type_proto):
+    """(kind, TypeProto.Tensor of the elements) of a graph input's type: ``tensor``, ``sequence``
+    (of tensors), ``optional`` (of a tensor), ``optional-sequence``; anything else is ``map``
+    (and other types no feed format here carries)."""
+    import onnx
+
+    which = type_proto.WhichOneof("value")
+    if which == "tensor_type" or which is None:
+        return "tensor", type_proto.tensor_type
+    if which == "sequence_type" and type_proto.sequence_type.elem_type.WhichOneof("value") == "tensor_type":
+        return "sequence", type_proto.sequence_type.elem_type.tensor_type
+    if which == "optional_type":
+        inner = type_proto.optional_type.elem_type
+        if inner.WhichOneof("value") == "tensor_type":
+            return "optional", inner.tensor_type
+        if inner.WhichOneof("value") == "sequence_type" and inner.sequence_type.elem_type.WhichOneof("value") == "tensor_type":
+            return "optional-sequence", inner.sequence_type.elem_type.tensor_type
+    return "map", onnx.TypeProto.Tensor()
 
 
 def output_names(model) -> list[str]:
     return [o.name for o in model.graph.output]
 
 
-def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]]):
-    """Set the given input shapes (validated against the model), infer shapes, fold constants."""
+def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]], *, fold: bool = True):
+    """Set the given input shapes (validated against the model), infer shapes, fold constants
+    (``fold=False``: the caller folds, checked, see :func:`reprokit.folding.checked_fold`)."""
     infos = {i.name: i for i in input_infos(model)}
     for name, shape in shapes.items():
         if name not in infos:
@@ -317,13 +342,25 @@ def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]]):
             for dim, value in zip(dims, shapes[vi.name]):
                 dim.Clear()
                 dim.dim_value = int(value)
+    if not fold:
+        try:
+            import onnx
+
+            return onnx.shape_inference.infer_shapes(model)
+        except Exception:  # best effort, as in fold_constants
+            return model
     return fold_constants(model)
 
 
 def fold_constants(model):
     """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept.
     Models whose weights stay on disk (external data) are left unfolded: folding would pull
-    every weight into memory."""
+    every weight into memory. Unnamed nodes are named by :func:`node_label` first, so the
+    folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came from.
+
+    Folding is an optimization that onnx-graphsurgeon sometimes gets wrong (shapes folded from
+    wrong inferred shapes): callers that run the result check it against the unfolded model
+    (:func:`reprokit.folding.checked_fold`)."""
     import onnx
     import onnx_graphsurgeon as gs
 
@@ -331,7 +368,15 @@ def fold_constants(model):
         return model
     ir_version, opsets = model.ir_version, list(model.opset_import)
     try:
-        graph = gs.import_onnx(model)
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)  # gs folds in this process: no shape-merge warnings
+    except Exception:
+        pass
+    try:
+        named = onnx.ModelProto.FromString(model.SerializeToString())
+        name_unnamed_nodes(named)
+        graph = gs.import_onnx(named)
         graph.fold_constants(error_ok=True).cleanup().toposort()
         folded = gs.export_onnx(graph, do_type_check=False)
     except Exception:  # folding is an optimization: keep the model as it was
@@ -350,11 +395,79 @@ def _fmt(shape) -> str:
     return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
 
 
+def node_label(node, index: int) -> str:
+    """The name reprokit shows and ``fp32-nodes=`` accepts for a node: its own name, or for an
+    unnamed node ``OP_INDEX`` — its op type and its 0-based position among the top-level nodes
+    of the file (``Pow_4``: the fifth node, an unnamed Pow)."""
+    return node.name or f"{node.op_type}_{index}"
+
+
+def name_unnamed_nodes(model) -> int:
+    """Give every unnamed top-level node its :func:`node_label`, in place; returns how many."""
+    named = 0
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = node_label(node, index)
+            named += 1
+    return named
+
+
+def node_labels(model) -> set[str]:
+    """Every name ``fp32-nodes=`` can use on this model: node names (subgraph bodies too) and
+    the ``OP_INDEX`` labels of unnamed top-level nodes."""
+    labels = {node_label(n, i) for i, n in enumerate(model.graph.node)}
+
+    def bodies(graph):
+        for node in graph.node:
+            for attr in node.attribute:
+                for body in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                    labels.update(n.name for n in body.node if n.name)
+                    bodies(body)
+
+    bodies(model.graph)
+    return labels
+
+
+def check_node_names(model, names, option: str = "fp32-nodes") -> None:
+    """A UsageError (exit 2) when ``names`` holds a name that is no node of ``model``, with the
+    closest names the model has."""
+    import difflib
+
+    labels = node_labels(model)
+    unknown = [n for n in names if n not in labels]
+    if not unknown:
+        return
+    close = []
+    for name in unknown:
+        close += [c for c in difflib.get_close_matches(name, labels, n=3, cutoff=0.5) if c not in close]
+    shown = ", ".join(repr(n) for n in unknown[:5])
+    raise UsageError(
+        f"{option} names no node of the model: {shown}",
+        hint=(f"did you mean {', '.join(close[:5])}? " if close else "")
+        + "use the node names of the model file; an unnamed node is OP_INDEX (its op type and 0-based "
+          "position in the file, e.g. Pow_4), as the layerwise table and audit show them")
+
+
+def check_target_nodes(model, target: str) -> None:
+    """Usage error before any work when the target's ``fp32-nodes=`` names no node of ``model``
+    (a ModelProto or the path of the user's file, where ``OP_INDEX`` labels are counted; the
+    file is read, without weights, only when the target has ``fp32-nodes``)."""
+    from reprokit.spec import parse_target
+
+    spec = parse_target(target)
+    if not spec.has("fp32-nodes"):
+        return
+    names = [n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip()]
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(os.fspath(model), load_weights=False)
+    check_node_names(model, names)
+
+
 def tensor_order(model) -> list[tuple[str, str, str]]:
     """(tensor, producing node name, op type) for every node output, in graph (topological) order."""
     out = []
     for index, node in enumerate(model.graph.node):
-        name = node.name or f"{node.op_type}_{index}"
+        name = node_label(node, index)
         out.extend((t, name, node.op_type) for t in node.output if t)
     return out
 

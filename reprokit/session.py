@@ -13,10 +13,11 @@ from reprokit.backends import backend_class
 from reprokit.checkpolicy import CheckPolicy
 from reprokit.compare import Criterion
 from reprokit.errors import InputError, UsageError
+from reprokit.folding import fold_prepared
 from reprokit.inputs import Feeds, load_feeds, random_feeds
 from reprokit.model import (
     InputInfo,
-    external_locations,
+    check_target_nodes,
     freeze_input_shapes,
     input_infos,
     load_model,
@@ -72,16 +73,16 @@ def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
     path = model_path
     base_dir = os.path.dirname(os.path.abspath(model_path))
     if options.input_shapes:
-        model = freeze_input_shapes(model, options.input_shapes)
+        model = freeze_input_shapes(model, options.input_shapes, fold=False)
         path = save_model(model, os.path.join(workdir, "prepared.onnx"))
-        folded = "" if external_locations(model) else " and folded constants"
-        notes.append(f"froze input shapes {options.input_shapes}{folded}")
     infos = input_infos(model)
     if options.inputs:
         feeds = load_feeds(options.inputs, infos, sample=options.sample)
     else:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
                              val_ranges=options.val_ranges)
+    if options.input_shapes:  # folded only where the folded model computes the same (one check)
+        model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
     notes.extend(feeds.notes)
     return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes)
 
@@ -145,6 +146,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         own_tmp = tempfile.TemporaryDirectory(prefix="reprokit-check-")
         workdir = own_tmp.name
     oracle = make_oracle(target, options, os.path.join(workdir, "calls"))
+    check_target_nodes(os.fspath(model), target)
     prepared = prepare(os.fspath(model), options, workdir)
     oracle.weights_dir = prepared.base_dir
     reference = oracle.run_reference(prepared.path, prepared.feeds.arrays)

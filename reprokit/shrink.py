@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from reprokit.activations import ActivationStore
 from reprokit.backends import backend_class
 from reprokit.errors import InputError, NothingToReduce, NotReproduced
-from reprokit.model import mark_outputs, save_model
+from reprokit.model import check_target_nodes, mark_outputs, save_model
 from reprokit.oracle import Kind, check_reference_finite
 from reprokit.reduce import pipeline
 from reprokit.reduce.reducer import Journal, Reducer
@@ -189,6 +189,7 @@ def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
     user_target = target
     target = _with_timing_cache(target, state_dir)
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
+    check_target_nodes(model_path, target)
     prepared = prepare(model_path, options, state_dir)
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume)
     # Every model file of this run lives in models/; external weights stay where they are and

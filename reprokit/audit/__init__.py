@@ -19,9 +19,20 @@ import numpy as np
 
 from reprokit.audit.calls import Ledger
 from reprokit.audit.ranges import RangeReport, audit_ranges, suspects_from_ranges
-from reprokit.audit.sweep import Bench, SweepRow, explain, plan, run_setting, workaround
+from reprokit.audit.sweep import (
+    NOT_APPLICABLE,
+    Bench,
+    SweepRow,
+    explain,
+    plan,
+    run_setting,
+    workaround,
+)
+from reprokit.errors import ReprokitError
 
 SCHEMA = "reprokit.audit/1"
+REFERENCE_ITSELF = ("that is the reference itself: it agrees by definition, so it is no workaround "
+                    "(not run)")
 __all__ = ["SCHEMA", "AuditResult", "audit"]
 
 
@@ -72,21 +83,6 @@ class _Weights(Mapping):
         return len(self._protos)
 
 
-def _name_nodes(model) -> int:
-    """Give unnamed nodes the names the layerwise table shows, so fp32-nodes can name them."""
-    named = 0
-    taken = {n.name for n in model.graph.node if n.name}
-    for index, node in enumerate(model.graph.node):
-        if not node.name:
-            name = f"{node.op_type}_{index}"
-            while name in taken:
-                name += "_"
-            node.name = name
-            taken.add(name)
-            named += 1
-    return named
-
-
 def audit(model_path: str, target: str, out_dir: str | None = None, *, options=None, sweep: bool = True,
           explain_inputs: bool = True, ranges_only: bool = False, kept_nodes: list[str] | None = None,
           on_event=None) -> AuditResult:
@@ -94,8 +90,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
 
     ``ranges_only``: the range audit alone — one reference call, no target call, no engine
     build (the target spec only says which narrow type to audit against)."""
-    from reprokit.layerwise import float_node_outputs
-    from reprokit.model import fold_constants, mark_outputs, save_model
+    from reprokit.model import check_target_nodes
     from reprokit.oracle import check_reference_finite
     from reprokit.session import RunOptions, make_oracle, prepare
 
@@ -105,23 +100,16 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
     ledger = Ledger()
     with tempfile.TemporaryDirectory(prefix="reprokit-audit-") as work:
         oracle = make_oracle(target, options, os.path.join(work, "calls"))
+        check_target_nodes(model_path, target)
         prepared = prepare(model_path, options, work)
         oracle.weights_dir = prepared.base_dir
-        model = fold_constants(prepared.model)
         notes = list(prepared.notes)
-        if _name_nodes(model):
-            notes.append("unnamed nodes were given the names the layerwise table shows (OP_INDEX)")
-        path = save_model(model, os.path.join(work, "original.onnx"), base_dir=prepared.base_dir)
         feeds = prepared.feeds.arrays
-        graph_outputs = [o.name for o in model.graph.output]
-        tensors = [t for t, *_ in float_node_outputs(model) if t not in graph_outputs]
-        marked = save_model(mark_outputs(model, tensors), os.path.join(work, "marked.onnx"), base_dir=prepared.base_dir)
-
-        event("capturing every tensor on the reference (one call)")
-        capture = ledger.run("capture", "reference", oracle, "every tensor of the model", marked, feeds,
-                             graph_outputs + tensors)
-        activations = dict(capture.outputs)
-        reference = {n: activations[n] for n in graph_outputs if n in activations}
+        # Every target call of the verdict and the sweep runs the model as given (the user's
+        # file, or its --input-shapes copy): what `reprokit check --target SETTING` runs.
+        path = prepared.path
+        model, marked, tensors, activations, reference, graph_outputs = _capture(oracle, ledger, prepared, work,
+                                                                                 notes, event)
         check_reference_finite(reference, oracle.reference)
 
         event("range audit (no target call)")
@@ -158,7 +146,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         explained = None
         diverges = verdict is not None and verdict.diverges
         if diverges and sweep:
-            rows = _sweep(bench, target, verdict, suspects, prepared, event)
+            rows = _sweep(bench, target, verdict, suspects, prepared, event, oracle.reference)
         if diverges and explain_inputs:
             event("explain: random inputs, random weights")
             explained = explain(bench, oracle, verdict.signature, seed=options.seed + 1)
@@ -171,6 +159,72 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
 
             files = write_outputs(payload, layer, ranges, out_dir)
     return AuditResult(payload, out_dir, files, rows, ranges, layer, verdict)
+
+
+def _capture(oracle, ledger, prepared, work, notes, event):
+    """Every float tensor captured on the reference, from the model with its constants folded
+    when that folded model computes what the model as given computes (checked: one reference
+    run of the model as given), else from the model unfolded. Unnamed nodes carry their
+    OP_INDEX labels of the user's file (:func:`reprokit.model.node_label`) either way.
+    Returns (model, marked model file, marked tensors, activations, reference outputs of the
+    model as given, graph outputs)."""
+    import onnx
+
+    from reprokit.folding import SKIPPED, disagreement, failure_words, folding_changed
+    from reprokit.layerwise import float_node_outputs
+    from reprokit.model import (
+        fold_constants,
+        inferred_value_info,
+        mark_outputs,
+        name_unnamed_nodes,
+        save_model,
+    )
+    from reprokit.oracle import check_reference_finite
+
+    given = onnx.ModelProto.FromString(prepared.model.SerializeToString())
+    named = name_unnamed_nodes(given)
+    if named:
+        example = next(n.name for n in given.graph.node if n.name and n.name not in
+                       {m.name for m in prepared.model.graph.node})
+        notes.append(f"{named} unnamed node{'s are' if named > 1 else ' is'} shown as OP_INDEX, the op type and "
+                     f"position in the model file (e.g. {example}); fp32-nodes= takes these names")
+    folded = fold_constants(given)
+    expected = None
+    if folding_changed(given, folded):
+        event("running the model as given on the reference (checks the constant folding)")
+        run = ledger.run("capture", "reference", oracle, "the model as given (checks constant folding)",
+                         prepared.path, prepared.feeds.arrays)
+        expected = dict(run.outputs)
+        check_reference_finite(expected, oracle.reference)
+    candidates = [(folded, "folded")] if expected is not None else []
+    candidates.append((given, "as given"))
+    graph_outputs = [o.name for o in given.graph.output]
+    for model, kind in candidates:
+        tensors = [t for t, *_ in float_node_outputs(model) if t not in graph_outputs]
+        # Non-float tensors too (shapes, indices): an unfolded model's isolated nodes read them.
+        known = inferred_value_info(model)
+        others = [t for n in model.graph.node for t in n.output if t and t not in graph_outputs and t not in tensors
+                  and t in known and known[t].type.HasField("tensor_type")]
+        marked = save_model(mark_outputs(model, tensors + others),
+                            os.path.join(work, f"marked-{kind.replace(' ', '-')}.onnx"), base_dir=prepared.base_dir)
+        event("capturing every tensor on the reference (one call)")
+        try:
+            capture = ledger.run("capture", "reference", oracle, f"every tensor of the model ({kind})", marked,
+                                 prepared.feeds.arrays, graph_outputs + tensors + others)
+        except ReprokitError as exc:
+            if kind == "as given":
+                raise
+            notes.append(f"{SKIPPED}: the folded model fails on the reference ({failure_words(exc)}); "
+                         "the model is audited unfolded")
+            continue
+        activations = dict(capture.outputs)
+        outputs = {n: activations[n] for n in graph_outputs if n in activations}
+        why = disagreement(expected, outputs) if kind == "folded" else None
+        if why:
+            notes.append(f"{SKIPPED}: the folded model computes something else ({why}); the model is audited unfolded")
+            continue
+        return model, marked, tensors, activations, (expected if expected is not None else outputs), graph_outputs
+    raise AssertionError("unreachable: the model as given either captures or raises")
 
 
 def _layerwise(oracle, ledger, model, marked, feeds, names, activations, target):
@@ -243,7 +297,7 @@ def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
             "born_alone": born, "first_with_inputs": feeding[:3], "candidates": candidates[:5]}
 
 
-def _sweep(bench, target, verdict, suspects, prepared, event) -> list[SweepRow]:
+def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) -> list[SweepRow]:
     from reprokit.audit.layernorm import fuse_layernorms
     from reprokit.model import save_model
 
@@ -255,14 +309,25 @@ def _sweep(bench, target, verdict, suspects, prepared, event) -> list[SweepRow]:
                  f"LayerNormalization node each (opset 17; {removed} fewer nodes)")
     else:
         words = "no decomposed LayerNorm (ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div) in the model"
+    from reprokit.model import node_labels
+    from reprokit.spec import parse_target
+
     batch = _batch_variant(bench, prepared)
-    settings = plan(target, suspects["candidates"], (bool(matches), words), batch)
+    # Only names of the user's model are offered (its node names, OP_INDEX for unnamed ones).
+    labels = node_labels(prepared.model)
+    candidates = [c for c in suspects["candidates"] if all(n in labels for n in c)]
+    settings = plan(target, candidates, (bool(matches), words), batch)
     rows: list[SweepRow] = []
     nodes_fixed = False
     for setting in sorted(settings, key=lambda s: s.rank):
         if setting.key == "fp32-nodes" and nodes_fixed:
             continue  # a smaller set of nodes already avoids it
         if setting.target == target and setting.model == "original":
+            continue
+        if setting.target and setting.model == "original" and str(parse_target(setting.target)) == reference:
+            # The reference agrees with itself by definition: no workaround, and no call spent.
+            rows.append(SweepRow(setting.key, setting.change, setting.rank, f"{setting.target} (the reference)",
+                                 NOT_APPLICABLE, note=REFERENCE_ITSELF))
             continue
         event(f"sweep: {setting.change}" + (f" ({setting.target})" if setting.target else " — not applicable"))
         row = run_setting(bench, setting, verdict.signature, verdict.criterion)
@@ -290,13 +355,23 @@ def _batch_variant(bench, prepared):
         del model.graph.value_info[:]
         bench.variants["dynamic-batch"] = save_model(model, os.path.join(bench.workdir, "dynamic-batch.onnx"))
         return "dynamic-batch", "dynamic batch dim (profile pinned to the feed shapes) instead of static"
-    frozen = freeze_input_shapes(bench.model, shapes)
+    frozen = freeze_input_shapes(bench.model, shapes, fold=False)
     bench.variants["static-batch"] = save_model(frozen, os.path.join(bench.workdir, "static-batch.onnx"))
     return "static-batch", "static input shapes (batch frozen to the feeds) instead of dynamic"
 
 
+def _no_workaround(rows, target: str, reference: str) -> str:
+    """What to say when no setting tried avoids the divergence."""
+    if any(r.note == REFERENCE_ITSELF for r in rows):
+        return (f"only full fp32 avoids it: no setting of {target} tried agrees, and full fp32 here is the "
+                f"reference itself ({reference})")
+    return "none of the settings tried avoids it"
+
+
 def _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
              kept_nodes, ledger, started, swept, explained_asked) -> dict:
+    from reprokit.inputs import feed_dtype, feed_shape
+
     found, basis = workaround(rows)
     first = layer.first[0] if layer.first else None
     minimal = None
@@ -317,7 +392,7 @@ def _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges
         "criterion": {"metric": oracle.criterion.metric.value, "tolerance": oracle.criterion.tolerance,
                       "text": oracle.criterion.describe()},
         "feeds": {"source": prepared.feeds.source,
-                  "inputs": {k: {"shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
+                  "inputs": {k: {"shape": feed_shape(v), "dtype": feed_dtype(v)}
                              for k, v in prepared.feeds.arrays.items()}},
         "notes": notes + not_run,
         "verdict": verdict.to_json() if verdict is not None else None,
@@ -332,6 +407,7 @@ def _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges
         "suspects": suspects,
         "sweep": [r.to_json() for r in rows],
         "workaround": {**found.to_json(), "basis": basis} if found else None,
+        "no_workaround": _no_workaround(rows, target, oracle.reference) if rows and not found else None,
         "explain": explained,
         "minimal": minimal,
         "calls": [c.to_json() for c in ledger.calls],

@@ -69,6 +69,18 @@ class Backend:
     def validate(cls, spec: TargetSpec) -> None:
         """Reject option combinations that make no sense (after per-option parsing)."""
 
+    def refuse_containers(self, feeds: dict) -> None:
+        """For engines that take tensors only: a sequence or optional input is an input error
+        (exit 3) that says which engines take them, never a crash inside the engine."""
+        from reprokit.errors import InputError
+
+        for name, value in feeds.items():
+            if value is None or isinstance(value, (list, tuple)):
+                what = "an empty optional" if value is None else "a sequence"
+                raise InputError(f"input {name!r} is {what}; the {self.engine} target takes tensors only",
+                                 hint="check this model with onnxruntime-based targets (ort, ort:opt, emulate:fp16), "
+                                      "which take sequences and optionals")
+
     def precision(self) -> str:
         """The narrowest arithmetic this target uses: fp32, tf32, bf16, fp16, int8 or fp8."""
         return "fp32"

@@ -60,9 +60,12 @@ class EmulateBackend(Backend):
         import onnx
 
         from reprokit.backends.ort import make_session, run_session
+        from reprokit.model import name_unnamed_nodes
 
         keep = frozenset(filter(None, str(self.spec.get("fp32-nodes", "")).split(";")))
         source = onnx.load(model_path, load_external_data=False)
+        if keep:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
+            name_unnamed_nodes(source)
         try:
             model = emulate_model(source, self.narrow(), keep)
         except CannotEmulate as exc:
@@ -75,6 +78,15 @@ class EmulateBackend(Backend):
             path = os.path.join(tmp, "emulated.onnx")
             onnx.save(model, path)
             session = make_session(path, weights_dir=weights)
-            rounded = {k: round_through(np.asarray(v), self.narrow()) for k, v in feeds.items()}
+            rounded = {k: _rounded(v, self.narrow()) for k, v in feeds.items()}
             outputs = run_session(session, rounded, output_names)
         return RunResult(outputs=outputs, meta={"storage": self.narrow(), "fp32_nodes": sorted(keep)})
+
+
+def _rounded(value, narrow: str):
+    """A feed through the narrow type: a tensor, each tensor of a sequence; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [round_through(np.asarray(v), narrow) for v in value]
+    return round_through(np.asarray(value), narrow)

@@ -64,6 +64,7 @@ class OpenVinoBackend(Backend):
         return Availability(True, found.version, f"{text}; CPU capabilities: {', '.join(caps)}")
 
     def run(self, model_path, feeds, output_names):
+        self.refuse_containers(feeds)
         try:
             import openvino as ov
         except ImportError as exc:

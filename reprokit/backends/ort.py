@@ -39,6 +39,7 @@ def make_session(model_path: str, *, optimize: bool = False, providers=None, thr
 
 
 def run_session(session, feeds, output_names):
+    feeds = {k: v for k, v in feeds.items() if v is not None}  # an empty optional input is left out
     names = output_names or [o.name for o in session.get_outputs()]
     narrow_out = {o.name for o in session.get_outputs() if _narrow_element(o.type) is not None}
     try:

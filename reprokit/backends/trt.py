@@ -337,6 +337,7 @@ class TrtBackend(Backend):
 
         from reprokit.convert import node_names
 
+        self.refuse_containers(feeds)
         module, rtx = load_tensorrt()
         version = str(getattr(module, "__version__", "?"))
         settings = builder_settings(self.spec, _major(version), rtx)

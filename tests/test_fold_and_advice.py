@@ -1,0 +1,141 @@
+"""Advice in the user's model's terms and folding that never breaks a model (issue 20).
+
+- audit's printed workaround, run exactly as printed on the user's file, agrees; unnamed nodes
+  are named OP_INDEX by their position in the user's file, never in a folded copy;
+- ``fp32-nodes=`` naming no node of the model is a usage error (exit 2) listing close names;
+- the reference itself (plain ``ort``) is never offered as a workaround;
+- expanded function bodies from onnx's node tests that onnx-graphsurgeon folds into models
+  onnxruntime rejects: audit and shrink skip the folding and never blame the reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from reprokit.audit import audit
+from reprokit.model import check_target_nodes, node_labels
+from reprokit.session import check
+
+
+def unnamed_overflow() -> onnx.ModelProto:
+    """No node has a name; two Constant nodes come first, so a folded copy renumbers the rest."""
+    # x[2,16] ─Mul(Constant 1000)─▶ Pow(Constant 2) ─▶ ReduceMean ─▶ Sqrt ─▶ y   (x² · 1e6 > 65504)
+    nodes = [
+        helper.make_node("Constant", [], ["k"], value=helper.make_tensor("kv", TensorProto.FLOAT, [], [1000.0])),
+        helper.make_node("Mul", ["x", "k"], ["a"]),
+        helper.make_node("Constant", [], ["e"], value=helper.make_tensor("ev", TensorProto.FLOAT, [], [2.0])),
+        helper.make_node("Pow", ["a", "e"], ["p"]),
+        helper.make_node("ReduceMean", ["p"], ["m"], axes=[1], keepdims=1),
+        helper.make_node("Sqrt", ["m"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.fixture(scope="module")
+def unnamed_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("unnamed") / "unnamed.onnx"
+    onnx.save(unnamed_overflow(), str(path))
+    return str(path)
+
+
+def test_audit_workaround_run_as_printed_on_the_users_file_agrees(unnamed_file, tmp_path):
+    result = audit(unnamed_file, "emulate:fp16", str(tmp_path / "a"), explain_inputs=False)
+    found = result.workaround
+    assert found is not None and found["key"] == "fp32-nodes", result.payload["sweep"]
+    nodes = found["setting"].split("fp32-nodes=", 1)[1].split(";")
+    # labels of the user's file: the Pow is its 4th node (index 3), not index 1 of a folded copy
+    assert "Pow_3" in nodes and set(nodes) <= node_labels(onnx.load(unnamed_file))
+    verdict = check(unnamed_file, found["setting"]).verdict
+    assert not verdict.diverges, verdict.signature.describe()
+    assert check(unnamed_file, "emulate:fp16").verdict.diverges
+    # every fp32-nodes row was itself run on the user's file: the same verdict as a check
+    for row in result.sweep:
+        assert "(the reference)" in row.setting or not row.setting.startswith("ort")
+    fp32 = next(r for r in result.sweep if r.key == "fp32")
+    assert fp32.verdict == "not applicable" and fp32.target_calls == 0 and not fp32.fixes
+
+
+def test_unknown_fp32_node_is_a_usage_error_with_close_names(unnamed_file):
+    proc = run_cli("check", unnamed_file, "--target", "emulate:fp16,fp32-nodes=Pow_1")
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-2].startswith("Error: fp32-nodes names no node of the model: 'Pow_1'")
+    assert lines[-1].startswith("Hint: did you mean Pow_3") and "Traceback" not in proc.stderr
+
+
+def test_fp32_nodes_accepts_op_index_labels_and_names():
+    model = unnamed_overflow()
+    check_target_nodes(model, "emulate:fp16,fp32-nodes=Pow_3;ReduceMean_4")
+    model.graph.node[3].name = "square"
+    check_target_nodes(model, "emulate:fp16,fp32-nodes=square")
+    with pytest.raises(Exception) as caught:
+        check_target_nodes(model, "emulate:fp16,fp32-nodes=squares")  # a named node has no OP_INDEX label
+    assert caught.value.exit_code == 2 and caught.value.hint.startswith("did you mean square?")
+
+
+# ---------------------------------------------------------------- folding
+
+FOLD_BREAKS = ["test_group_normalization_epsilon_expanded", "test_attention_3d_local_window_expanded",
+               "test_flexattention_expanded_ver26"]
+
+
+def node_case(name: str, folder) -> str:
+    """onnx's own node test ``name`` (model + test_data_set_0), written to ``folder``."""
+    import onnx.backend.test.case.node as cases
+
+    for module in ("groupnormalization", "attention", "flexattention"):
+        try:
+            __import__(f"onnx.backend.test.case.node.{module}")
+        except ImportError:
+            pass
+    found = [c for c in cases._NodeTestCases if c.name == name]
+    if not found:
+        pytest.skip(f"{name} is not in this onnx ({onnx.__version__})")
+    case = found[0]
+    os.makedirs(folder / "test_data_set_0", exist_ok=True)
+    onnx.save(case.model, str(folder / "model.onnx"))
+    inputs, _ = case.data_sets[0]
+    for index, (info, value) in enumerate(zip(case.model.graph.input, inputs)):
+        tensor = numpy_helper.from_array(np.asarray(value), info.name)
+        (folder / "test_data_set_0" / f"input_{index}.pb").write_bytes(tensor.SerializeToString())
+    return str(folder / "model.onnx")
+
+
+def test_group_norm_folding_is_checked_and_skipped_in_audit(tmp_path):
+    model = node_case(FOLD_BREAKS[0], tmp_path)
+    data = str(tmp_path / "test_data_set_0")
+    proc = run_cli("audit", model, "--inputs", data, "--target", "emulate:fp16", "--tol", "1e-5", "--no-explain",
+                   "-o", str(tmp_path / "audit"))
+    assert proc.returncode == 0, proc.stderr
+    assert "constant folding skipped" in proc.stdout and "reference (ort) fails" not in proc.stdout + proc.stderr
+    # the divergence survives only in full fp32, which is the reference: said, not offered
+    assert "only full fp32 avoids it" in proc.stdout
+
+
+def test_group_norm_folding_after_input_shapes_is_checked_in_shrink(tmp_path):
+    model = node_case(FOLD_BREAKS[0], tmp_path)
+    proc = run_cli("shrink", model, "--inputs", str(tmp_path / "test_data_set_0"), "--target", "emulate:fp16",
+                   "--input-shapes", "x:3x4x2x2", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 6, proc.stderr  # nothing to reduce: fp16 agrees on the test's own inputs
+    assert "the reference" not in proc.stderr.split("Error:", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FOLD_BREAKS[1:])
+def test_attention_folding_never_blames_the_reference(name, tmp_path):
+    model = node_case(name, tmp_path)
+    data = str(tmp_path / "test_data_set_0")
+    proc = run_cli("shrink", model, "--inputs", data, "--target", "emulate:fp16", "--tol", "1e-5", "--audit",
+                   "-o", str(tmp_path / "out"))
+    assert proc.returncode in (0, 6, 7), proc.stderr
+    assert "reference (ort) fails" not in proc.stderr
+    text = (tmp_path / "out" / "audit" / "audit.md").read_text()
+    assert "constant folding skipped" in text
