@@ -171,8 +171,9 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Evaluate candidates in parallel; the result is the same for every N.")
 @click.option("--replays", default=None, type=click.IntRange(0, 10),
-              help="Extra runs of the original (and of the result) to detect flakiness. Default: the original "
-                   "once, the result replayed once where the engine is not deterministic.")
+              help="Extra runs of the original and of the result to detect a flaky target. Default: none "
+                   "for deterministic engines; otherwise the original once and the result once (twice for "
+                   "cmd checks).")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="Continue an interrupted or budget-stopped run: --resume DIR alone takes the model, target "
                    "and run options from DIR; plain --resume continues the same command's --out.")
@@ -192,6 +193,10 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--search-accumulated", is_flag=True,
               help="When no small region shows a mismatch alone (accumulated error), search on for the "
                    "smallest window instead of stopping with the attribution.")
+@click.option("--no-reduce-inputs", is_flag=True,
+              help="Keep the model's own inputs: remove nodes only from the end (polygraphy's flag).")
+@click.option("--no-reduce-outputs", is_flag=True,
+              help="Keep the model's own outputs: remove nodes only from the start (polygraphy's flag).")
 @click.option("--no-pack", is_flag=True, help="Do not write the report archive OUT/report.tar.gz.")
 @click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default="tar.gz", show_default=True,
               help="Report archive format.")
@@ -201,8 +206,8 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
-           no_localize, one_by_one, accept_milder, search_accumulated, no_pack, fmt, redact, with_audit, as_json,
-           **kw):
+           no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
+           no_pack, fmt, redact, with_audit, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
@@ -242,7 +247,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
                                   resume=resume is not None, localize_first=not no_localize, on_event=progress,
                                   limits=limits, pack_candidates=not one_by_one,
-                                  search_accumulated=search_accumulated, accept_milder=accept_milder)
+                                  search_accumulated=search_accumulated, accept_milder=accept_milder,
+                                  keep_inputs=no_reduce_inputs, keep_outputs=no_reduce_outputs)
     except KeyboardInterrupt:
         keep = [a for p in ctx.command.params if p.name in _SHRINK_ONLY and _given(ctx, p.name)
                 for a in _as_args(p, ctx.params[p.name])]
@@ -389,7 +395,8 @@ def _run_args(**kw):
 
 # shrink options that shape how the search runs, not what it judges: kept in the resume hint.
 _SHRINK_ONLY = ("jobs", "replays", "max_activation_disk", "max_calls", "capture_chunk", "no_localize",
-                "one_by_one", "accept_milder", "search_accumulated", "no_pack", "fmt", "redact", "with_audit")
+                "one_by_one", "accept_milder", "search_accumulated", "no_reduce_inputs", "no_reduce_outputs",
+                "no_pack", "fmt", "redact", "with_audit")
 
 
 def _given(ctx, name: str) -> bool:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from reprokit.activations import ActivationStore
 from reprokit.backends import backend_class
-from reprokit.errors import InputError, NothingToReduce, NotReproduced
+from reprokit.errors import EngineUnavailable, InputError, NothingToReduce, NotReproduced
 from reprokit.model import check_target_nodes, mark_outputs, save_model
-from reprokit.oracle import Kind, check_reference_finite
+from reprokit.oracle import Kind, check_reference_finite, quote_message
 from reprokit.reduce import pipeline
 from reprokit.reduce.reducer import Journal, Reducer
 from reprokit.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
@@ -55,11 +58,22 @@ def severity_floor(verdict) -> float | None:
     return max(tolerance, min(worst / 10, 10 * tolerance))
 
 
-def auto_call_budget(nodes: int) -> int:
+def default_replays(target: str) -> tuple[int, int]:
+    """Extra runs of (the original, the result) when the user gives no --replays: none for a
+    deterministic engine; for others the original once (a flaky target is caught before any
+    reduction) and the result once, twice for a check command (a result is "done" only after
+    three runs of it failed alike: judged alone, then replayed)."""
+    engine = parse_target(target).engine
+    if backend_class(engine).deterministic:
+        return 0, 0
+    return 1, 2 if engine == "cmd" else 1
+
+
+def auto_call_budget(nodes: int, replays: int = 0) -> int:
     """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for each
     end), plus what reprokit spends on its promises: the confirming call, the final judgement of
-    the result alone and one replay of it. Every target call counts against it."""
-    return 2 * math.ceil(math.log2(nodes + 1)) + 3
+    the result alone and the ``replays`` of both. Every target call counts against it."""
+    return 2 * math.ceil(math.log2(nodes + 1)) + 2 + replays
 
 
 @dataclass
@@ -74,7 +88,8 @@ class ShrinkResult:
 def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
            jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
            on_event=None, limits: Limits | None = None, pack_candidates: bool = True,
-           search_accumulated: bool = False, accept_milder: bool = False) -> ShrinkResult:
+           search_accumulated: bool = False, accept_milder: bool = False, keep_inputs: bool = False,
+           keep_outputs: bool = False) -> ShrinkResult:
     """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``.
     The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish."""
     options = options or RunOptions()
@@ -86,9 +101,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     run.event("capturing reference activations: done")
     graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
     check_reference_finite(graph_outputs, run.oracle.reference)
-    deterministic = backend_class(parse_target(run.target).engine).deterministic
-    original_replays = replays or 0
-    minimal_replays = (0 if deterministic else 1) if replays is None else replays
+    original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     verdict = _confirm(run, graph_outputs, original_replays)
     signature = verdict.signature
     # A build error needs no run: engines that can stop after building (TensorRT) do so.
@@ -99,6 +112,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                       workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
                       best=frozenset(range(original_nodes)))
     reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
+    reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
     if not accept_milder:
         reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
@@ -108,7 +122,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.pack_bytes = limits.capture_chunk_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
-    max_calls = auto_call_budget(original_nodes) if limits.max_calls == -1 else limits.max_calls
+    max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) if limits.max_calls == -1
+                 else limits.max_calls)
     earlier = _earlier_calls(out_dir) if resume else 0
     writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
                          earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings)
@@ -212,23 +227,80 @@ def _confirm(run: _Run, graph_outputs: dict, replays: int):
     verdict = oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
     signature = verdict.signature
     rerun = rerun_command(run.model_path, run.target, run.options)
+    if not verdict.diverges and replays:  # a flaky target that happened to pass: say so
+        replayed = oracle.run_target(model_file, run.feeds)
+        again = oracle.verdict_from(replayed, graph_outputs)
+        replayed.discard()
+        if again.diverges:
+            raise _flaky_original([verdict, again], again.signature, rerun)
     if not verdict.diverges:
         worst = verdict.worst()
         numbers = f"worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}" if worst else ""
         raise NothingToReduce(
             f"the original model does not diverge under {run.target} ({verdict.criterion.describe()}; {numbers})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")
-    for replay in range(replays):
+    _refuse_broken_check(run, verdict)
+    seen = [verdict]
+    for _ in range(replays):
         replayed = oracle.run_target(model_file, run.feeds)
-        again = oracle.verdict_from(replayed, graph_outputs)
+        seen.append(oracle.verdict_from(replayed, graph_outputs))
         replayed.discard()
-        if not signature.same_bug(again.signature):
-            raise NothingToReduce(
-                f"the divergence is flaky: run 1 gave {signature.describe()}, replay {replay + 1} gave "
-                f"{again.signature.describe()}",
-                hint=f"stabilize the target first (fixed tactics, timing cache); rerun: {rerun}")
+        if not signature.same_bug(seen[-1].signature):
+            raise _flaky_original(seen, signature, rerun)
     run.event(f"diverges: {signature.describe()}")
     return verdict
+
+
+def _flaky_original(verdicts: list, signature, rerun: str) -> NothingToReduce:
+    return NothingToReduce(f"the target is flaky on the unchanged model: {flaky_tally(verdicts, signature)}",
+                           hint="stabilize the target first (fixed tactics, timing cache, a check that gives one "
+                                f"answer per model); rerun: {rerun}")
+
+
+# What a check command prints when it did not get as far as looking at the model.
+_BROKEN_CHECK = re.compile(
+    r"Traceback \(most recent call last\)|ModuleNotFoundError|ImportError|No module named|command not found|"
+    r"No such file or directory|Permission denied|SyntaxError|IndentationError|NameError|"
+    r"cannot open shared object|error while loading shared libraries|is not recognized as")
+
+
+def _refuse_broken_check(run: _Run, verdict) -> None:
+    """A check command that fails whatever the model is broken, not a bug to reduce. When the
+    failure's words look like the check itself broke (a traceback, a missing module or file),
+    one more call runs it on a one-node model that holds nothing of the user's; the same
+    failure there stops the run with the check's own message."""
+    if parse_target(run.target).engine != "cmd" or verdict.kind not in (Kind.BUILD_ERROR, Kind.CRASH):
+        return
+    if not _BROKEN_CHECK.search(verdict.message or ""):
+        return
+    from onnx import TensorProto, helper
+
+    probe = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="reprokit_probe")], "reprokit_probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    path = save_model(probe, os.path.join(run.models_dir, "probe.onnx"))
+    feeds = {"x": np.ones((1,), np.float32)}
+    probed = run.oracle.run_target(path, feeds)
+    seen = run.oracle.verdict_from(probed, {"y": feeds["x"]})
+    probed.discard()
+    if seen.diverges and verdict.signature.same_bug(seen.signature):
+        raise EngineUnavailable(
+            f"the check command fails the same way on a one-node Identity model that holds nothing of "
+            f"yours, so it is broken, not your model: {quote_message(verdict.message, 240)}",
+            hint="run the check by hand on your model and fix it (its interpreter, imports, paths); "
+                 "a check must pass on a model without the bug")
+
+
+def flaky_tally(verdicts: list, signature) -> str:
+    """How often runs of one model showed the signature, and what the others showed."""
+    counts: dict[str, int] = {}
+    for verdict in verdicts:
+        counts[verdict.signature.describe()] = counts.get(verdict.signature.describe(), 0) + 1
+    said = next((quote_message(v.message, 160) for v in verdicts if v.message and signature.same_bug(v.signature)), "")
+    return (f"{len(verdicts)} runs: " + ", ".join(f"{text} ×{n}" for text, n in counts.items())
+            + (f"; its message: {said}" if said else ""))
 
 
 def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> ShrinkResult:
@@ -244,14 +316,23 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
                             base_dir=run.prepared.base_dir, self_contained=True)
         reference = {n: store.get(n) for n in final.outputs if n in store}
         verdicts = [run.oracle.judge(judged, final.feeds, reference_outputs=reference)]
-        for _ in range(_replays_for(reducer, nodes, replays) if verdicts[0].diverges else 0):
-            replayed = run.oracle.run_target(judged, final.feeds)
+        for _ in range(replays if verdicts[0].diverges else 0):
+            replayed = run.oracle.run_target(judged, final.feeds)  # a fresh run, never the cache
             verdicts.append(run.oracle.verdict_from(replayed, reference))
             replayed.discard()
         made = run.oracle.stats.target - calls_before
         reducer.stats["final"].calls += made
         reducer.stats["final"].nodes_built += made * len(nodes)
         tried.append(f"{len(nodes)} nodes: " + ", ".join(v.signature.describe() for v in verdicts))
+        if verdicts[0].diverges and reducer.signature.same_bug(verdicts[0].signature) and not all(
+                v.diverges and reducer.signature.same_bug(v.signature) for v in verdicts):
+            # One model, two answers: the target is flaky. A larger model would only be luckier.
+            said = flaky_tally(verdicts, reducer.signature)
+            writer.write(reducer, "flaky", final_verdict=verdicts[-1], note=f"the target is flaky: {said}")
+            raise NotReproduced(
+                f"the target is flaky: {len(verdicts)} runs of the reduced model ({len(nodes)} nodes) disagree: {said}",
+                hint="a flaky check reduces noise, not the bug: make it give one answer per model (fixed "
+                     "tactics, a timing cache, a deterministic checker), or raise --replays to be sure")
         if all(v.diverges and reducer.signature.same_bug(v.signature) for v in verdicts):
             reducer.best = frozenset(nodes)
             if len(tried) > 1:
@@ -268,18 +349,6 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
         f"the reduced model does not show {reducer.signature.describe()} when judged alone ({tried[0]})",
         hint="the target is flaky or the divergence needs more context; rerun with --replays 2, or "
              f"look at {run.out_dir}/summary.json (steps, other_findings)")
-
-
-def _replays_for(reducer, nodes, replays: int) -> int:
-    """Replays of the result alone. A pass/fail search that judged the result alone and saw no
-    contradiction (a group failing with no member that fails alone) has already run it twice
-    in effect (the confirming call and its own); one that saw contradictions replays it twice."""
-    if reducer.packing != "group" or not replays:
-        return replays
-    if reducer.contradictions:
-        return max(replays, 2)
-    known = reducer.cached(nodes)
-    return 0 if known is not None and not known.packed else replays
 
 
 def _accumulated(run: _Run, reducer, writer, verdict) -> ShrinkResult:

@@ -123,6 +123,8 @@ class Reducer:
     contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
     want_layerwise: bool = False  # the next packed call also runs the marked whole model
     layerwise_report: object | None = None  # reprokit.layerwise.LayerwiseReport, once run
+    keep_inputs: bool = False  # --no-reduce-inputs: every candidate reads only the model's own inputs
+    keep_outputs: bool = False  # --no-reduce-outputs: every candidate gives exactly the model's outputs
     _current: str = "setup"
 
     def __post_init__(self):
@@ -131,6 +133,7 @@ class Reducer:
         self._feed_ok: dict[str, str | None] = {}
         self._speculative: list[frozenset] = []
         self._weights: int | None = None
+        self._readers: dict | None = None
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -149,11 +152,40 @@ class Reducer:
             return Outcome(False, "empty", "", None, True)
         if self.required and not self.required <= nodes:
             return Outcome(False, "no-anchor", "", None, True)
+        if (self.keep_inputs or self.keep_outputs) and not self.io_kept(nodes):
+            return Outcome(False, "invalid", "changes the model's inputs or outputs", None, True)
         saved = self.journal.get(self.key(nodes))
         if saved is not None:
             return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True,
                            saved.get("packed", False))
         return None
+
+    def io_kept(self, nodes: frozenset) -> bool:
+        """Does the candidate keep what --no-reduce-inputs / --no-reduce-outputs hold fixed?
+        Inputs: every tensor it reads is made inside it, a weight, a constant or a graph input
+        (nodes go only from the end). Outputs: it holds every producer of a graph output and
+        every reader of what it makes (nodes go only from the start)."""
+        index = self.index
+        if self.keep_inputs:
+            for i in nodes:
+                for tensor in index.node_inputs[i]:
+                    producer = index.producer.get(tensor)
+                    if producer is not None and producer not in nodes and tensor not in index.constants:
+                        return False
+        if self.keep_outputs:
+            if any(index.producer.get(t) is not None and index.producer[t] not in nodes
+                   for t in index.graph_outputs):
+                return False
+            if self._readers is None:
+                self._readers = {}
+                for reader, inputs in enumerate(index.node_inputs):
+                    for tensor in inputs:
+                        self._readers.setdefault(tensor, []).append(reader)
+            for i in nodes:
+                for tensor in index.node_outputs[i]:
+                    if any(reader not in nodes for reader in self._readers.get(tensor, ())):
+                        return False
+        return True
 
     def record(self, nodes: frozenset, outcome: Outcome) -> Outcome:
         """Journal an engine outcome (not after an interrupt: a killed call means nothing)."""
