@@ -180,6 +180,9 @@ def print_shrink(result) -> None:
               f"cached {s['calls']['cached']}; {s['build_work']['nodes_built']} nodes built; {s['wall_s']:.1f} s")
     if s.get("other_findings"):
         out.print("  [yellow]other findings (not followed)[/]: " + "; ".join(f"{k} ×{v}" for k, v in s["other_findings"].items()))
+        if any(", other message: " in k for k in s["other_findings"]) and not s.get("check_policy", {}).get("regexes"):
+            out.print("  [yellow]hint[/]       some candidates failed with other words, counted as the same failure "
+                      "(the exit status is the signature); if they are different bugs, pick yours with --fail-regex")
     verdict = result.verdict
     if verdict is not None and verdict.outputs:
         out.print(error_table(verdict.outputs, verdict.criterion.metric.value, title="minimal model"))

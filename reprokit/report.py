@@ -233,13 +233,17 @@ def _check_note(bundled: list[str], needed: list[str]) -> str:
 
 
 def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
-    """inputs.json for polygraphy, inputs/<i>.bin (raw, C order) for trtexec."""
+    """inputs.json for polygraphy, inputs/<i>.bin (raw, C order) for trtexec: numeric tensors only
+    (string, sequence and optional feeds are in inputs.npz alone; neither tool takes them)."""
     from polygraphy.json import save_json
 
-    save_json([{k: np.asarray(v) for k, v in feeds.items()}], os.path.join(stage, "inputs.json"))
+    numeric = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
+    if len(numeric) < len(feeds):
+        return {}
+    save_json([numeric], os.path.join(stage, "inputs.json"))
     os.makedirs(os.path.join(stage, "inputs"), exist_ok=True)
     bins = {}
-    for index, (name, value) in enumerate(feeds.items()):
+    for index, (name, value) in enumerate(numeric.items()):
         rel = f"inputs/input_{index}.bin"
         np.ascontiguousarray(value).tofile(os.path.join(stage, rel))
         bins[name] = rel
@@ -340,6 +344,10 @@ def _write_logs(stage, result, spec, values) -> None:
         with open(os.path.join(logs, file), "w") as handle:
             if tool is None:
                 handle.write("polygraphy is not installed here: pip install polygraphy\n")
+                continue
+            if "inputs.json" in args and not os.path.exists(os.path.join(stage, "inputs.json")):
+                handle.write("not run: the feeds hold strings, sequences or optionals, which polygraphy cannot load "
+                             "(they are in inputs.npz)\n")
                 continue
             done = _run(tool + args, stage)
             handle.write(f"$ polygraphy {shlex.join(args)}\n{done.stdout}{done.stderr}\n[exit code {done.returncode}]\n")

@@ -107,6 +107,7 @@ class _BestWriter:
             "target": self.target,
             "reference": reducer.oracle.reference,
             "criterion": reducer.oracle.criterion.describe(),
+            "check_policy": self.options.policy().to_json(),
             "signature": reducer.signature.to_json(),
             "original": self._original(),
             "minimal": {

@@ -85,6 +85,23 @@ def test_string_input_model_from_the_onnx_wheel(tmp_path):
     assert saved["y"].dtype == object and all(isinstance(v, str) for v in saved["y"].flat)
 
 
+@pytest.mark.slow
+def test_a_string_model_an_engine_refuses_shrinks_packs_and_verifies(tmp_path):
+    """OpenVINO cannot convert StringNormalizer: a build error to report. The archive holds the
+    string feeds in inputs.npz only (polygraphy's inputs.json and trtexec's .bin take numbers)."""
+    pytest.importorskip("openvino", reason="OpenVINO not installed")
+    folder = os.path.join(ONNX_DATA, "simple", "test_strnorm_model_nostopwords_nochangecase")
+    if not os.path.isdir(folder):
+        pytest.skip("this onnx wheel ships no StringNormalizer test model")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", os.path.join(folder, "model.onnx"), "--inputs", os.path.join(folder, "test_data_set_0"),
+                   "--target", "openvino:f32", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "summary.json").read_text())["signature"]["kind"] == "build-error"
+    verify = run_cli("verify", str(out / "report.tar.gz"))
+    assert verify.returncode == 1 and "REPRODUCES" in verify.stdout, verify.stdout + verify.stderr
+
+
 def test_npz_round_trip_of_sequences_optionals_and_strings(tmp_path):
     feeds = {"s": [np.ones((2, 3), np.float32), np.zeros(4, np.int64)], "e": [], "o": None,
              "t": np.array(["a", "bé"], dtype=object), "x[0]": np.arange(3)}
