@@ -17,7 +17,7 @@ import numpy as np
 from reprokit.activations import ActivationStore
 from reprokit.backends import backend_class
 from reprokit.errors import EngineUnavailable, InputError, NothingToReduce, NotReproduced
-from reprokit.model import check_target_nodes, mark_outputs, save_model
+from reprokit.model import check_target_nodes, mark_outputs, name_unnamed_nodes, save_model
 from reprokit.oracle import Kind, check_reference_finite, quote_message
 from reprokit.reduce import pipeline
 from reprokit.reduce.reducer import Journal, Reducer
@@ -113,6 +113,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                       best=frozenset(range(original_nodes)))
     reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
     reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
+    reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
     if not accept_milder:
         reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
@@ -213,6 +214,10 @@ def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
     models_dir = os.path.join(state_dir, "models")
     os.makedirs(models_dir, exist_ok=True)
     model = prepared.model
+    if parse_target(target).has("fp32-nodes"):
+        # fp32-nodes may name an unnamed node by its OP_INDEX in the user's file; a candidate
+        # is another file with other positions, so every node carries its label from here on.
+        name_unnamed_nodes(model)
     event("capturing reference activations")
     return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
                 GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started)

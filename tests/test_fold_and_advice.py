@@ -87,6 +87,38 @@ FOLD_BREAKS = ["test_group_normalization_epsilon_expanded", "test_attention_3d_l
                "test_flexattention_expanded_ver26"]
 
 
+def two_unnamed_overflows() -> onnx.ModelProto:
+    """x → Relu → Mul(1e5) → Div(1e5) → Relu → Relu → Mul(1e5) → Div(1e5) → Relu, no node named:
+    labels Relu_0, Mul_1, Div_2, Relu_3, Relu_4, Mul_5, Div_6, Relu_7."""
+    ops, nodes, h = ["Relu", "Mul", "Div", "Relu", "Relu", "Mul", "Div", "Relu"], [], "x"
+    for i, op in enumerate(ops):
+        nodes.append(helper.make_node(op, [h] + (["k"] if op in ("Mul", "Div") else []), [f"t{i}"]))
+        h = f"t{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info(h, TensorProto.FLOAT, [1, 8])],
+                              [numpy_helper.from_array(np.array([1e5], np.float32), "k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.slow
+def test_shrink_keeps_op_index_labels_of_the_users_file_in_every_candidate(tmp_path):
+    """fp32-nodes=Mul_1;Div_2 keeps the first pair in fp32; the second pair overflows. A candidate
+    holding only the first pair must still know it as Mul_1/Div_2 (not Mul_0/Div_1 by its own
+    positions), or shrink would return the pair the user kept in fp32."""
+    path = str(tmp_path / "two.onnx")
+    onnx.save(two_unnamed_overflows(), path)
+    before = open(path, "rb").read()
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:fp16,fp32-nodes=Mul_1;Div_2", "-o", str(out), "--no-pack",
+                   "--val-range", "[0.5,1]")
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["minimal"]["node_names"] == ["Mul_5"], summary["minimal"]
+    assert open(path, "rb").read() == before  # the user's file is never changed
+
+
 def node_case(name: str, folder) -> str:
     """onnx's own node test ``name`` (model + test_data_set_0), written to ``folder``."""
     import onnx.backend.test.case.node as cases

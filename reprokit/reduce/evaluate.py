@@ -191,7 +191,7 @@ def _run_numeric_pack(reducer, group: list, results: dict) -> None:
         return
     from reprokit.worker import WorkerResult
 
-    pack = build_pack([sub for _, sub in group], keep_node_names=False)
+    pack = build_pack([sub for _, sub in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
     reducer.charge()
     path = _save(reducer, pack.model)
     start = time.monotonic()

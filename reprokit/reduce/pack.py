@@ -54,9 +54,11 @@ def has_subgraphs(model) -> bool:
     return any(True for node in model.graph.node for _ in subgraphs_of(node))
 
 
-def build_pack(extractions: list, *, keep_node_names: bool) -> Pack:
+def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: bool = False) -> Pack:
     """One model holding every extraction as its own copy. ``keep_node_names`` requires the
-    members to have disjoint node sets (names stay unique only then)."""
+    members to have disjoint node sets (names stay unique only then). ``same_node_names``: the
+    tensors of each copy are renamed but its nodes keep their names, duplicates included (a
+    target that selects nodes by name, ``fp32-nodes=``, must find them in every copy)."""
     import onnx
     from onnx import helper
 
@@ -83,7 +85,7 @@ def build_pack(extractions: list, *, keep_node_names: bool) -> Pack:
             copy.CopyFrom(node)
             copy.input[:] = [mapping.get(i, i) for i in copy.input]
             copy.output[:] = [mapping.get(o, o) for o in copy.output]
-            if not keep_node_names and copy.name:
+            if not keep_node_names and not same_node_names and copy.name:
                 copy.name = f"rk{number}/{copy.name}"
             for body in subgraphs_of(copy):
                 _rename_outer_refs(body, mapping, set())

@@ -123,6 +123,7 @@ class Reducer:
     contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
     want_layerwise: bool = False  # the next packed call also runs the marked whole model
     layerwise_report: object | None = None  # reprokit.layerwise.LayerwiseReport, once run
+    names_select_nodes: bool = False  # the target picks nodes by name (fp32-nodes=): packs keep them
     keep_inputs: bool = False  # --no-reduce-inputs: every candidate reads only the model's own inputs
     keep_outputs: bool = False  # --no-reduce-outputs: every candidate gives exactly the model's outputs
     _current: str = "setup"
