@@ -1,5 +1,6 @@
-"""shrink, as named steps: open the run, capture the reference activations, confirm the
-divergence, reduce (``reduce/pipeline.py``), finish with the result judged alone. Best-so-far
+"""shrink, as named steps: open the run (control flow opened: ``opening.py``), capture the
+reference activations, confirm the divergence (``confirm.py``), reduce (``reduce/pipeline.py``),
+finish with the result judged alone. Best-so-far
 results are rewritten after every accepted step (``shrink_output.py``); ``resume`` replays the
 journal of candidate outcomes and continues (``runstate.py``).
 """
@@ -8,17 +9,17 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from reprokit.activations import ActivationStore
 from reprokit.backends import backend_class
-from reprokit.errors import EngineUnavailable, InputError, NothingToReduce, NotReproduced
+from reprokit.confirm import confirm, flaky_tally
+from reprokit.controlflow import count_nodes
+from reprokit.errors import InputError, NotReproduced
 from reprokit.model import check_target_nodes, mark_outputs, name_unnamed_nodes, save_model
-from reprokit.oracle import Kind, check_reference_finite, quote_message
+from reprokit.opening import keep_opening, open_levels, reprokit_built
+from reprokit.oracle import Kind, check_reference_finite
 from reprokit.reduce import pipeline
 from reprokit.reduce.reducer import Journal, Reducer
 from reprokit.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
@@ -95,14 +96,17 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     options = options or RunOptions()
     limits = limits or Limits()
     run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None))
-    store = _capture(run.oracle, run.model, run.index, run.feeds,
-                     [t for outs in run.index.node_outputs for t in outs], run.state_dir, run.models_dir,
-                     resume, limits, run.event)
+    store = reprokit_built(
+        "capturing reference activations (every tensor marked as an output)",
+        lambda: _capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
+                         run.state_dir, run.models_dir, resume, limits, run.event),
+        run.oracle, run.prepared.path, run.feeds)
     run.event("capturing reference activations: done")
     graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
     check_reference_finite(graph_outputs, run.oracle.reference)
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
-    verdict = _confirm(run, graph_outputs, original_replays)
+    verdict = confirm(run, graph_outputs, original_replays)
+    wrap = keep_opening(run, store, graph_outputs, verdict)
     signature = verdict.signature
     # A build error needs no run: engines that can stop after building (TensorRT) do so.
     run.oracle.build_only = signature.kind is Kind.BUILD_ERROR
@@ -112,6 +116,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                       workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
                       best=frozenset(range(original_nodes)))
     reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
+    reducer.wrap = wrap
     reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
     if not accept_milder:
@@ -127,7 +132,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                  else limits.max_calls)
     earlier = _earlier_calls(out_dir) if resume else 0
     writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
-                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings)
+                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings,
+                         given_nodes=count_nodes(run.given.graph) if run.levels else None)
     run.prepared.notes.extend(f"warning: {w}" for w in verdict.warnings)  # a degenerate reference
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
@@ -176,6 +182,8 @@ class _Run:
     journal: Journal
     event: object
     started: float
+    given: object = None  # the model as given (run.model may have its control flow opened)
+    levels: list = field(default_factory=list)  # (model, notes) per level of opened control flow
 
     @property
     def feeds(self) -> dict:
@@ -218,94 +226,14 @@ def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
         # fp32-nodes may name an unnamed node by its OP_INDEX in the user's file; a candidate
         # is another file with other positions, so every node carries its label from here on.
         name_unnamed_nodes(model)
+    given = model
+    levels = open_levels(model, oracle, prepared.feeds.arrays, models_dir, event, prepared.path)
+    if levels:  # capture on the deepest opening: it holds every tensor of the shallower ones
+        model = levels[-1][0]
     event("capturing reference activations")
     return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
-                GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started)
-
-
-def _confirm(run: _Run, graph_outputs: dict, replays: int):
-    """The original must diverge (and every replay the user asked for, with the same signature)."""
-    oracle = run.oracle
-    model_file = save_model(run.model, os.path.join(run.models_dir, "original.onnx"),
-                            base_dir=run.prepared.base_dir)
-    run.event(f"confirming the divergence ({1 + replays} target run{'s' if replays else ''})")
-    verdict = oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
-    signature = verdict.signature
-    rerun = rerun_command(run.model_path, run.target, run.options)
-    if not verdict.diverges and replays:  # a flaky target that happened to pass: say so
-        replayed = oracle.run_target(model_file, run.feeds)
-        again = oracle.verdict_from(replayed, graph_outputs)
-        replayed.discard()
-        if again.diverges:
-            raise _flaky_original([verdict, again], again.signature, rerun)
-    if not verdict.diverges:
-        worst = verdict.worst()
-        numbers = f"worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}" if worst else ""
-        raise NothingToReduce(
-            f"the original model does not diverge under {run.target} ({verdict.criterion.describe()}; {numbers})",
-            hint=f"nothing to reduce; rerun the check by hand: {rerun}")
-    _refuse_broken_check(run, verdict)
-    seen = [verdict]
-    for _ in range(replays):
-        replayed = oracle.run_target(model_file, run.feeds)
-        seen.append(oracle.verdict_from(replayed, graph_outputs))
-        replayed.discard()
-        if not signature.same_bug(seen[-1].signature):
-            raise _flaky_original(seen, signature, rerun)
-    run.event(f"diverges: {signature.describe()}")
-    return verdict
-
-
-def _flaky_original(verdicts: list, signature, rerun: str) -> NothingToReduce:
-    return NothingToReduce(f"the target is flaky on the unchanged model: {flaky_tally(verdicts, signature)}",
-                           hint="stabilize the target first (fixed tactics, timing cache, a check that gives one "
-                                f"answer per model); rerun: {rerun}")
-
-
-# What a check command prints when it did not get as far as looking at the model.
-_BROKEN_CHECK = re.compile(
-    r"Traceback \(most recent call last\)|ModuleNotFoundError|ImportError|No module named|command not found|"
-    r"No such file or directory|Permission denied|SyntaxError|IndentationError|NameError|"
-    r"cannot open shared object|error while loading shared libraries|is not recognized as")
-
-
-def _refuse_broken_check(run: _Run, verdict) -> None:
-    """A check command that fails whatever the model is broken, not a bug to reduce. When the
-    failure's words look like the check itself broke (a traceback, a missing module or file),
-    one more call runs it on a one-node model that holds nothing of the user's; the same
-    failure there stops the run with the check's own message."""
-    if parse_target(run.target).engine != "cmd" or verdict.kind not in (Kind.BUILD_ERROR, Kind.CRASH):
-        return
-    if not _BROKEN_CHECK.search(verdict.message or ""):
-        return
-    from onnx import TensorProto, helper
-
-    probe = helper.make_model(helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"], name="reprokit_probe")], "reprokit_probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]),
-        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    path = save_model(probe, os.path.join(run.models_dir, "probe.onnx"))
-    feeds = {"x": np.ones((1,), np.float32)}
-    probed = run.oracle.run_target(path, feeds)
-    seen = run.oracle.verdict_from(probed, {"y": feeds["x"]})
-    probed.discard()
-    if seen.diverges and verdict.signature.same_bug(seen.signature):
-        raise EngineUnavailable(
-            f"the check command fails the same way on a one-node Identity model that holds nothing of "
-            f"yours, so it is broken, not your model: {quote_message(verdict.message, 240)}",
-            hint="run the check by hand on your model and fix it (its interpreter, imports, paths); "
-                 "a check must pass on a model without the bug")
-
-
-def flaky_tally(verdicts: list, signature) -> str:
-    """How often runs of one model showed the signature, and what the others showed."""
-    counts: dict[str, int] = {}
-    for verdict in verdicts:
-        counts[verdict.signature.describe()] = counts.get(verdict.signature.describe(), 0) + 1
-    said = next((quote_message(v.message, 160) for v in verdicts if v.message and signature.same_bug(v.signature)), "")
-    return (f"{len(verdicts)} runs: " + ", ".join(f"{text} ×{n}" for text, n in counts.items())
-            + (f"; its message: {said}" if said else ""))
+                GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
+                given, levels)
 
 
 def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> ShrinkResult:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.controlflow import count_nodes
 from reprokit.model import save_model, staged_data
 from reprokit.runstate import _atomic_json, _atomic_npz, rerun_command
 from reprokit.session import RunOptions
@@ -45,6 +46,7 @@ class _BestWriter:
     earlier_calls: int = 0  # a resumed run's calls before this process
     file_nodes: int | None = None
     warnings: list = field(default_factory=list)  # the original's degenerate reference outputs
+    given_nodes: int | None = None  # the model as given, nodes inside If/Loop bodies counted
     summary: dict = field(default_factory=dict)
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
@@ -84,9 +86,13 @@ class _BestWriter:
 
     def _original(self) -> dict:
         found = {"nodes": self.original_nodes}
+        if self.given_nodes is not None:
+            found["nodes_with_subgraphs"] = self.given_nodes
         if self.file_nodes is not None and self.file_nodes != self.original_nodes:
             found["file_nodes"] = self.file_nodes
-            found["why"] = ("--input-shapes froze the dynamic dims and folded the constants that depended on "
+            found["why"] = ("control flow opened (If nodes inlined, Loops unrolled, as the feeds run them): "
+                            "shrink counts the nodes that were inside" if self.given_nodes is not None else
+                            "--input-shapes froze the dynamic dims and folded the constants that depended on "
                             "them: shrink starts from the folded model")
         return found
 
@@ -112,6 +118,7 @@ class _BestWriter:
             "original": self._original(),
             "minimal": {
                 "nodes": len(nodes),
+                "nodes_with_subgraphs": count_nodes(minimal_model.graph) if nodes else 0,
                 "ops": sorted(n.op_type for n in nodes),
                 "node_names": [n.name or f"{n.op_type}_{i}" for i, n in enumerate(nodes)],
                 "inputs": [{"name": i.name, "shape": list(np.asarray(feeds[i.name]).shape)}
@@ -162,6 +169,8 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
                "reference_warnings": summary.get("warnings", [])}
     if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
         context.update(audit.issue_context())
+    if summary.get("torch"):  # --torch: the archive records the export settings
+        context["torch"] = summary["torch"]
     packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
                   options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
                                   input_shapes={}, val_ranges={}),

@@ -9,7 +9,7 @@ Must not know about divergence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,7 @@ class GraphIndex:
     graph_outputs: tuple[str, ...]
     value_info: dict  # name -> ValueInfoProto (from shape inference)
     constants: frozenset = frozenset()  # tensors that depend on no graph input (foldable)
+    declared: dict = field(default_factory=dict)  # graph input -> its ValueInfoProto as the model declares it
 
     @classmethod
     def build(cls, model) -> GraphIndex:
@@ -54,8 +55,9 @@ class GraphIndex:
                 continue
             if all(t in initializers or t in constants for t in node_inputs[index]):
                 constants.update(node_outputs[index])
+        declared = {i.name: i for i in model.graph.input if i.name in inputs}
         return cls(tuple(node_inputs), tuple(node_outputs), producer, initializers, inputs,
-                   tuple(o.name for o in model.graph.output), value_info, frozenset(constants))
+                   tuple(o.name for o in model.graph.output), value_info, frozenset(constants), declared)
 
     def ancestors(self, index: int, within: set[int] | None = None) -> set[int]:
         """Nodes ``index`` depends on (itself included), optionally only inside ``within``."""
@@ -146,8 +148,13 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
                                or (value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT)):
             graph.initializer.append(numpy_helper.from_array(np.array(value), tensor))
             continue
-        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
-        graph.input.append(helper.make_tensor_value_info(tensor, elem, list(value.shape)))
+        if user_input and tensor in index.declared:
+            # the user's own input keeps its declared type: dynamic dims stay dynamic (an engine
+            # may fail only on them), the feeds give the sizes as they did for the original
+            graph.input.append(index.declared[tensor])
+        else:
+            elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+            graph.input.append(helper.make_tensor_value_info(tensor, elem, _known_dims(index, tensor, value.shape)))
         new_feeds[tensor] = value
     consumed_by_kept = set(consumed)
     outputs = []
@@ -169,6 +176,21 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
     sub.functions.extend(model.functions)
     del kept
     return Extraction(finalize(sub) if check else sub, new_feeds, outputs)
+
+
+def _known_dims(index: GraphIndex, tensor: str, shape: tuple) -> list:
+    """A cut tensor's dims as the engine knew them in the whole model: a dim that shape inference
+    could not pin there (it follows a dynamic input, a data-dependent shape) stays dynamic, so the
+    engine sees no more than it saw (an If it could not resolve stays unresolved); the feeds give
+    the sizes. Where the whole model's inference says nothing, the feed's shape."""
+    info = index.value_info.get(tensor)
+    if info is None or not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+        return list(shape)
+    dims = info.type.tensor_type.shape.dim
+    if len(dims) != len(shape):
+        return list(shape)
+    return [size if dim.HasField("dim_value") and dim.dim_value > 0 else (dim.dim_param or f"{tensor}_dim{axis}")
+            for axis, (dim, size) in enumerate(zip(dims, shape))]
 
 
 def finalize(model):

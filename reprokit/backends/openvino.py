@@ -117,6 +117,9 @@ def engine_reason(exc: Exception) -> str:
     "Check 'false' failed at …" come first, the reason last): it leads the message, so the
     verdict's one-line summary and its signature name the reason, not a source location."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if re.match(r"-- .* with a message:", line)]
+    if len(starts) > 1:  # several operations failed to convert: the first one's reason, not the last's
+        lines = lines[starts[0]:starts[1]]
     reasons = [line for line in lines if not _NOT_THE_REASON.match(line)]
     return (reasons or lines or [exc.__class__.__name__])[-1]
 

@@ -123,6 +123,7 @@ class Reducer:
     contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
     want_layerwise: bool = False  # the next packed call also runs the marked whole model
     layerwise_report: object | None = None  # reprokit.layerwise.LayerwiseReport, once run
+    wrap: Callable | None = None  # puts each candidate back inside its control flow (controlflow.wrap_in_if)
     names_select_nodes: bool = False  # the target picks nodes by name (fp32-nodes=): packs keep them
     keep_inputs: bool = False  # --no-reduce-inputs: every candidate reads only the model's own inputs
     keep_outputs: bool = False  # --no-reduce-outputs: every candidate gives exactly the model's outputs
@@ -144,7 +145,8 @@ class Reducer:
         return "cand:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def extraction(self, nodes, *, check: bool = True):
-        return extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
+        sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
+        return self.wrap(sub) if self.wrap is not None and sub.outputs else sub
 
     def cached(self, nodes) -> Outcome | None:
         """The known outcome of a candidate (journal), or the trivial one; None = needs a call."""
@@ -230,8 +232,8 @@ class Reducer:
         from reprokit.compare import unrepresentable
 
         for name in feeds:
-            if name in self.index.graph_inputs:
-                continue  # the user's own data stays as it is
+            if name in self.index.graph_inputs or name not in self.store:
+                continue  # the user's own data (or a wrapper's condition) stays as it is
             if name not in self._feed_ok:
                 self._feed_ok[name] = unrepresentable(self.store.get(name), self.oracle.precision)
             if self._feed_ok[name]:

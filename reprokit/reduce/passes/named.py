@@ -56,6 +56,36 @@ def run(reducer, message: str) -> bool:
             reducer.accept(together, "the nodes the engine's message names, together")
             return True
     if hit is None:
-        return False
+        return _with_context(reducer, nodes[0])
     reducer.accept(candidates[hit], "the node the engine's message names")
     return True
+
+
+def _with_context(reducer, node: int) -> bool:
+    """The named node fails only with what feeds it (an unknown rank or type made upstream: an
+    If whose branches differ, a dynamic input): its ancestors within 1, 2, 4, 8 hops, one call
+    each, until one reproduces or the cone stops growing."""
+    cone, depth, tried = frozenset([node]), 0, 0
+    while depth < 8 and len(cone) < len(reducer.best):
+        depth = max(1, depth * 2)
+        grown = _ancestors(reducer, node, depth)
+        if grown == cone:
+            break
+        cone = grown
+        tried += 1
+        if len(cone) < len(reducer.best) and reducer.test(cone):
+            reducer.accept(cone, f"the node the engine's message names, with its inputs' producers ({depth} hops)")
+            return True
+    return False
+
+
+def _ancestors(reducer, node: int, depth: int) -> frozenset:
+    index, best = reducer.index, reducer.best
+    found, frontier = {node}, {node}
+    for _ in range(depth):
+        frontier = {index.producer[t] for i in frontier for t in index.node_inputs[i]
+                    if t in index.producer and index.producer[t] in best} - found
+        if not frontier:
+            break
+        found |= frontier
+    return frozenset(found)

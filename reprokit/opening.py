@@ -1,0 +1,106 @@
+"""Which model a shrink run reduces when the model has control flow: opened level by level (If
+nodes inlined, small Loops unrolled as the feeds run them), the deepest opening that still shows
+the original's signature, or every candidate put back inside an If, or the model as given.
+Also: models reprokit builds and the reference refuses are reprokit's fault, said as such.
+"""
+
+from __future__ import annotations
+
+import os
+
+from reprokit.model import mark_outputs, save_model
+from reprokit.subgraph import GraphIndex
+
+
+def open_levels(model, oracle, feeds, models_dir, event, given_path: str) -> list:
+    """The model opened level by level (If nodes inlined, small Loops unrolled as these feeds run
+    them; reference runs decide): [(model, notes)], deepest last; [] without control flow."""
+    from reprokit.controlflow import has_control_flow, open_control_flow
+
+    if not has_control_flow(model):
+        return []
+    event("opening control flow (If, Loop) as these feeds run it")
+
+    def values(current, names):
+        path = save_model(mark_outputs(current, names), os.path.join(models_dir, "control.onnx"))
+        result = reprokit_built("opening control flow", lambda: oracle.run_reference(path, feeds, names),
+                                oracle, given_path, feeds)
+        try:
+            return dict(result.outputs)
+        finally:
+            result.discard()
+
+    return open_control_flow(model, values)
+
+
+def reprokit_built(step: str, run_reference, oracle, given_path: str, feeds: dict):
+    """``run_reference()`` on a model reprokit built for ``step``. When the reference fails on it
+    but runs the model as given, the fault is reprokit's rewrite, not the user's model: an
+    internal error that names the step (one more reference run, only then)."""
+    from reprokit.errors import ExitCode, ReferenceFailure, ReprokitError
+
+    try:
+        return run_reference()
+    except ReferenceFailure as exc:
+        try:
+            oracle.run_reference(given_path, feeds).discard()
+        except ReferenceFailure:
+            raise exc from None  # the model as given fails too: the user's model it is
+        raise ReprokitError(
+            f"internal error: the model reprokit built for {step} fails in the reference ({exc}), "
+            "while the model as given runs", exit_code=ExitCode.INTERNAL,
+            hint="a reprokit bug, not your model: please report it with the output of --debug") from exc
+
+
+def keep_opening(run, store, graph_outputs: dict, verdict):
+    """Which model the reduction works on, when the model has control flow: the deepest opening
+    that still shows the original's signature (the fully opened one first, then a binary search
+    over the levels: an engine that fails because of a nested If keeps that If); failing that,
+    for a network that sits in one top-level If, every candidate put back inside an If (an engine
+    that fails only inside one); else the model as given. Sets run.model/run.index, returns the
+    wrap for the reducer (or None). About log2(levels) + 2 target calls, only for such models."""
+    from reprokit.controlflow import if_wrapper, wrap_in_if
+    from reprokit.subgraph import extract
+
+    if not run.levels:
+        return None
+
+    def shows(model, name, feeds=None) -> bool:
+        path = save_model(model, os.path.join(run.models_dir, name), base_dir=run.prepared.base_dir)
+        seen = run.oracle.judge(path, feeds if feeds is not None else run.feeds, reference_outputs=graph_outputs)
+        return verdict.signature.same_bug(seen.signature)
+
+    def use(level: int, note: str):
+        model, notes = run.levels[level]
+        run.model, run.index = model, GraphIndex.build(model)
+        run.prepared.notes.append(note + "; ".join(notes))
+
+    run.event(f"control flow: {len(run.levels)} level(s) to open; finding the deepest that still diverges")
+    deepest = len(run.levels) - 1
+    if shows(run.levels[deepest][0], "opened.onnx"):
+        use(deepest, "control flow opened for these feeds: ")
+        return None
+    low, high = -1, deepest  # level low shows it (-1: the model as given), level high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if shows(run.levels[middle][0], f"opened_{middle + 1}.onnx"):
+            low = middle
+        else:
+            high = middle
+    if low >= 0:
+        use(low, f"control flow opened {low + 1} of {deepest + 1} levels (deeper, the divergence goes): ")
+        return None
+    flat, flat_index = run.levels[deepest][0], GraphIndex.build(run.levels[deepest][0])
+    cond = if_wrapper(run.given)
+    if cond is not None and cond in store:
+        value = store.get(cond)
+        whole = wrap_in_if(extract(flat, flat_index, range(len(flat.graph.node)), store, feeds=run.feeds), cond, value)
+        if shows(whole.model, "opened_in_if.onnx", whole.feeds):
+            run.model, run.index = flat, flat_index
+            run.prepared.notes.append("the divergence needs its If: the reduction works on the nodes inside, each "
+                                      "candidate kept inside an If (" + "; ".join(run.levels[deepest][1]) + ")")
+            return lambda sub: wrap_in_if(sub, cond, value)
+    run.prepared.notes.append("the divergence needs the control flow as it is: reduced at the top level, "
+                              "If/Loop nodes kept whole")
+    run.model, run.index = run.given, GraphIndex.build(run.given)
+    return None
