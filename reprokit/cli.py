@@ -64,6 +64,67 @@ def run_options(func):
     return func
 
 
+def torch_options(func):
+    """--torch FILE.py:FUNC and its export settings (PyTorch in; torch is an optional extra)."""
+    options = [
+        click.option("--torch", "torch_entry", default=None, metavar="FILE.py:FUNC",
+                     help="Start from PyTorch: FUNC returns (module, example inputs); exported with torch.onnx.export "
+                          "into the run's folder, and PyTorch eager is judged beside onnxruntime and the target."),
+        click.option("--torch-exporter", type=click.Choice(["auto", "dynamo", "legacy"]), default="auto",
+                     show_default=True, help="--torch: dynamo=True, the legacy TorchScript exporter, or auto "
+                                             "(dynamo where onnxscript is installed)."),
+        click.option("--torch-opset", type=int, default=None, metavar="N",
+                     help="--torch: opset_version for torch.onnx.export (default: the exporter's)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _from_torch(model, kw: dict, options, folder: str):
+    """MODEL, or with --torch the module exported into ``folder``: (model path, TorchExport or
+    None). The example inputs become the feeds (``options.inputs``)."""
+    from reprokit.errors import UsageError
+
+    entry, exporter, opset = kw.pop("torch_entry"), kw.pop("torch_exporter"), kw.pop("torch_opset")
+    if entry is None:
+        if model is None:
+            raise UsageError("give MODEL or --torch FILE.py:FUNC", hint="e.g. reprokit check model.onnx --target emulate:fp16")
+        return model, None
+    if model is not None:
+        raise UsageError(f"give MODEL ({model}) or --torch {entry}, not both",
+                         hint="--torch exports the module to an ONNX model itself")
+    if options.inputs:
+        raise UsageError("--inputs and --torch: the feeds are FUNC's example inputs",
+                         hint="return the inputs you want from FUNC")
+    from reprokit import torch_export
+
+    exported = torch_export.export(entry, folder, exporter=exporter, opset=opset)
+    options.inputs = exported.inputs_path
+    return exported.model_path, exported
+
+
+def _torch_info(exported, options, folder: str, as_json: bool) -> dict | None:
+    """shrink, audit, pack with --torch: the exporter column (PyTorch eager vs the ONNX reference)
+    beside the export settings, written to the export's folder as columns.json."""
+    if exported is None:
+        return None
+    import tempfile
+
+    from reprokit.console import err
+    from reprokit.torch_export import reference_columns
+
+    with tempfile.TemporaryDirectory(prefix="reprokit-torch-") as work:
+        info = reference_columns(exported, options, work)
+    with open(os.path.join(exported.folder, "columns.json"), "w") as handle:
+        json.dump(info, handle, indent=2, default=str)
+    if not as_json:
+        s = info["export"]
+        err.print(f"[dim]torch {s['torch']}: exported {s['source']} ({'dynamo' if s['dynamo'] else 'legacy'}, "
+                  f"opset {s['opset']}) to {exported.model_path}; {info['words']}[/]")
+    return info
+
+
 def parse_size(text: str, option: str) -> int:
     """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
     import re
@@ -111,9 +172,10 @@ def cli(debug):
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("--target", "-t", required=True, help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16.")
 @run_options
+@torch_options
 @click.option("--layerwise", is_flag=True, help="Compare every intermediate tensor; show where divergence starts.")
 @click.option("--top", default=10, show_default=True, help="Rows of the layerwise table.")
 @click.option("--out", "-o", "out_dir", default=None, metavar="DIR",
@@ -130,9 +192,18 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
     parse_target(target)  # a bad spec is a usage error before any work
     if out_dir:
         _ensure_out_dir(out_dir)
+    import tempfile
+
+    scratch = tempfile.TemporaryDirectory(prefix="reprokit-torch-")  # --torch without -o: the export's folder
+    model, exported = _from_torch(model, kw, options, os.path.join(out_dir or scratch.name, "torch"))
     if not as_json:
         err.print(f"[dim]running {options.reference} and {target} on {model} …[/]")
     result = session.check(model, target, options=options, layerwise=layerwise)
+    columns = None
+    if exported is not None:  # PyTorch eager: the third column
+        from reprokit.torch_export import columns as torch_columns
+
+        columns = torch_columns(exported, result, options.reference, options.metric)
     if out_dir:
         from reprokit.inputs import save_feeds
 
@@ -152,13 +223,19 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
             "notes": result.prepared.notes,
             "warnings": result.verdict.warnings,
             "layerwise": result.layerwise.to_json(top) if result.layerwise else None,
+            "torch": columns.to_json() if columns else None,
         }
         click.echo(json.dumps(payload, indent=2))
     else:
         print_check(result, model, top)
+        if columns is not None:
+            from reprokit.console import print_torch
+
+            print_torch(columns)
         if out_dir:
             err.print(f"[dim]wrote inputs, outputs and verdict.json to {out_dir}[/]")
-    sys.exit(ExitCode.DIVERGES if result.verdict.diverges else ExitCode.OK)
+    diverges = columns.diverges if columns is not None else result.verdict.diverges
+    sys.exit(ExitCode.DIVERGES if diverges else ExitCode.OK)
 
 
 @cli.command()
@@ -166,6 +243,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--target", "-t", default=None,
               help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16 (required unless --resume DIR).")
 @run_options
+@torch_options
 @click.option("--out", "-o", "out_dir", default="reprokit-out", show_default=True, metavar="DIR",
               help="Where minimal.onnx, inputs.npz and summary.json go (rewritten after every step).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
@@ -203,11 +281,14 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.option("--redact", is_flag=True, help="Redact names, metadata and (if it still reproduces) weights in the report.")
 @click.option("--audit", "with_audit", is_flag=True,
               help="Also audit the original model (OUT/audit/; the report gets audit/ and a sweep).")
+@click.option("--overlay", "with_overlay", is_flag=True,
+              help="Write Model Explorer overlays of the original model (OUT/audit/overlay-*.json: layerwise, "
+                   "isolated and range data, the nodes kept); a light audit unless --audit.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
            no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
-           no_pack, fmt, redact, with_audit, as_json, **kw):
+           no_pack, fmt, redact, with_audit, with_overlay, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
@@ -226,12 +307,14 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         for name, value in _run_args.main(args=saved["args"], standalone_mode=False).items():
             if not _given(ctx, name):
                 kw[name] = value
-    if model is None or target is None:
+    if (model is None and not kw.get("torch_entry")) or target is None:
         raise UsageError("shrink needs MODEL and --target (or --resume DIR of an earlier run)",
                          hint="e.g. reprokit shrink model.onnx --target emulate:fp16 -o out/")
     options = make_run_options(kw)
     parse_target(target)  # a bad spec or a missing check script fails before any work
     _ensure_out_dir(out_dir)  # so does a file where the output directory should be
+    model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
+    torch_info = _torch_info(exported, options, out_dir, as_json)
     start = time.monotonic()
 
     def progress(text):
@@ -255,13 +338,25 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         raise ReprokitError("interrupted", hint=shrinking.resume_hint(out_dir, keep),
                             exit_code=ExitCode.INTERRUPTED) from None
     audited = None
+    if torch_info is not None:
+        result.summary["torch"] = torch_info
     accumulated = result.summary["status"] == "accumulated"  # no model to call minimal, nothing to pack
+    if with_overlay and not with_audit and not accumulated:  # overlays only: no sweep, no explain
+        from reprokit.audit import audit as run_audit
+
+        progress("Model Explorer overlays of the original model")
+        light = run_audit(model, target, os.path.join(out_dir, "audit"), options=options, sweep=False,
+                          explain_inputs=False, kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
+        result.summary["overlay"] = light.payload.get("overlay")
+        if light.payload.get("overlay"):
+            result.notes.append(f"overlay: {light.payload['overlay']['command']}")
     if with_audit and not accumulated:  # --- audit (reprokit/audit): the ORIGINAL model, naming what shrink kept
         from reprokit.audit import audit as run_audit
 
         progress("auditing the original model")
         audited = run_audit(model, target, os.path.join(out_dir, "audit"), options=options,
                             kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
+        result.summary["overlay"] = audited.payload.get("overlay")
         result.summary["audit"] = os.path.join(out_dir, "audit", "audit.json")
         found = audited.workaround
         result.notes.append(f"audit: {out_dir}/audit/audit.html"
@@ -286,9 +381,10 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("--target", "-t", required=True, help="Target spec the model diverges under.")
 @run_options
+@torch_options
 @click.option("--out", "-o", "out_path", default="report.tar.gz", show_default=True,
               help="Archive to write (.tar.gz or .zip).")
 @click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default=None,
@@ -306,6 +402,10 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
     _ensure_out_file(out_path)
     on_event = None if as_json else (lambda t: err.print(f"[dim]{t}[/]"))
     context = audit_dir = None
+    import re as _re
+
+    model, exported = _from_torch(model, kw, options, _re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path) + ".torch")
+    torch_info = _torch_info(exported, options, os.path.dirname(exported.folder) if exported else "", as_json)
     if with_audit:  # --- audit (reprokit/audit)
         import re
 
@@ -314,6 +414,8 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
         audit_dir = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path) + ".audit"
         audited = run_audit(model, target, audit_dir, options=options, on_event=on_event)
         context = audited.issue_context()
+    if torch_info is not None:  # the archive records the torch version and export settings
+        context = {**(context or {}), "torch": torch_info}
     result = report.pack(model, target, out_path, options=options, fmt=fmt, redact=redact,
                          on_event=on_event, context=context, audit_dir=audit_dir)
     if as_json:
@@ -325,9 +427,10 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @click.option("--target", "-t", required=True, help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16.")
 @run_options
+@torch_options
 @click.option("--out", "-o", "out_dir", default="reprokit-audit", show_default=True, metavar="DIR",
               help="Where audit.json, audit.md, audit.html and layerwise.png go.")
 @click.option("--no-sweep", is_flag=True, help="Skip the knob sweep (one target call per setting).")
@@ -341,6 +444,8 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
 
     options = make_run_options(kw)
     _ensure_out_dir(out_dir)
+    model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
+    _torch_info(exported, options, out_dir, as_json)
     result = run_audit(model, target, out_dir, options=options, sweep=not no_sweep, explain_inputs=not no_explain,
                        ranges_only=ranges_only, on_event=None if as_json else (lambda t: err.print(f"[dim]{t}[/]")))
     if as_json:

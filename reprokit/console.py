@@ -278,4 +278,34 @@ def print_audit(result) -> None:
               f"{cost['seconds']:.1f} s in engines; range audit 0 target calls")
     for note in a["notes"]:
         out.print(f"  [yellow]note[/]       {escape(note)}")
+    if a.get("overlay"):
+        out.print(f"  overlay    {escape(a['overlay']['command'])}")
     out.print("  wrote      " + ", ".join(result.files.get(k, "") for k in ("html", "markdown", "json", "plot") if k in result.files))
+
+
+def print_torch(columns) -> None:
+    """``check --torch``: PyTorch eager, onnxruntime and the target side by side, and the blame."""
+    s = columns.settings
+    out.print(f"  torch      {s['torch']}: torch.onnx.export({'dynamo' if s['dynamo'] else 'legacy TorchScript'}, "
+              f"opset {s['opset']}) of {s['source']}")
+    for note in s.get("notes", []):
+        out.print(f"  [yellow]note[/]       {note}")
+    metric = columns.engine.criterion.metric.value
+    table = Table(title=f"three columns ({metric})", title_justify="left")
+    for header in ("output", "torch → onnxruntime", "onnxruntime → target", "torch → target"):
+        table.add_column(header)
+    pairs = [columns.exporter, columns.engine, columns.end_to_end]
+    names = [e.name for e in columns.exporter.outputs] or [e.name for e in columns.engine.outputs]
+    for name in names:
+        cells = []
+        for verdict in pairs:
+            error = next((e for e in verdict.outputs if e.name == name), None) if verdict is not None else None
+            cells.append("-" if error is None else
+                         (f"[red]{fmt(error.error)}[/]" if error.exceeds or error.nonfinite_in_target_only
+                          else fmt(error.error)))
+        table.add_row(escape(name), *cells)
+    out.print(table)
+    out.print(f"  exporter   {columns.exporter.signature.describe() if columns.exporter.diverges else 'agree'} "
+              f"({columns.exporter.criterion.describe()}, fp32 both sides)")
+    style = "bold green" if columns.blame == "none" else "bold red"
+    out.print(f"[{style}]{columns.words}[/]")

@@ -75,7 +75,12 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
         elif audit_dir:
             shutil.copytree(audit_dir, os.path.join(stage, "audit"))
-        write_manifest(stage, {"reprokit": __version__, "target": str(parse_target(target))})
+        extra = {"reprokit": __version__, "target": str(parse_target(target))}
+        if context and context.get("torch"):  # --torch: the export settings and the exporter column
+            with open(os.path.join(stage, "torch.json"), "w") as handle:
+                json.dump(context["torch"], handle, indent=2, default=str)
+            extra["torch"] = {k: context["torch"]["export"].get(k) for k in ("torch", "exporter", "dynamo", "opset")}
+        write_manifest(stage, extra)
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_archive(stage, out_path, fmt)
     return PackResult(out_path, result.verdict, reproduces, notes, redaction)

@@ -1,5 +1,6 @@
 """Write an audit's files: audit.json (schema reprokit.audit/1), layerwise.png, audit.md (for
-reports and issues) and audit.html (self-contained: the PNG embedded as base64)."""
+reports and issues), audit.html (self-contained: the PNG embedded as base64) and the Model
+Explorer overlays (overlay-*.json, :mod:`reprokit.audit.overlay`)."""
 
 from __future__ import annotations
 
@@ -61,12 +62,20 @@ def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
     if image is None:
         paths.pop("plot")
         safe["files"].pop("plot")
+    from reprokit.audit.overlay import open_command, write_overlays
+
+    overlays = write_overlays(safe, out_dir)  # Model Explorer node data (reprokit/audit/overlay.py)
+    safe["files"].update({f"overlay_{k}": os.path.basename(v) for k, v in overlays.items()})
+    safe["overlay"] = ({"files": sorted(os.path.basename(v) for v in overlays.values()),
+                        "command": open_command(safe["model"], list(overlays.values()))} if overlays else None)
+    paths.update({f"overlay_{k}": v for k, v in overlays.items()})
     values = {"a": safe, "layer_rows": table_rows(safe), "image": image, "worst_error": worst_error}
     with open(paths["markdown"], "w") as handle:
         handle.write(render("audit.md.j2", **values))
     with open(paths["html"], "w") as handle:
         handle.write(render("audit.html.j2", **values))
     payload["files"] = dict(safe["files"])
+    payload["overlay"] = safe["overlay"]
     with open(paths["json"], "w") as handle:
         json.dump(safe, handle, indent=2)
     return {k: v for k, v in paths.items()}
