@@ -164,11 +164,35 @@ def make_run_options(kw: dict):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="reprokit")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-def cli(debug):
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors, and the engines' own log lines.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Show the engines' own log lines (onnxruntime, OpenVINO, TensorRT); always in OUT/engine.log.")
+def cli(debug, verbose):
     """Find, shrink and package divergences of an inference engine from an ONNX reference."""
     global _DEBUG
     _DEBUG = _DEBUG or debug
+    if _DEBUG or verbose:
+        _show_engine_logs()
+
+
+def _show_engine_logs() -> None:
+    from rich.text import Text
+
+    from reprokit import enginelog
+    from reprokit.console import err
+
+    def echo(label: str, text: str) -> None:
+        err.print(f"[dim]engine log: {label}[/]")
+        err.print(Text(text, style="dim"))
+
+    enginelog.set_echo(echo)
+
+
+def _engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
+    """The engines' own messages of this run go to OUT/engine.log (reprokit/enginelog.py)."""
+    from reprokit import enginelog
+
+    enginelog.set_log(os.path.join(out_dir, "engine.log") if out_dir else None, fresh=fresh)
 
 
 @cli.command()
@@ -192,6 +216,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
     parse_target(target)  # a bad spec is a usage error before any work
     if out_dir:
         _ensure_out_dir(out_dir)
+    _engine_log(out_dir)
     import tempfile
 
     scratch = tempfile.TemporaryDirectory(prefix="reprokit-torch-")  # --torch without -o: the export's folder
@@ -315,6 +340,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     _ensure_out_dir(out_dir)  # so does a file where the output directory should be
     model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
     torch_info = _torch_info(exported, options, out_dir, as_json)
+    _engine_log(out_dir, fresh=resume is None)
     start = time.monotonic()
 
     def progress(text):
@@ -444,6 +470,7 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
 
     options = make_run_options(kw)
     _ensure_out_dir(out_dir)
+    _engine_log(out_dir)
     model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
     _torch_info(exported, options, out_dir, as_json)
     result = run_audit(model, target, out_dir, options=options, sweep=not no_sweep, explain_inputs=not no_explain,
@@ -598,6 +625,9 @@ def main(argv=None) -> None:
     except ReprokitError as exc:
         if _DEBUG:
             traceback.print_exc()
+        from reprokit.dims import say_in_error
+
+        say_in_error(exc)  # sizes reprokit chose for dynamic dims are named in every outcome
         _fail(exc.message, exc.hint, exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))

@@ -65,15 +65,19 @@ def parse_val_ranges(values: tuple[str, ...] | list[str]) -> dict[str | None, tu
     return ranges
 
 
-def resolved_shape(info: InputInfo, shapes: dict[str, tuple[int, ...]], notes: list[str]) -> tuple[int, ...]:
+def resolved_shape(info: InputInfo, shapes: dict[str, tuple[int, ...]], notes: list[str],
+                   hints: dict[str, str] | None = None) -> tuple[int, ...]:
+    """The shape to feed: given, static, or with its dynamic dims chosen (reprokit.dims) and said
+    in ``notes``. ``hints``: the model's metadata (``dims.metadata_hints``)."""
     if info.name in shapes:
         return shapes[info.name]
     if info.is_static:
         return tuple(int(d) for d in info.shape)
-    dims = tuple(d if isinstance(d, int) and d > 0 else 1 for d in info.shape)
-    notes.append(f"input {info.name!r} has dynamic dims {list(info.shape)}; using {list(dims)} "
-                 f"(set them with --input-shapes {info.name}:{'x'.join(map(str, dims))})")
-    return dims
+    from reprokit.dims import choose
+
+    guess = choose(info.name, tuple(info.shape), hints)
+    notes.append(guess.note())
+    return guess.dims
 
 
 def random_feeds(
@@ -82,6 +86,7 @@ def random_feeds(
     seed: int = 0,
     shapes: dict[str, tuple[int, ...]] | None = None,
     val_ranges: dict[str | None, tuple[float, float]] | None = None,
+    hints: dict[str, str] | None = None,
 ) -> Feeds:
     """Seeded random data per dtype: floats uniform in [lo, hi) (default [0, 1)), ints in
     [lo, hi] (default [0, 1]... wide enough to index nothing out of range), bools fair coins."""
@@ -100,7 +105,7 @@ def random_feeds(
                              "not a tensor: reprokit makes random feeds for tensors only",
                              hint="pass --inputs: an ONNX test_data_set_N folder, or an .npz with one member per "
                                   f"element ({info.name}[0], {info.name}[1], …)")
-        shape = resolved_shape(info, shapes, notes)
+        shape = resolved_shape(info, shapes, notes, hints)
         lo, hi = val_ranges.get(info.name, val_ranges.get(None, DEFAULT_RANGE))
         kind = info.dtype.kind
         if kind == "b":

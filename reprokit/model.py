@@ -366,19 +366,25 @@ def fold_constants(model):
 
     if external_locations(model):
         return model
+    from reprokit.enginelog import captured
+
     ir_version, opsets = model.ir_version, list(model.opset_import)
+    # gs folds with onnxruntime in this process: its log lines and gs's own go to the run's log
+    # (reprokit.enginelog), never to the console. Warnings about the folding's own constant
+    # subgraphs say nothing about the user's engine: errors only.
     try:
         import onnxruntime
 
-        onnxruntime.set_default_logger_severity(3)  # gs folds in this process: no shape-merge warnings
+        onnxruntime.set_default_logger_severity(3)
     except Exception:
         pass
     try:
-        named = onnx.ModelProto.FromString(model.SerializeToString())
-        name_unnamed_nodes(named)
-        graph = gs.import_onnx(named)
-        graph.fold_constants(error_ok=True).cleanup().toposort()
-        folded = gs.export_onnx(graph, do_type_check=False)
+        with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
+            named = onnx.ModelProto.FromString(model.SerializeToString())
+            name_unnamed_nodes(named)
+            graph = gs.import_onnx(named)
+            graph.fold_constants(error_ok=True).cleanup().toposort()
+            folded = gs.export_onnx(graph, do_type_check=False)
     except Exception:  # folding is an optimization: keep the model as it was
         return model
     folded.ir_version = ir_version

@@ -67,6 +67,9 @@ class RunOptions:
 
 def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
     """Load and validate the model, freeze shapes if asked, make or load the feeds."""
+    from reprokit import dims
+
+    dims.forget()  # the sizes chosen for this model, named by any error that follows
     model = load_model(model_path, load_weights=False)
     file_nodes = len(model.graph.node)
     notes: list[str] = []
@@ -80,7 +83,7 @@ def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
         feeds = load_feeds(options.inputs, infos, sample=options.sample)
     else:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
-                             val_ranges=options.val_ranges)
+                             val_ranges=options.val_ranges, hints=dims.metadata_hints(model))
     if options.input_shapes:  # folded only where the folded model computes the same (one check)
         model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
     notes.extend(feeds.notes)

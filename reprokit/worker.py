@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit import enginelog
+
 _STDERR_TAIL = 4000
 _RUNNING: set = set()  # live engine processes, so an interrupt can kill them from any thread
 _RUNNING_LOCK = threading.Lock()
@@ -142,6 +144,10 @@ def run_in_worker(
         finally:
             with _RUNNING_LOCK:
                 _RUNNING.discard(proc)
+            # The engine's own lines (onnxruntime, OpenVINO, polygraphy) go to the run's log,
+            # never to the console (reprokit.enginelog).
+            enginelog.record_file(f"{spec} on {os.path.basename(model_path)} ({os.path.basename(job_dir)})",
+                                  stderr_path)
     seconds = time.monotonic() - start
     result_path = os.path.join(job_dir, "result.json")
     if code != 0 or not os.path.exists(result_path):

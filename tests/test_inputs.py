@@ -206,13 +206,13 @@ def test_val_range_for_unknown_input():
     assert info.value.message == "--val-range names 'nope', which is not an input of the model"
 
 
-def test_dynamic_dims_get_1_and_a_note(model_file):
+def test_dynamic_dims_get_sizes_by_name_and_a_note(model_file):
     infos = input_infos(load_model(model_file("dynamic_relu")))
     feeds = random_feeds(infos)
-    assert feeds.arrays["x"].shape == (1, 3, 1, 1)
+    assert feeds.arrays["x"].shape == (1, 3, 224, 224)
     assert feeds.notes == [
-        "input 'x' has dynamic dims ['N', 3, 'H', 'W']; using [1, 3, 1, 1] "
-        "(set them with --input-shapes x:1x3x1x1)"
+        "input 'x' has dynamic dims ['N', 3, 'H', 'W']; reprokit chose 1x3x224x224 (N=1, H=224, W=224: by "
+        "the dims' names); give the sizes your model takes with --input-shapes x:1x3x224x224"
     ]
     assert random_feeds(infos, shapes={"x": (2, 3, 4, 5)}).arrays["x"].shape == (2, 3, 4, 5)
 

@@ -24,7 +24,9 @@ def make_session(model_path: str, *, optimize: bool = False, providers=None, thr
         if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
-    options.log_severity_level = 3
+    # Warnings too (an optimizer that cannot apply a rewrite): this runs in a worker process whose
+    # output is the run's engine log, never the console (reprokit.enginelog).
+    options.log_severity_level = 2
     if threads:
         options.intra_op_num_threads = threads
     if weights_dir:
