@@ -15,7 +15,15 @@ Scenarios (models and checkers from ``bench/planted.py``):
 - a Conv→Clip fusion failure that vanishes when the Conv output is marked, in the 69-node CNN sample,
   once with a message naming the two nodes and once with a check that only fails;
 - a TensorRT-parser-like message naming a Unique node in a 120-node chain;
-- OpenVINO refusing a Det node in a 120-node chain (a real engine; the check is bench/oracle_check.py).
+- OpenVINO refusing a Det node in a 120-node chain (a real engine; the check is bench/oracle_check.py);
+- polygraphy's options, each tool with its own spelling: a custom return code (``--fail-code 5``),
+  a failure that exits 0 and says so (two ``--fail-regex``), ``--no-reduce-inputs``,
+  ``--no-reduce-outputs``, float64 feeds for a float32 model, a check that always fails;
+- a 50% flaky check, 10 runs of each tool: how often each ends with success (exit 0).
+
+reprokit replays a ``cmd`` check by default (the original once, the result twice: flakiness is
+caught, see README "How shrink works"); the column "reprokit --replays 0" is the search alone, for
+a check known to be deterministic.
 
 Writes ``bench/results/passfail.{md,json}``.
 """
@@ -56,6 +64,10 @@ def scenarios(work: str) -> list[dict]:
     det = planted.save(*planted.with_named_op("Det"), work, "det120")
     conv_clip = (os.path.join(ROOT, "samples", "conv_clip.onnx"), os.path.join(ROOT, "samples", "conv_clip.inputs.npz"))
     out = []
+    import numpy as np
+
+    f64 = os.path.join(work, "reducable.f64.npz")
+    np.savez(f64, X0=np.array([1.1]), Y0=np.array([2.0]))
     for nodes, expect in [([1], [1]), ([3], [3]), ([5], [5]), ([7], [7]), ([9], [9]), ([1, 3], [1, 3]),
                           ([7, 9], [7, 9])]:
         out.append({"name": f"reducable fail {nodes}", "model": red, "expect": [N(i) for i in expect],
@@ -76,7 +88,47 @@ def scenarios(work: str) -> list[dict]:
     out.append({"name": "OpenVINO refuses Det (120 nodes)", "model": det, "expect": ["suspect"], "golden": golden,
                 "check": [sys.executable, os.path.join(BENCH, "oracle_check.py"), "{model}", golden, "{inputs}",
                           "--target", "openvino:f32"], "polygraphy_inputs": det[1]})
+    fail = [sys.executable, checker, "{model}", "--fail-node"]
+    out += [
+        {"name": "custom return code 5, node 5", "model": red, "expect": [N(5)],
+         "check": [*fail, N(5), "--default-return-code", "5"], "flags": ["--fail-code", "5"],
+         "polygraphy_flags": ["--fail-code", "5"]},
+        {"name": "fails by exit 0 + message, node 7", "model": red, "expect": [N(7)],
+         "check": [*fail, N(7), "--default-return-code", "0"],
+         "flags": ["--fail-regex", "REALLY BAD", "--fail-regex", "FOUND A BAD NODE"],
+         "polygraphy_flags": ["--fail-regex", "REALLY BAD", "FOUND A BAD NODE"]},
+        {"name": "--no-reduce-inputs, node 5", "model": red, "expect": [N(1), N(3), N(5)],
+         "check": [*fail, N(5)], "flags": ["--no-reduce-inputs"], "polygraphy_flags": ["--no-reduce-inputs"]},
+        {"name": "--no-reduce-outputs, node 7", "model": red, "expect": [N(7), N(9)],
+         "check": [*fail, N(7)], "flags": ["--no-reduce-outputs"], "polygraphy_flags": ["--no-reduce-outputs"]},
+        {"name": "float64 feeds, node 3", "model": (red[0], f64), "expect": [N(3)], "check": [*fail, N(3)]},
+        {"name": "check always fails (with_constant)", "model": const, "expect": "one node",
+         "check": [sys.executable, checker, "{model}"]},
+    ]
     return out
+
+
+FLAKY_CHECK = """import random, sys
+if random.random() < 0.5:
+    print("FLAKY FAILURE")
+    sys.exit(1)
+"""
+
+
+def flaky_runs(root: str, runs: int) -> dict:
+    """A check that fails half the time whatever the model: how often does each tool end in success?"""
+    checker = planted.write_checker(root, "flaky_check.py", FLAKY_CHECK)
+    red = planted.save(*planted.reducable(), root, "flaky_reducable")
+    case = {"model": red, "check": [sys.executable, checker, "{model}"]}
+    found = {"runs": runs}
+    for tool, run in (("reprokit", run_reprokit), ("polygraphy", run_polygraphy)):
+        codes = []
+        for attempt in range(runs):
+            work = os.path.join(root, f"flaky-{tool}-{attempt}")
+            os.makedirs(work)
+            codes.append(run(case, work)["rc"])
+        found[tool] = {"exit_0": codes.count(0), "codes": codes}
+    return found
 
 
 def _calls(log: str) -> tuple[int, int]:
@@ -91,12 +143,15 @@ def _names(path: str) -> list[str]:
     return sorted(n.name for n in onnx.load(path, load_external_data=False).graph.node)
 
 
-def run_reprokit(case: dict, work: str) -> dict:
+def run_reprokit(case: dict, work: str, *extra: str) -> dict:
+    import shlex
+
     log = os.path.join(work, "calls.log")
     open(log, "w").close()
-    command = " ".join([*COUNT, log, *case["check"]])
+    command = shlex.join([*COUNT, log, *case["check"]])
     out = os.path.join(work, "out")
-    cmd = [REPROKIT, "shrink", case["model"][0], "--target", f"cmd:{command}", "-o", out, "--no-pack", "--json"]
+    cmd = [REPROKIT, "shrink", case["model"][0], "--target", f"cmd:{command}", "-o", out, "--no-pack", "--json",
+           *case.get("flags", []), *extra]
     if os.path.exists(case["model"][1]):
         cmd += ["--inputs", case["model"][1]]
     started = time.monotonic()
@@ -123,10 +178,11 @@ def run_polygraphy(case: dict, work: str) -> dict:
         import numpy as np
         from polygraphy.json import save_json
 
+
         with np.load(case["model"][1]) as data:
             save_json([{k: np.array(data[k]) for k in data.files}], os.path.join(work, "inputs.json"))
         cmd += ["--load-inputs", "inputs.json"]
-    cmd += ["--check", *COUNT, log, *check]
+    cmd += [*case.get("polygraphy_flags", []), "--check", *COUNT, log, *check]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     row = {"tool": "polygraphy", "rc": proc.returncode, "wall_s": time.monotonic() - started}
@@ -159,6 +215,7 @@ def _golden(case: dict, work: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("--flaky-runs", type=int, default=10, help="runs of each tool on the flaky check (0: skip)")
     args = parser.parse_args(argv)
     root = tempfile.mkdtemp(prefix="bench-passfail-")
     results = []
@@ -170,7 +227,8 @@ def main(argv=None) -> int:
             if case.get("golden"):
                 _golden(case, root)
             res = {"name": case["name"], "expect": case["expect"]}
-            for tool, run in (("reprokit", run_reprokit), ("polygraphy", run_polygraphy)):
+            for tool, run in (("reprokit", run_reprokit), ("polygraphy", run_polygraphy),
+                              ("reprokit_replays0", lambda c, w: run_reprokit(c, w, "--replays", "0"))):
                 work = os.path.join(root, f"{number}-{tool}")
                 os.makedirs(work)
                 res[tool] = run(case, work)
@@ -178,16 +236,17 @@ def main(argv=None) -> int:
                   f"polygraphy {res['polygraphy'].get('calls')} calls → {res['polygraphy'].get('nodes')}",
                   file=sys.stderr, flush=True)
             results.append(res)
+        flaky = flaky_runs(root, args.flaky_runs) if args.flaky_runs and not args.only else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    text = render(results, time.monotonic() - started)
+    text = render(results, time.monotonic() - started, flaky)
     print(text)
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
     stem = "passfail.partial" if args.only else "passfail"
     with open(os.path.join(BENCH, "results", stem + ".md"), "w") as handle:
         handle.write(text + "\n")
     with open(os.path.join(BENCH, "results", stem + ".json"), "w") as handle:
-        json.dump(results, handle, indent=1)
+        json.dump({"scenarios": results, "flaky": flaky}, handle, indent=1)
     return 0
 
 
@@ -196,27 +255,44 @@ def _cell(row: dict, expect) -> str:
         return f"error: {row['error']}".replace("|", "/")
     nodes = row["nodes"]
     short = [n.replace("onnx_graphsurgeon_node_", "node ") for n in nodes]
-    mark = "" if expect is None else (" ✔" if sorted(nodes) == sorted(expect) else " ✘")
+    if expect == "one node":
+        mark = " ✔" if len(nodes) == 1 else " ✘"
+    else:
+        mark = "" if expect is None else (" ✔" if sorted(nodes) == sorted(expect) else " ✘")
     return (", ".join(short) if len(short) <= 5 else f"{len(short)} nodes") + mark
 
 
-def render(results: list[dict], wall: float) -> str:
-    header = ["scenario", "expected", "reprokit calls", "polygraphy calls", "reprokit nodes built",
-              "polygraphy nodes built", "reprokit result", "polygraphy result", "reprokit 1-minimal"]
+def _expected(expect) -> str:
+    if expect is None:
+        return "a Conv→Clip pair"
+    if isinstance(expect, str):
+        return expect
+    return ", ".join(n.replace("onnx_graphsurgeon_node_", "node ") for n in expect)
+
+
+def render(results: list[dict], wall: float, flaky: dict | None = None) -> str:
+    header = ["scenario", "expected", "reprokit calls", "reprokit --replays 0 calls", "polygraphy calls",
+              "reprokit nodes built", "polygraphy nodes built", "reprokit result", "reprokit --replays 0 result",
+              "polygraphy result", "reprokit 1-minimal"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for res in results:
-        rk, pg = res["reprokit"], res["polygraphy"]
-        expect = ", ".join(n.replace("onnx_graphsurgeon_node_", "node ") for n in res["expect"]) if res["expect"] else "a Conv→Clip pair"
-        lines.append("| " + " | ".join([res["name"], expect, str(rk["calls"]), str(pg["calls"]), str(rk["nodes_built"]),
-                                        str(pg["nodes_built"]), _cell(rk, res["expect"]), _cell(pg, res["expect"]),
+        rk, r0, pg = res["reprokit"], res["reprokit_replays0"], res["polygraphy"]
+        lines.append("| " + " | ".join([res["name"], _expected(res["expect"]), str(rk["calls"]), str(r0["calls"]),
+                                        str(pg["calls"]), str(rk["nodes_built"]), str(pg["nodes_built"]),
+                                        _cell(rk, res["expect"]), _cell(r0, res["expect"]), _cell(pg, res["expect"]),
                                         "yes" if rk.get("one_minimal") else "no"]) + " |")
-    rk_calls = sum(r["reprokit"]["calls"] for r in results)
-    pg_calls = sum(r["polygraphy"]["calls"] for r in results)
-    rk_built = sum(r["reprokit"]["nodes_built"] for r in results)
-    pg_built = sum(r["polygraphy"]["nodes_built"] for r in results)
-    lines.append(f"| **total** | | {rk_calls} | {pg_calls} | {rk_built} | {pg_built} | "
-                 f"calls {rk_calls / max(1, pg_calls):.2f}×, nodes built {rk_built / max(1, pg_built):.2f}× | | |")
+    total = {tool: (sum(r[tool]["calls"] for r in results), sum(r[tool]["nodes_built"] for r in results))
+             for tool in ("reprokit", "reprokit_replays0", "polygraphy")}
+    (rk_calls, rk_built), (r0_calls, _), (pg_calls, pg_built) = total.values()
+    lines.append(f"| **total** | | {rk_calls} | {r0_calls} | {pg_calls} | {rk_built} | {pg_built} | "
+                 f"calls {rk_calls / max(1, pg_calls):.2f}× ({r0_calls / max(1, pg_calls):.2f}× with --replays 0), "
+                 f"nodes built {rk_built / max(1, pg_built):.2f}× | | | |")
     lines += ["", f"Check calls and nodes built counted by bench/count_check.py for both tools; {wall:.0f} s in all."]
+    if flaky:
+        lines += ["", f"A check that fails half the time whatever the model, {flaky['runs']} runs of each tool: "
+                      f"reprokit ended in success (exit 0) {flaky['reprokit']['exit_0']} times (exit codes "
+                      f"{flaky['reprokit']['codes']}), polygraphy {flaky['polygraphy']['exit_0']} times "
+                      f"(exit codes {flaky['polygraphy']['codes']})."]
     return "\n".join(lines)
 
 

@@ -46,7 +46,7 @@ def open_control_flow(model, values: Callable[[object, list[str]], dict]) -> lis
     notes: list[str] = []
     current = model
     for _ in range(MAX_ROUNDS):
-        wanted = _decisions_needed(current)
+        wanted = decisions(current)
         if not wanted:
             break
         known = values(current, sorted({t for node_index, tensors in wanted for t in tensors}))
@@ -55,27 +55,35 @@ def open_control_flow(model, values: Callable[[object, list[str]], dict]) -> lis
         changed = False
         # back to front: positions before the one rewritten stay valid
         for node_index, tensors in sorted(wanted, reverse=True):
-            node = opened.graph.node[node_index]
-            if any(t not in known for t in tensors):
-                continue
-            if node.op_type == "If":
-                taken = "then_branch" if bool(np.asarray(known[tensors[0]]).reshape(-1)[0]) else "else_branch"
-                label = node.name or "an If"
-                _inline_if(opened, node_index, taken)
-                notes.append(f"{label}: inlined its {taken.replace('_', ' ')} (the branch these feeds take)")
+            note = open_node(opened, node_index, known, tensors)
+            if note:
+                notes.append(note)
                 changed = True
-            elif node.op_type == "Loop":
-                trips = _trip_count(node, known, tensors)
-                if trips is not None and trips <= MAX_UNROLL:
-                    label = node.name or "a Loop"
-                    _unroll_loop(opened, node_index, trips)
-                    notes.append(f"{label}: unrolled its {trips} iterations (as these feeds run it)")
-                    changed = True
         if not changed:
             break
         current = opened
         levels.append((current, list(notes)))
     return levels
+
+
+def open_node(model, node_index: int, known: dict, tensors: list[str]) -> str | None:
+    """Open node ``node_index`` of ``model`` in place (inline an If's taken branch, unroll a small
+    Loop) with the deciding ``tensors``' values from ``known``; the note, or None if it stays."""
+    node = model.graph.node[node_index]
+    if any(t not in known for t in tensors):
+        return None
+    if node.op_type == "If":
+        taken = "then_branch" if bool(np.asarray(known[tensors[0]]).reshape(-1)[0]) else "else_branch"
+        label = node.name or "an If"
+        _inline_if(model, node_index, taken)
+        return f"{label}: inlined its {taken.replace('_', ' ')} (the branch these feeds take)"
+    if node.op_type == "Loop":
+        trips = _trip_count(node, known, tensors)
+        if trips is not None and trips <= MAX_UNROLL:
+            label = node.name or "a Loop"
+            _unroll_loop(model, node_index, trips)
+            return f"{label}: unrolled its {trips} iterations (as these feeds run it)"
+    return None
 
 
 def _bodies(node):
@@ -85,8 +93,8 @@ def _bodies(node):
             yield attr.g
 
 
-def _decisions_needed(model) -> list[tuple[int, list[str]]]:
-    """Top-level If/Loop nodes and the tensors whose values decide how they run."""
+def decisions(model) -> list[tuple[int, list[str]]]:
+    """Top-level If/Loop nodes that could open, and the tensors whose values decide how they run."""
     wanted = []
     for index, node in enumerate(model.graph.node):
         if node.op_type == "If":

@@ -52,6 +52,44 @@ def reprokit_built(step: str, run_reference, oracle, given_path: str, feeds: dic
             hint="a reprokit bug, not your model: please report it with the output of --debug") from exc
 
 
+MAX_SINGLE_OPENINGS = 12  # target calls spent opening If/Loop nodes one at a time
+
+
+def _open_one_by_one(run, store, shows) -> None:
+    """Past the deepest level that keeps the divergence, open the still-closed If/Loop nodes one
+    at a time, keeping each opening that still shows it (the If an engine needs stays closed,
+    the others open): at most MAX_SINGLE_OPENINGS target calls."""
+    import onnx
+
+    from reprokit.controlflow import decisions, open_node
+
+    current, refused, calls, opened = run.model, set(), 0, []
+    while calls < MAX_SINGLE_OPENINGS:
+        for node_index, tensors in decisions(current):
+            node = current.graph.node[node_index]
+            key = (node.op_type, node.name, tuple(node.output))
+            if key in refused:
+                continue
+            candidate = onnx.ModelProto()
+            candidate.CopyFrom(current)
+            note = open_node(candidate, node_index, {t: store.get(t) for t in tensors if t in store}, tensors)
+            refused.add(key)
+            if note is None or not all(o in store for n in candidate.graph.node for o in n.output if o):
+                continue  # a name the capture does not hold: leave this one closed
+            calls += 1
+            if shows(candidate, f"opened_single_{calls}.onnx"):
+                current = candidate
+                opened.append(note)
+                break  # positions moved: look again
+            if calls >= MAX_SINGLE_OPENINGS:
+                break
+        else:
+            break
+    if opened:
+        run.model, run.index = current, GraphIndex.build(current)
+        run.prepared.notes.append("then opened one by one: " + "; ".join(opened))
+
+
 def keep_opening(run, store, graph_outputs: dict, verdict):
     """Which model the reduction works on, when the model has control flow: the deepest opening
     that still shows the original's signature (the fully opened one first, then a binary search
@@ -89,6 +127,7 @@ def keep_opening(run, store, graph_outputs: dict, verdict):
             high = middle
     if low >= 0:
         use(low, f"control flow opened {low + 1} of {deepest + 1} levels (deeper, the divergence goes): ")
+        _open_one_by_one(run, store, shows)
         return None
     flat, flat_index = run.levels[deepest][0], GraphIndex.build(run.levels[deepest][0])
     cond = if_wrapper(run.given)

@@ -106,7 +106,9 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     check_reference_finite(graph_outputs, run.oracle.reference)
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     verdict = confirm(run, graph_outputs, original_replays)
+    confirmed_calls = run.oracle.stats.target
     wrap = keep_opening(run, store, graph_outputs, verdict)
+    opening_calls = run.oracle.stats.target - confirmed_calls
     signature = verdict.signature
     # A build error needs no run: engines that can stop after building (TensorRT) do so.
     run.oracle.build_only = signature.kind is Kind.BUILD_ERROR
@@ -128,8 +130,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.pack_bytes = limits.capture_chunk_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
-    max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) if limits.max_calls == -1
-                 else limits.max_calls)
+    max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) + opening_calls
+                 if limits.max_calls == -1 else limits.max_calls)
     earlier = _earlier_calls(out_dir) if resume else 0
     writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
                          earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings,
@@ -151,6 +153,10 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
             note = (f"stopped at the call budget ({max_calls} target calls, --max-calls); the model is the "
                     "smallest found so far. `--resume` with a larger --max-calls (0: no limit) continues")
             run.event(note)
+        if reducer.contradictions and minimal_replays:
+            # groups that failed with no member failing alone: a flaky check, or members that
+            # fail only together; either way the result earns two more runs before "done"
+            minimal_replays += 2
         return _finish(run, reducer, writer, store, minimal_replays, note)
     except BaseException as exc:
         reducer.close(interrupted=True)

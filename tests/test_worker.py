@@ -177,7 +177,7 @@ def _exits(code: int, said: str = "") -> str:
 @pytest.mark.parametrize("code, said, options, kind, detail", [
     # polygraphy's --check rules, one row each
     (2, "", {}, "build-error", "check command exit code 2"),
-    (2, "", {"fail_codes": (3,)}, "build-error", "exit code 2 is not a --fail-code (3)"),
+    (2, "", {"fail_codes": (3,)}, "build-error", "a different finding (exit code N is not a --fail-code (N))"),
     (3, "", {"fail_codes": (3,)}, "build-error", "check command exit code 3"),
     (0, "bad", {"fail_codes": (0,)}, "build-error", "check command exit code 0"),
     (4, "", {"ignore_fail_codes": (4,)}, "agree", ""),
@@ -187,11 +187,15 @@ def _exits(code: int, said: str = "") -> str:
      "check failed matching /REALLY BAD/ | /FOUND A BAD NODE/"),
     (0, "all good", {"fail_regex": ("REALLY BAD",)}, "agree", ""),
     (1, "REALLY BAD", {"fail_regex": ("REALLY BAD",), "fail_codes": (2,)}, "build-error",
-     "exit code 1 is not a --fail-code (2)"),
+     "a different finding (exit code N is not a --fail-code (N)): REALLY BAD"),
 ])
 def test_check_policy_decides_as_polygraphy_check_does(log_model, code, said, options, kind, detail):
     v = check(log_model, _exits(code, said), options=RunOptions(**options)).verdict
-    assert (v.signature.kind.value, v.signature.detail) == (kind, detail)
+    assert v.signature.kind.value == kind
+    if "a different finding" in detail:  # not the failure: its own (masked) words are its signature
+        assert detail in v.signature.detail, v.signature.detail
+    else:
+        assert v.signature.detail == detail
 
 
 def test_fail_code_on_another_target_is_a_usage_error(log_model):

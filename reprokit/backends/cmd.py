@@ -170,9 +170,9 @@ class CmdBackend(Backend):
                 how = f" matching {self.policy.label()}" if match is not None else ""
                 said = match if match is not None else last_line(tail)
                 raise BuildError(f"check command failed (exit code {code}){how}: {said}\n{tail}", detail=detail)
-            if verdict == OTHER:
+            if verdict == OTHER:  # its own words are its signature: two such failures, two findings
                 raise BuildError(f"check command exited {code}, a different finding ({detail}): "
-                                 f"{last_line(tail)}\n{tail}", detail=detail)
+                                 f"{last_line(tail)}\n{tail}")
             outputs = {}
             if os.path.exists(outputs_path):
                 try:

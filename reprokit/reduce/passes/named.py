@@ -63,10 +63,10 @@ def run(reducer, message: str) -> bool:
 
 def _with_context(reducer, node: int) -> bool:
     """The named node fails only with what feeds it (an unknown rank or type made upstream: an
-    If whose branches differ, a dynamic input): its ancestors within 1, 2, 4, 8 hops, one call
+    If whose branches differ, a dynamic input): its ancestors within 1, 2, 4 … 32 hops, one call
     each, until one reproduces or the cone stops growing."""
     cone, depth, tried = frozenset([node]), 0, 0
-    while depth < 8 and len(cone) < len(reducer.best):
+    while depth < 32 and len(cone) < len(reducer.best):
         depth = max(1, depth * 2)
         grown = _ancestors(reducer, node, depth)
         if grown == cone:
