@@ -36,8 +36,10 @@ def run_options(func):
     options = [
         click.option("--reference", default="ort", show_default=True, help="Reference target spec."),
         click.option("--inputs", "inputs", default=None, metavar="PATH",
-                     help="Feeds: .npz, polygraphy JSON, or an ONNX test_data_set folder."),
-        click.option("--sample", default=0, show_default=True, help="Which sample of a multi-sample JSON."),
+                     help="Feeds: .npz (NAME@N members: sample N), polygraphy JSON (a list: several samples), an "
+                          "ONNX test_data_set folder, or a folder of test_data_set_N folders."),
+        click.option("--sample", default=None, type=click.IntRange(0), metavar="N",
+                     help="Use sample N of a multi-sample --inputs only (default: check and shrink judge every sample)."),
         click.option("--seed", default=0, show_default=True, help="Seed for random feeds."),
         click.option("--input-shapes", multiple=True, metavar="NAME:DIMS",
                      help="Freeze dynamic dims, e.g. x:1x3x320x320 (repeatable)."),
@@ -250,6 +252,8 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
             "layerwise": result.layerwise.to_json(top) if result.layerwise else None,
             "torch": columns.to_json() if columns else None,
         }
+        if result.samples:  # a multi-sample --inputs: each sample's verdict (exit 1 if any diverges)
+            payload["samples"] = [s.to_json() for s in result.samples]
         click.echo(json.dumps(payload, indent=2))
     else:
         print_check(result, model, top)
@@ -300,6 +304,8 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
               help="Keep the model's own inputs: remove nodes only from the end (polygraphy's flag).")
 @click.option("--no-reduce-outputs", is_flag=True,
               help="Keep the model's own outputs: remove nodes only from the start (polygraphy's flag).")
+@click.option("--no-shrink-shapes", is_flag=True,
+              help="Keep the minimal model's input shapes (by default they are halved while the signature holds).")
 @click.option("--no-pack", is_flag=True, help="Do not write the report archive OUT/report.tar.gz.")
 @click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default="tar.gz", show_default=True,
               help="Report archive format.")
@@ -313,7 +319,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
            no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
-           no_pack, fmt, redact, with_audit, with_overlay, as_json, **kw):
+           no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
@@ -357,7 +363,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
                                   resume=resume is not None, localize_first=not no_localize, on_event=progress,
                                   limits=limits, pack_candidates=not one_by_one,
                                   search_accumulated=search_accumulated, accept_milder=accept_milder,
-                                  keep_inputs=no_reduce_inputs, keep_outputs=no_reduce_outputs)
+                                  keep_inputs=no_reduce_inputs, keep_outputs=no_reduce_outputs,
+                                  shrink_shapes=not no_shrink_shapes)
     except KeyboardInterrupt:
         keep = [a for p in ctx.command.params if p.name in _SHRINK_ONLY and _given(ctx, p.name)
                 for a in _as_args(p, ctx.params[p.name])]
@@ -528,7 +535,7 @@ def _run_args(**kw):
 # shrink options that shape how the search runs, not what it judges: kept in the resume hint.
 _SHRINK_ONLY = ("jobs", "replays", "max_activation_disk", "max_calls", "capture_chunk", "no_localize",
                 "one_by_one", "accept_milder", "search_accumulated", "no_reduce_inputs", "no_reduce_outputs",
-                "no_pack", "fmt", "redact", "with_audit")
+                "no_shrink_shapes", "no_pack", "fmt", "redact", "with_audit")
 
 
 def _given(ctx, name: str) -> bool:

@@ -31,6 +31,7 @@ from reprokit.runstate import (  # noqa: F401  (option_args, saved_run, resume_h
     resume_hint,
     saved_run,
 )
+from reprokit.samples import choose_sample, judge_minimal, sample_calls, samples_summary
 from reprokit.session import RunOptions, make_oracle, prepare
 from reprokit.shrink_output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
 from reprokit.spec import parse_target
@@ -70,6 +71,9 @@ def default_replays(target: str) -> tuple[int, int]:
     return 1, 2 if engine == "cmd" else 1
 
 
+SHAPE_CALLS = 3  # what the auto budget adds for shape shrinking: two halving rounds and the result alone
+
+
 def auto_call_budget(nodes: int, replays: int = 0) -> int:
     """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for each
     end), plus what reprokit spends on its promises: the confirming call, the final judgement of
@@ -90,12 +94,13 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
            jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
            on_event=None, limits: Limits | None = None, pack_candidates: bool = True,
            search_accumulated: bool = False, accept_milder: bool = False, keep_inputs: bool = False,
-           keep_outputs: bool = False) -> ShrinkResult:
+           keep_outputs: bool = False, shrink_shapes: bool = True) -> ShrinkResult:
     """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``.
     The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish."""
     options = options or RunOptions()
     limits = limits or Limits()
     run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None))
+    run.shrink_shapes = shrink_shapes
     store = reprokit_built(
         "capturing reference activations (every tensor marked as an output)",
         lambda: _capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
@@ -130,16 +135,19 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.pack_bytes = limits.capture_chunk_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
+    samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) + opening_calls
+                 + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0)
                  if limits.max_calls == -1 else limits.max_calls)
     earlier = _earlier_calls(out_dir) if resume else 0
     writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
                          earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings,
                          given_nodes=count_nodes(run.given.graph) if run.levels else None)
     run.prepared.notes.extend(f"warning: {w}" for w in verdict.warnings)  # a degenerate reference
+    writer.samples = samples_summary(run.prepared)
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
-        reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays)
+        reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays - samples_reserved)
     try:
         outcome = pipeline.reduce(reducer, pipeline.Plan(localize=localize_first, pack=pack_candidates,
                                                          search_accumulated=search_accumulated),
@@ -190,6 +198,7 @@ class _Run:
     started: float
     given: object = None  # the model as given (run.model may have its control flow opened)
     levels: list = field(default_factory=list)  # (model, notes) per level of opened control flow
+    shrink_shapes: bool = True  # halve the result's input shapes while the signature holds
 
     @property
     def feeds(self) -> dict:
@@ -220,7 +229,7 @@ def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
     target = _with_timing_cache(target, state_dir)
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
     check_target_nodes(model_path, target)
-    prepared = prepare(model_path, options, state_dir)
+    prepared = prepare(model_path, options, state_dir, every_sample=True)
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume)
     # Every model file of this run lives in models/; external weights stay where they are and
     # every engine call is told so (oracle.weights_dir): candidates never copy them.
@@ -232,6 +241,7 @@ def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
         # fp32-nodes may name an unnamed node by its OP_INDEX in the user's file; a candidate
         # is another file with other positions, so every node carries its label from here on.
         name_unnamed_nodes(model)
+    choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
     given = model
     levels = open_levels(model, oracle, prepared.feeds.arrays, models_dir, event, prepared.path)
     if levels:  # capture on the deepest opening: it holds every tensor of the shallower ones
@@ -277,17 +287,47 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
             if len(tried) > 1:
                 note = (note + "; " if note else "") + ("smaller results did not reproduce alone: "
                                                           + " | ".join(tried[:-1]))
-            writer.write(reducer, "done", final_verdict=verdicts[0], minimal_model=final.model,
-                         feeds=final.feeds, reference=reference, note=note)
+            model, feeds, verdict = final.model, final.feeds, verdicts[0]
+            writer.samples = judge_minimal(run, reducer, nodes, final, verdict)  # on the other failing samples
+            shrunk = _shrink_shapes(run, reducer, writer, final, reference) if run.shrink_shapes else None
+            if shrunk is not None:
+                model, feeds, reference, verdict = shrunk["model"], shrunk["feeds"], shrunk["reference"], shrunk["verdict"]
+                writer.shapes = shrunk["report"]
+            writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
+                         reference=reference, note=note)
             notes = run.prepared.notes + ([note] if note else [])
             return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"),
-                                verdicts[0], notes)
+                                verdict, notes)
     writer.write(reducer, "not-reproduced", final_verdict=verdicts[0],
                  note="the minimal model does not reproduce alone: " + " | ".join(tried))
     raise NotReproduced(
         f"the reduced model does not show {reducer.signature.describe()} when judged alone ({tried[0]})",
         hint="the target is flaky or the divergence needs more context; rerun with --replays 2, or "
              f"look at {run.out_dir}/summary.json (steps, other_findings)")
+
+
+def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:
+    """The node-minimal model's inputs halved axis by axis while the signature holds, within
+    what is left of the call budget (reduce/shapes.py)."""
+    from reprokit.reduce.shapes import MIN_ELEMENTS, ShapeJudge, elements, shrink_shapes
+
+    if elements(final.feeds) <= MIN_ELEMENTS:
+        return None
+    left = None
+    if writer.max_calls:
+        left = writer.max_calls - writer.earlier_calls - run.oracle.stats.target
+        if left <= 1:
+            run.prepared.notes.append("shapes not shrunk: the call budget is spent (--max-calls)")
+            return None
+    reducer.begin("shapes")
+    calls_before = run.oracle.stats.target
+    judge = ShapeJudge(run.oracle, reducer.signature, reducer.severity, run.models_dir,
+                       packed=reducer.packing == "numeric", calls_left=left)
+    try:
+        return shrink_shapes(judge, final.model, final.feeds, list(reference), run.event)
+    finally:
+        made = run.oracle.stats.target - calls_before
+        reducer.stats["shapes"].calls += made
 
 
 def _accumulated(run: _Run, reducer, writer, verdict) -> ShrinkResult:

@@ -47,6 +47,8 @@ class _BestWriter:
     file_nodes: int | None = None
     warnings: list = field(default_factory=list)  # the original's degenerate reference outputs
     given_nodes: int | None = None  # the model as given, nodes inside If/Loop bodies counted
+    shapes: dict | None = None  # what shape shrinking did (input elements before/after, steps)
+    samples: list | None = None  # per input sample: diverged originally, reproduces on the minimal
     summary: dict = field(default_factory=dict)
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
@@ -146,7 +148,10 @@ class _BestWriter:
             "other_findings": reducer.findings,
             "rerun": rerun_command(self.model_path, self.target, self.options),
             "warnings": self.warnings,
+            "shapes": self.shapes,
         }
+        if self.samples is not None:
+            summary["samples"] = self.samples
         if note:
             summary["note"] = note
         if final_verdict is not None:
@@ -166,13 +171,13 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
     context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
                "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
                "original_model": summary["model"], "original_signature": summary["signature"],
-               "reference_warnings": summary.get("warnings", [])}
+               "reference_warnings": summary.get("warnings", []), "samples": summary.get("samples")}
     if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
         context.update(audit.issue_context())
     if summary.get("torch"):  # --torch: the archive records the export settings
         context["torch"] = summary["torch"]
     packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
-                  options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
+                  options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"), sample=None,
                                   input_shapes={}, val_ranges={}),
                   fmt=fmt, redact=redact, context=context, on_event=on_event,
                   audit_dir=audit.out_dir if audit is not None else None)

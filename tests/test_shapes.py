@@ -1,0 +1,65 @@
+"""Shape shrinking: after the node reduction, the minimal model's inputs are halved axis by axis
+while the signature holds; axes the graph does not let shrink (a per-channel weight) stay."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+
+def channel_scale_model() -> onnx.ModelProto:
+    """x[1,8,32,32] → Relu → Mul(w[1,8,1,1] = 1e5 per channel) → Neg → y: the Mul overflows fp16
+    everywhere; the channel axis cannot shrink (w broadcasts over exactly 8 channels)."""
+    w = numpy_helper.from_array(np.full((1, 8, 1, 1), 1e5, np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         helper.make_node("Mul", ["r", "w"], ["m"], name="scale"),
+         helper.make_node("Neg", ["m"], ["y"], name="neg")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.fixture(scope="module")
+def model_and_feeds(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shapes")
+    onnx.save(channel_scale_model(), str(folder / "m.onnx"))
+    np.savez(folder / "x.npz", x=np.random.default_rng(0).uniform(0.5, 1.0, (1, 8, 32, 32)).astype(np.float32))
+    return folder
+
+
+def _shrink(folder, out, *extra):
+    proc = run_cli("shrink", str(folder / "m.onnx"), "--target", "emulate:fp16", "--inputs", str(folder / "x.npz"),
+                   "-o", str(out), "--no-pack", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_minimal_models_inputs_shrink_while_the_signature_holds(model_and_feeds, tmp_path):
+    summary = _shrink(model_and_feeds, tmp_path / "out")
+    assert summary["minimal"]["ops"] == ["Mul"]
+    assert summary["signature"]["kind"] == "nonfinite"
+    shapes = summary["shapes"]
+    assert shapes["input_elements_after"] * 16 <= shapes["input_elements_before"], shapes
+    (cut,) = summary["minimal"]["inputs"]
+    assert cut["shape"][1] == 8, "the channel axis is pinned by the per-channel weight"
+    assert summary["calls"]["target"] <= summary["budget"]["max_calls"]
+    # the last word: the minimal model, as written, still shows the signature on its own inputs
+    check = run_cli("check", str(tmp_path / "out" / "minimal.onnx"), "--target", "emulate:fp16",
+                    "--inputs", str(tmp_path / "out" / "inputs.npz"))
+    assert check.returncode == 1 and "nonfinite" in check.stdout.lower() + check.stderr.lower()
+    with np.load(tmp_path / "out" / "inputs.npz") as data:
+        assert data[cut["name"]].size == shapes["input_elements_after"]
+
+
+@pytest.mark.slow
+def test_no_shrink_shapes_keeps_the_cut_shapes(model_and_feeds, tmp_path):
+    summary = _shrink(model_and_feeds, tmp_path / "out", "--no-shrink-shapes")
+    assert summary["shapes"] is None
+    assert summary["minimal"]["inputs"][0]["shape"] == [1, 8, 32, 32]
