@@ -55,7 +55,17 @@ def print_check(result, model_path: str, top: int = 10) -> None:
         out.print(f"  [yellow]note[/]       {note}")
     for warning in verdict.warnings:
         out.print(f"  [bold yellow]warning[/]    {escape(warning)}")
-    if verdict.diverges:
+    samples = getattr(result, "samples", None)
+    if samples:  # a multi-sample --inputs: one line per sample, the numbers below are the first diverging
+        for sample in samples:
+            style = "red" if sample.verdict.diverges else "green"
+            out.print(f"  [{style}]{escape(sample.line())}[/]")
+        failing = [s.index for s in samples if s.verdict.diverges]
+        verdict_words = (f"{len(failing)} of {len(samples)} samples diverge" if failing
+                         else f"every one of {len(samples)} samples agrees")
+        out.print(f"[bold red]DIVERGES[/] ({verdict_words}; sample {failing[0]} shown): {verdict.signature.describe()}"
+                  if failing else f"[bold green]AGREES[/] ({verdict_words}): every output within tolerance")
+    elif verdict.diverges:
         out.print(f"[bold red]DIVERGES[/]: {verdict.signature.describe()}")
     else:
         out.print("[bold green]AGREES[/]: every output within tolerance")

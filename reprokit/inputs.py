@@ -117,20 +117,94 @@ def random_feeds(
     return Feeds(arrays, f"random (seed {seed})", notes)
 
 
-def load_feeds(path: str, infos: list[InputInfo], *, sample: int = 0) -> Feeds:
-    """Load feeds from .npz, polygraphy JSON or a test_data_set folder and validate them."""
+def load_feeds(path: str, infos: list[InputInfo], *, sample: int | None = 0) -> Feeds:
+    """Load feeds from .npz, polygraphy JSON or a test_data_set folder and validate them: one
+    sample, ``sample`` (None: the first) of a source that holds several (a note says so)."""
+    samples = _read_samples(path, infos)
+    index = 0 if sample is None else sample
+    if not 0 <= index < len(samples):
+        raise UsageError(f"--sample {index} is out of range: {path} has {len(samples)} "
+                         f"sample{'s' if len(samples) != 1 else ''}",
+                         hint=f"use --sample 0..{len(samples) - 1}")
+    notes = [f"{path} has {len(samples)} samples; using sample {index} (--sample N picks another)"] \
+        if len(samples) > 1 else []
+    return _checked(samples[index], infos, path, notes, index if len(samples) > 1 else None)
+
+
+def load_samples(path: str, infos: list[InputInfo]) -> list[Feeds]:
+    """Every sample of ``path``, each loaded and validated like :func:`load_feeds`: a polygraphy
+    JSON list, a folder of ``test_data_set_N`` folders, an .npz whose members ``name@N`` give
+    sample N (members without ``@N`` are shared by every sample). One sample for anything else."""
+    samples = _read_samples(path, infos)
+    if len(samples) == 1:
+        return [_checked(samples[0], infos, path, [], None)]
+    return [_checked(arrays, infos, f"{path} sample {k}", [], k) for k, arrays in enumerate(samples)]
+
+
+def _checked(arrays: dict, infos: list[InputInfo], source: str, notes: list[str], index: int | None) -> Feeds:
+    try:
+        notes.extend(cast_feeds(arrays, infos))
+        validate_feeds(arrays, infos)
+    except InputError as exc:
+        if index is not None:  # say which sample is wrong
+            exc.message = f"sample {index}: {exc.message}"
+            exc.args = (exc.message,)
+        raise
+    return Feeds(arrays, source, notes)
+
+
+def _read_samples(path: str, infos: list[InputInfo]) -> list[dict]:
+    """The raw samples of an inputs file or folder, in order (at least one)."""
     if not os.path.exists(path):
         raise InputError(f"inputs file not found: {path}", hint="check the path given to --inputs")
-    notes: list[str] = []
     if os.path.isdir(path):
-        arrays = _load_test_data_set(path, infos)
-    elif path.endswith(".json"):
-        arrays = _load_polygraphy_json(path, sample, notes)
-    else:
-        arrays = _group_sequences(_load_npz(path), infos)
-    notes.extend(cast_feeds(arrays, infos))
-    validate_feeds(arrays, infos)
-    return Feeds(arrays, path, notes)
+        sets = _test_data_sets(path)
+        return [_load_test_data_set(folder, infos) for folder in sets] if sets else [_load_test_data_set(path, infos)]
+    if path.endswith(".json"):
+        return _load_polygraphy_json(path)
+    return [_group_sequences(arrays, infos) for arrays in _split_samples(_load_npz(path), infos, path)]
+
+
+def _test_data_sets(path: str) -> list[str]:
+    """The ``test_data_set_N`` folders inside ``path`` (an ONNX model folder), by N; none when
+    ``path`` holds ``input_*.pb`` files itself (it is one data set)."""
+    if glob.glob(os.path.join(path, "input_*.pb")):
+        return []
+    found = [(int(m.group(1)), os.path.join(path, name)) for name in os.listdir(path)
+             if (m := re.fullmatch(r"test_data_set_(\d+)", name)) and os.path.isdir(os.path.join(path, name))]
+    return [folder for _, folder in sorted(found)]
+
+
+SAMPLE_AXIS = re.compile(r"(.+)@(\d+)")  # an .npz member "x@2": input x of sample 2
+
+
+def _split_samples(arrays: dict, infos: list[InputInfo], path: str) -> list[dict]:
+    """An .npz's sample axis: ``x@0``, ``x@1`` … are input ``x`` of samples 0, 1 …; a member
+    without ``@N`` (or named exactly like an input) is the same in every sample."""
+    names = {i.name for i in infos}
+    shared, indexed = {}, {}
+    for key, value in arrays.items():
+        match = SAMPLE_AXIS.fullmatch(key)
+        if match and key not in names:
+            indexed.setdefault(int(match.group(2)), {})[match.group(1)] = value
+        else:
+            shared[key] = value
+    if not indexed:
+        return [shared]
+    count = max(indexed) + 1
+    everyone = set().union(*indexed.values())
+    for k in range(count):
+        missing = sorted(everyone - set(indexed.get(k, {})))
+        if missing:
+            raise InputError(f"{path}: sample {k} lacks {', '.join(f'{n}@{k}' for n in missing)} (the samples are "
+                             f"numbered 0..{count - 1} by the members' @N)",
+                             hint="give every sample each input as NAME@N, N counting 0, 1, 2 …; a member without @N "
+                                  "is shared by every sample")
+    both = sorted(everyone & set(shared))
+    if both:
+        raise InputError(f"{path} has both {both[0]} and {both[0]}@N",
+                         hint=f"keep {both[0]} (shared by every sample) or {both[0]}@0, {both[0]}@1 … (one per sample)")
+    return [{**shared, **indexed[k]} for k in range(count)]
 
 
 def cast_feeds(arrays: dict, infos: list[InputInfo]) -> list[str]:
@@ -185,7 +259,7 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
                          hint="save the feeds with np.savez(path, name=array, ...)") from exc
 
 
-def _load_polygraphy_json(path: str, sample: int, notes: list[str]) -> dict[str, np.ndarray]:
+def _load_polygraphy_json(path: str) -> list[dict]:
     from polygraphy.json import load_json
 
     try:
@@ -197,12 +271,7 @@ def _load_polygraphy_json(path: str, sample: int, notes: list[str]) -> dict[str,
         data = [data]
     if not isinstance(data, list) or not data or not all(isinstance(d, dict) for d in data):
         raise InputError(f"{path} is JSON but not a list of feed dicts", hint="use --save-inputs output")
-    if not 0 <= sample < len(data):
-        raise UsageError(f"--sample {sample} is out of range: {path} has {len(data)} samples",
-                         hint=f"use --sample 0..{len(data) - 1}")
-    if len(data) > 1:
-        notes.append(f"{path} has {len(data)} samples; using sample {sample} (--sample N picks another)")
-    return {k: np.asarray(v) for k, v in data[sample].items()}
+    return [{k: np.asarray(v) for k, v in sample.items()} for sample in data]
 
 
 def _load_test_data_set(path: str, infos: list[InputInfo]) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from reprokit.checkpolicy import CheckPolicy
 from reprokit.compare import Criterion
 from reprokit.errors import InputError, UsageError
 from reprokit.folding import fold_prepared
-from reprokit.inputs import Feeds, load_feeds, random_feeds
+from reprokit.inputs import Feeds, load_feeds, load_samples, random_feeds
 from reprokit.model import (
     InputInfo,
     check_target_nodes,
@@ -38,6 +38,8 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     base_dir: str = ""  # where the model's external data files are (weights are not loaded)
     file_nodes: int = 0  # nodes in the user's file, before --input-shapes folded any constants
+    samples: list[Feeds] = field(default_factory=list)  # every sample, when --inputs holds several
+    sample_verdicts: list = field(default_factory=list)  # reprokit.samples.SampleVerdict per sample
 
 
 @dataclass
@@ -54,7 +56,7 @@ class RunOptions:
     fail_codes: tuple = ()
     ignore_fail_codes: tuple = ()
     inputs: str | None = None
-    sample: int = 0
+    sample: int | None = None  # None: every sample of a multi-sample --inputs (check, shrink)
     seed: int = 0
     input_shapes: dict = field(default_factory=dict)
     val_ranges: dict = field(default_factory=dict)
@@ -65,8 +67,10 @@ class RunOptions:
         return CheckPolicy(regexes, tuple(self.fail_codes), tuple(self.ignore_fail_codes))
 
 
-def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
-    """Load and validate the model, freeze shapes if asked, make or load the feeds."""
+def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample: bool = False) -> Prepared:
+    """Load and validate the model, freeze shapes if asked, make or load the feeds.
+    ``every_sample``: a multi-sample --inputs without --sample gives ``samples`` (feeds: the
+    first), for callers that judge each one (reprokit/samples.py)."""
     from reprokit import dims
 
     dims.forget()  # the sizes chosen for this model, named by any error that follows
@@ -79,7 +83,12 @@ def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
         model = freeze_input_shapes(model, options.input_shapes, fold=False)
         path = save_model(model, os.path.join(workdir, "prepared.onnx"))
     infos = input_infos(model)
-    if options.inputs:
+    samples: list[Feeds] = []
+    if options.inputs and every_sample and options.sample is None:
+        samples = load_samples(options.inputs, infos)
+        feeds = samples[0]
+        samples = samples if len(samples) > 1 else []
+    elif options.inputs:
         feeds = load_feeds(options.inputs, infos, sample=options.sample)
     else:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
@@ -87,7 +96,7 @@ def prepare(model_path: str, options: RunOptions, workdir: str) -> Prepared:
     if options.input_shapes:  # folded only where the folded model computes the same (one check)
         model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
     notes.extend(feeds.notes)
-    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes)
+    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
 
 
 def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None) -> Oracle:
@@ -124,6 +133,7 @@ class CheckResult:
     layerwise: object | None = None  # reprokit.layerwise.LayerwiseReport
     marking_changes_engine: bool = False
     target_log: str = ""  # the engine's own messages (worker output tail)
+    samples: list = field(default_factory=list)  # SampleVerdict per sample of a multi-sample --inputs
 
 
 def _refuse_empty_comparison(verdict: Verdict, target: str) -> None:
@@ -150,13 +160,30 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         workdir = own_tmp.name
     oracle = make_oracle(target, options, os.path.join(workdir, "calls"))
     check_target_nodes(os.fspath(model), target)
-    prepared = prepare(os.fspath(model), options, workdir)
+    prepared = prepare(os.fspath(model), options, workdir, every_sample=True)
     oracle.weights_dir = prepared.base_dir
-    reference = oracle.run_reference(prepared.path, prepared.feeds.arrays)
-    check_reference_finite(reference.outputs, oracle.reference)
-    result = oracle.run_target(prepared.path, prepared.feeds.arrays)
-    verdict = oracle.verdict_from(result, reference.outputs)
-    _refuse_empty_comparison(verdict, target)
+    runs = []
+    for feeds in prepared.samples or [prepared.feeds]:  # a multi-sample --inputs: each sample judged
+        reference = oracle.run_reference(prepared.path, feeds.arrays)
+        check_reference_finite(reference.outputs, oracle.reference)
+        result = oracle.run_target(prepared.path, feeds.arrays)
+        verdict = oracle.verdict_from(result, reference.outputs)
+        _refuse_empty_comparison(verdict, target)
+        runs.append((feeds, reference, result, verdict))
+    shown = next((k for k, run in enumerate(runs) if run[3].diverges), 0)  # the numbers shown
+    for k, run in enumerate(runs):
+        if k != shown:
+            run[1].discard()
+            run[2].discard()
+    feeds, reference, result, verdict = runs[shown]
+    samples = []
+    if prepared.samples:
+        from reprokit.samples import SampleVerdict
+
+        samples = [SampleVerdict(k, run[3]) for k, run in enumerate(runs)]
+        prepared.feeds, prepared.sample_verdicts = feeds, samples
+        prepared.notes.append(f"{options.inputs} has {len(runs)} samples: each is judged (--sample N picks one); "
+                              f"the numbers below are sample {shown}'s")
     marking = marking_changes_engine(target)
     report = None
     if layerwise:
@@ -164,6 +191,6 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
 
         report = run_layerwise(oracle, prepared, os.path.join(workdir, "layerwise"))
     out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking,
-                      target_log=f"{result.message}\n{result.log}".strip())
+                      target_log=f"{result.message}\n{result.log}".strip(), samples=samples)
     out._tmp = own_tmp  # keep memory-mapped outputs alive as long as the result
     return out
