@@ -120,7 +120,7 @@ def _kind_words(signature) -> str:
 def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
     from dataclasses import replace
 
-    return replace(options, inputs=inputs, input_shapes={}, val_ranges={})
+    return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={})  # one sample now
 
 
 def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes) -> bool:

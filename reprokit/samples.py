@@ -113,14 +113,16 @@ def judge_minimal(run, reducer, nodes, final, judged_verdict) -> list[dict] | No
         return None
     reduced = _reduced_index(prepared)
     signature = reducer.signature
+    # judged on the node-minimal model: shape shrinking (reduce/shapes.py) crops around the
+    # reduced sample's worst elements, which another sample need not share
     found = {reduced: {"reproduces": bool(judged_verdict.diverges and signature.same_bug(judged_verdict.signature)),
-                       "minimal_worst": SampleVerdict(reduced, judged_verdict).worst()}}
+                       "minimal_worst": SampleVerdict(reduced, judged_verdict).worst(), "judged_on": "node-minimal"}}
     others = [s.index for s in prepared.sample_verdicts if s.verdict.diverges and s.index != reduced]
     if others:
         reducer.begin("samples")
     for index in others:
         calls = run.oracle.stats.target
-        found[index] = _judge_on_sample(run, reducer, nodes, final, index)
+        found[index] = {**_judge_on_sample(run, reducer, nodes, final, index), "judged_on": "node-minimal"}
         reducer.stats["samples"].calls += run.oracle.stats.target - calls
         reducer.stats["samples"].candidates += 1
         run.event(f"sample {index}: the minimal model "
