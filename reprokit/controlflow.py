@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from reprokit.names import FreshNames, graph_names
+from reprokit.subgraph import bodies, rename_outer_refs
 
 MAX_ROUNDS = 8  # nested control flow opens one level per round
 MAX_UNROLL = 16  # a Loop with more iterations stays a Loop
@@ -26,7 +27,7 @@ def count_nodes(graph) -> int:
     total = 0
     for node in graph.node:
         total += 1
-        for body in _bodies(node):
+        for body in bodies(node):
             total += count_nodes(body)
     return total
 
@@ -86,13 +87,6 @@ def open_node(model, node_index: int, known: dict, tensors: list[str]) -> str | 
     return None
 
 
-def _bodies(node):
-    for attr in node.attribute:
-        yield from attr.graphs
-        if attr.HasField("g"):
-            yield attr.g
-
-
 def decisions(model) -> list[tuple[int, list[str]]]:
     """Top-level If/Loop nodes that could open, and the tensors whose values decide how they run."""
     wanted = []
@@ -106,7 +100,7 @@ def decisions(model) -> list[tuple[int, list[str]]]:
 
 
 def _scan_outputs(node) -> list[str]:
-    body = next(iter(_bodies(node)))
+    body = next(iter(bodies(node)))
     carried = len(node.input) - 2
     return list(node.output[carried:]) if len(body.output) - 1 > carried else []
 
@@ -121,7 +115,7 @@ def _trip_count(node, known: dict, tensors: list[str]) -> int | None:
     if cond_name:
         if not bool(np.asarray(known[cond_name]).reshape(-1)[0]):
             return 0
-        body = next(iter(_bodies(node)))
+        body = next(iter(bodies(node)))
         if body.output[0].name != body.input[1].name:
             return None  # the body computes its own condition: the trip count is not M
     return max(0, trips)
@@ -137,7 +131,7 @@ def _pool_without(model, index: int) -> FreshNames:
         names.update(node.input)
         names.update(node.output)
         if position != index:
-            for body in _bodies(node):
+            for body in bodies(node):
                 names |= graph_names(body)
     names.discard("")
     return FreshNames(names)
@@ -161,8 +155,8 @@ def _copy_body(body, pool: FreshNames, mapping: dict[str, str], prefix: str) -> 
         copy.output[:] = [mapping.get(o, o) if o else o for o in copy.output]
         if copy.name:
             copy.name = pool.fresh(f"{prefix}{copy.name}" if prefix else copy.name)
-        for inner in _bodies(copy):
-            _rename_outer_refs(inner, mapping, set())
+        for inner in bodies(copy):
+            rename_outer_refs(inner, mapping, set())
         nodes.append(copy)
     inits = []
     for init in body.initializer:
@@ -171,20 +165,6 @@ def _copy_body(body, pool: FreshNames, mapping: dict[str, str], prefix: str) -> 
         copy.name = mapping[init.name]
         inits.append(copy)
     return nodes, inits
-
-
-def _rename_outer_refs(body, mapping: dict[str, str], shadow: set[str]) -> None:
-    """Inside a nested body, references to renamed outer names follow the rename."""
-    local = set(shadow) | {i.name for i in body.input} | {t.name for t in body.initializer}
-    for node in body.node:
-        local.update(o for o in node.output if o)
-    for node in body.node:
-        node.input[:] = [i if (not i or i in local) else mapping.get(i, i) for i in node.input]
-        for inner in _bodies(node):
-            _rename_outer_refs(inner, mapping, local)
-    for out in body.output:
-        if out.name not in local and out.name in mapping:
-            out.name = mapping[out.name]
 
 
 def _bind_outputs(nodes: list, results: list[str], targets: list[str], pool: FreshNames, label: str) -> list:
@@ -200,8 +180,8 @@ def _bind_outputs(nodes: list, results: list[str], targets: list[str], pool: Fre
     for node in nodes:
         node.input[:] = [rename.get(i, i) for i in node.input]
         node.output[:] = [rename.get(o, o) for o in node.output]
-        for inner in _bodies(node):
-            _rename_outer_refs(inner, rename, set())
+        for inner in bodies(node):
+            rename_outer_refs(inner, rename, set())
     extra = []
     for result, target in zip(results, targets):
         if target and result not in rename:
@@ -226,7 +206,7 @@ def _unroll_loop(model, index: int, trips: int) -> None:
     from onnx import helper, numpy_helper
 
     node = model.graph.node[index]
-    body = next(iter(_bodies(node)))
+    body = next(iter(bodies(node)))
     pool = _pool_without(model, index)
     label = node.name or "Loop"
     carried = list(node.input[2:])
@@ -295,8 +275,8 @@ def wrap_in_if(extraction, cond_name: str, cond_value):
         moved.CopyFrom(node)
         moved.input[:] = [rename.get(i, i) for i in moved.input]
         moved.output[:] = [rename.get(o, o) for o in moved.output]
-        for inner in _bodies(moved):
-            _rename_outer_refs(inner, rename, set())
+        for inner in bodies(moved):
+            rename_outer_refs(inner, rename, set())
         body.node.append(moved)
     body.initializer.extend(sub.graph.initializer)
     for out in sub.graph.output:

@@ -87,6 +87,29 @@ class GraphIndex:
         return seen
 
 
+def bodies(node):
+    """The subgraph bodies of ``node`` (If branches, Loop/Scan bodies)."""
+    for attr in node.attribute:
+        yield from attr.graphs
+        if attr.HasField("g"):
+            yield attr.g
+
+
+def rename_outer_refs(body, mapping: dict[str, str], shadow: set[str]) -> None:
+    """Inside a subgraph body, rename references to outer names; names the body (or a body
+    around it) defines itself shadow the outer ones and stay."""
+    local = set(shadow) | {i.name for i in body.input} | {t.name for t in body.initializer}
+    for node in body.node:
+        local.update(o for o in node.output if o)
+    for node in body.node:
+        node.input[:] = [i if (not i or i in local) else mapping.get(i, i) for i in node.input]
+        for inner in bodies(node):
+            rename_outer_refs(inner, mapping, local)
+    for out in body.output:
+        if out.name not in local and out.name in mapping:
+            out.name = mapping[out.name]
+
+
 def outer_scope_names(node) -> set[str]:
     """Names a node's subgraph bodies read from the enclosing graph."""
     names: set[str] = set()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.names import FreshNames
+from reprokit.subgraph import bodies, rename_outer_refs
 
 
 @dataclass
@@ -43,15 +44,8 @@ def feed_bytes(extraction) -> int:
     return int(sum(np.asarray(v).nbytes for v in extraction.feeds.values()))
 
 
-def subgraphs_of(node):
-    for attr in node.attribute:
-        yield from attr.graphs
-        if attr.HasField("g"):
-            yield attr.g
-
-
 def has_subgraphs(model) -> bool:
-    return any(True for node in model.graph.node for _ in subgraphs_of(node))
+    return any(True for node in model.graph.node for _ in bodies(node))
 
 
 def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: bool = False) -> Pack:
@@ -87,8 +81,8 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
             copy.output[:] = [mapping.get(o, o) for o in copy.output]
             if not keep_node_names and not same_node_names and copy.name:
                 copy.name = f"rk{number}/{copy.name}"
-            for body in subgraphs_of(copy):
-                _rename_outer_refs(body, mapping, set())
+            for body in bodies(copy):
+                rename_outer_refs(body, mapping, set())
             graph.node.append(copy)
         for init in sub.initializer:
             copy = onnx.TensorProto()
@@ -122,18 +116,3 @@ def _names(graph) -> set[str]:
         names.update(n for n in node.input if n)
         names.update(n for n in node.output if n)
     return names
-
-
-def _rename_outer_refs(body, mapping: dict[str, str], shadow: set[str]) -> None:
-    """Inside a subgraph body, rename references to outer names; names the body (or a body
-    around it) defines itself shadow the outer ones and stay."""
-    local = set(shadow) | {i.name for i in body.input} | {t.name for t in body.initializer}
-    for node in body.node:
-        local.update(o for o in node.output if o)
-    for node in body.node:
-        node.input[:] = [i if (not i or i in local) else mapping.get(i, i) for i in node.input]
-        for inner in subgraphs_of(node):
-            _rename_outer_refs(inner, mapping, local)
-    for out in body.output:
-        if out.name not in local and out.name in mapping:
-            out.name = mapping[out.name]
