@@ -247,6 +247,12 @@ def shrink_shapes(judge: ShapeJudge, model, feeds: dict, outputs: list, on_event
     if judged is None or not judge.holds(judged[0]):
         return None  # the last word is a single model: a packed "holds" is not enough
     verdict, reference = judged
+    for output in current.model.graph.output:  # the written model declares its outputs' shapes again
+        if output.name in reference and output.type.HasField("tensor_type"):
+            shape = output.type.tensor_type.shape
+            shape.ClearField("dim")
+            for size in np.asarray(reference[output.name]).shape:
+                shape.dim.add().dim_value = int(size)
     return {"model": current.model, "feeds": current.feeds, "reference": reference, "verdict": verdict,
             "report": {"input_elements_before": before, "input_elements_after": elements(current.feeds),
                        "steps": steps, "calls": judge.calls}}
