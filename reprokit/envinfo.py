@@ -1,5 +1,6 @@
 """Environment fingerprint for reports: TensorRT, GPU, driver, CUDA, cuDNN, OS, container,
-Python and package versions, CPU model. Tolerant of missing pieces: each is recorded as
+Python and package versions, CPU model, the onnxruntime build (CPU or GPU package, the CUDA/cuDNN
+it was built for, its provider libraries). Tolerant of missing pieces: each is recorded as
 missing, never a failure. Package versions come from installed metadata, so no engine is
 imported.
 """
@@ -10,6 +11,7 @@ import getpass
 import importlib.metadata as metadata
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -89,6 +91,41 @@ def tensorrt_version() -> dict:
     return {"distribution": None, "version": MISSING}
 
 
+def onnxruntime_build() -> dict:
+    """package, version and (GPU builds) the CUDA/cuDNN versions onnxruntime was built for, read
+    from its ``capi/build_and_package_info.py`` as text, and the provider libraries it ships
+    (``cuda``, ``tensorrt``): nothing is imported. Empty without onnxruntime."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("onnxruntime")
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin:
+        return {}
+    path = os.path.join(os.path.dirname(found.origin), "capi", "build_and_package_info.py")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return {}
+    keys = {"package_name": "package", "__version__": "version", "cuda_version": "cuda_version",
+            "cudnn_version": "cudnn_version"}
+    info = {}
+    for key, name in keys.items():
+        match = re.search(rf"^{re.escape(key)}\s*=\s*['\"]([^'\"]*)['\"]", text, re.MULTILINE)
+        if match:
+            info[name] = match.group(1)
+    try:
+        libraries = os.listdir(os.path.dirname(path))
+    except OSError:
+        libraries = []
+    prefix = "libonnxruntime_providers_"
+    info["provider_libraries"] = sorted(n[len(prefix):].split(".")[0] for n in libraries
+                                        if n.startswith(prefix) and not n.startswith(prefix + "shared"))
+    return info
+
+
 def fingerprint() -> dict:
     """Everything a bug report's Environment section needs. Never raises."""
     gpu = gpu_info()
@@ -101,6 +138,8 @@ def fingerprint() -> dict:
         "cuda_runtime": _version("nvidia-cuda-runtime-cu12") or _version("nvidia-cuda-runtime-cu13")
         or _version("nvidia-cuda-runtime"),
         "cudnn": _version("nvidia-cudnn-cu12") or _version("nvidia-cudnn-cu13"),
+        "cublas": _version("nvidia-cublas-cu12") or _version("nvidia-cublas"),
+        "onnxruntime_build": onnxruntime_build() or MISSING,
         "os": f"{platform.system()} {platform.release()}",
         "os_release": _os_release(),
         "kernel": platform.version(),

@@ -136,14 +136,17 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
     bins = _write_inputs_for_tools(stage, feeds)
     spec, bundled, needed = _bundle_check_files(stage, spec)
-    if spec.engine == "trt" and (spec.has("fp16") or spec.has("bf16")):
+    converted_by_reprokit = spec.engine == "trt" or (spec.engine == "ort" and spec.has("cuda"))
+    if converted_by_reprokit and (spec.has("fp16") or spec.has("bf16")):
         from reprokit.convert import convert_float_model
+        from reprokit.model import inline_external_data, name_unnamed_nodes
 
         narrow = "fp16" if spec.has("fp16") else "bf16"
-        from reprokit.model import inline_external_data
-
+        keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
         inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
-        save_model(convert_float_model(inline, narrow), os.path.join(stage, f"model.{narrow}.onnx"))
+        if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
+            name_unnamed_nodes(inline)
+        save_model(convert_float_model(inline, narrow, keep), os.path.join(stage, f"model.{narrow}.onnx"))
     with open(os.path.join(stage, "verdict.json"), "w") as handle:
         json.dump({**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
                    "redaction": redaction}, handle, indent=2, default=str)
@@ -212,7 +215,7 @@ def _bundle_check_files(stage: str, spec):
     from reprokit.spec import TargetSpec
 
     # Not parse_target: the rewritten paths exist in the archive, not in this directory.
-    return TargetSpec(engine="cmd", command=_shell_join(argv)), bundled, needed
+    return TargetSpec(engine="cmd", options=spec.options, command=_shell_join(argv)), bundled, needed
 
 
 def _small_text_file(path: str) -> bool:

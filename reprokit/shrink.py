@@ -65,8 +65,9 @@ def default_replays(target: str) -> tuple[int, int]:
     deterministic engine; for others the original once (a flaky target is caught before any
     reduction) and the result once, twice for a check command (a result is "done" only after
     three runs of it failed alike: judged alone, then replayed)."""
-    engine = parse_target(target).engine
-    if backend_class(engine).deterministic:
+    spec = parse_target(target)
+    engine = spec.engine
+    if backend_class(engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
         return 0, 0
     return 1, 2 if engine == "cmd" else 1
 

@@ -7,6 +7,7 @@ imports nothing of reprokit, so backends → spec → registry has no circle).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from reprokit.backends.registry import backend_class, engine_names
@@ -40,8 +41,9 @@ class TargetSpec:
         return any(key == name for key, _ in self.options)
 
     def __str__(self) -> str:
-        if self.command is not None:
-            return f"{self.engine}:{self.command}"
+        if self.command is not None:  # cmd[:precision=P]:COMMAND
+            parts = [f"{k}={v}" for k, v in self.options]
+            return ":".join([self.engine, *parts, self.command])
         if not self.options:
             return self.engine
         parts = [k if v is True else f"{k}={v}" for k, v in self.options]
@@ -71,7 +73,8 @@ def parse_target(text: str) -> TargetSpec:
                 "the cmd engine needs a command: cmd:COMMAND",
                 hint="e.g. --target 'cmd:python my_check.py {model} {inputs}'",
             )
-        spec = TargetSpec(engine="cmd", command=rest.strip())
+        options, command = _cmd_options(cls, rest.strip())
+        spec = TargetSpec(engine="cmd", options=options, command=command)
         cls.validate(spec)
         return spec
     options: list[tuple[str, object]] = []
@@ -104,6 +107,29 @@ def parse_target(text: str) -> TargetSpec:
     spec = TargetSpec(engine=engine, options=tuple(options))
     cls.validate(spec)
     return spec
+
+
+# ``cmd:precision=fp16:COMMAND``: options of a check command sit between ``cmd:`` and the
+# command, ``key=value`` each followed by a colon. A command cannot start like that: it runs
+# without a shell, and no program is called ``precision=fp16:python``.
+_CMD_OPTION = re.compile(r"([a-z][a-z0-9-]*)=([^:\s]*):")
+
+
+def _cmd_options(cls, rest: str) -> tuple[tuple[tuple[str, object], ...], str]:
+    options: list[tuple[str, object]] = []
+    while match := _CMD_OPTION.match(rest):
+        key, value = match.group(1), match.group(2)
+        doc = cls.OPTIONS.get(key)
+        if doc is None:
+            break  # not an option of cmd: part of the command
+        if not value:
+            raise UsageError(f"option {key!r} of 'cmd' needs a value: cmd:{key}=...:COMMAND", hint=doc.help)
+        options.append((key, value))
+        rest = rest[match.end():].lstrip()
+    if not rest:
+        raise UsageError("the cmd engine needs a command after its options",
+                         hint="e.g. --target 'cmd:precision=fp16:python my_check.py {model} {inputs} {outputs}'")
+    return tuple(options), rest
 
 
 def marking_changes_engine(target: str) -> bool:

@@ -109,6 +109,33 @@ def openvino_bf16_missing() -> str | None:
     return None
 
 
+@functools.cache
+def cuda_missing() -> str | None:
+    """None when onnxruntime's CUDA provider loads and a GPU is there; otherwise why not."""
+    import onnxruntime
+
+    from reprokit.backends.ort_cuda import CUDA, cuda_library_error
+    from reprokit.envinfo import gpu_info
+
+    why = "no CUDA provider: onnxruntime-gpu and a GPU needed"
+    if CUDA not in onnxruntime.get_available_providers():
+        return f"{why} (onnxruntime {onnxruntime.__version__} here is a CPU build)"
+    missing = cuda_library_error()
+    if missing:
+        return f"{why} (the CUDA provider cannot load: {missing})"
+    if not gpu_info()["gpus"]:
+        return f"{why} (nvidia-smi lists no GPU)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run real CUDA kernels: here they skip, saying what is missing."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and cuda_missing():
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=cuda_missing()))
+
+
 @pytest.fixture
 def ov_bf16():
     reason = openvino_bf16_missing()

@@ -73,7 +73,7 @@ def test_unknown_option_lists_the_valid_ones():
             "option 'fp32-nodes' of 'emulate' needs a value: fp32-nodes=...",
         ),
         ("openvino:bf16,f32", "openvino takes one precision: bf16, f16 or f32"),
-        ("ort:fp16", "ort:fp16 needs the trt provider"),
+        ("ort:fp16", "ort:fp16 needs a GPU provider"),
         ("cmd:", "the cmd engine needs a command: cmd:COMMAND"),
         ("cmd:   ", "the cmd engine needs a command: cmd:COMMAND"),
     ],

@@ -74,10 +74,12 @@ def plan(target: str, candidates: list[list[str]], layernorm: tuple[bool, str], 
     settings: list[Setting] = []
     narrow = next((p for p in _NARROW if spec.has(p)), None)
     engine = spec.engine
+    # ort:cuda converts the model as strongly typed TensorRT does, and has TF32: the GPU settings
+    gpu = engine == "trt" or (engine == "ort" and spec.has("cuda"))
     if engine == "cmd":
         return [Setting("all", "every setting", 0, None, reason="a cmd target has no settings reprokit can vary")]
     # 1. suspected nodes in fp32
-    if engine in ("emulate", "trt") and narrow:
+    if (engine == "emulate" or gpu) and narrow:
         usable = [c for c in candidates if c and not any(("," in n or ";" in n) for n in c)]
         for nodes in usable:
             settings.append(Setting("fp32-nodes", f"keep {len(nodes)} node{'s' if len(nodes) > 1 else ''} in fp32: "
@@ -95,7 +97,8 @@ def plan(target: str, candidates: list[list[str]], layernorm: tuple[bool, str], 
                             target if available else None, model="layernorm", reason=words))
     # 3. static versus dynamic batch
     if engine != "trt":
-        settings.append(Setting("batch", "static versus dynamic batch profile", 3, None, reason=CPU_BATCH))
+        reason = CPU_BATCH if not gpu else "onnxruntime's CUDA provider has no per-batch engine profile (TensorRT only)"
+        settings.append(Setting("batch", "static versus dynamic batch profile", 3, None, reason=reason))
     elif batch is None:
         settings.append(Setting("batch", "static versus dynamic batch profile", 3, None, reason="the model has no batch dim"))
     else:
@@ -113,7 +116,7 @@ def plan(target: str, candidates: list[list[str]], layernorm: tuple[bool, str], 
     else:
         settings.append(Setting("narrow", "bf16 instead of fp16", 4, None, reason=f"{spec} uses neither fp16 nor bf16"))
     # 5. TF32 off, 6./7. fp32
-    if engine == "trt":
+    if gpu:
         if spec.has("no-tf32"):
             settings.append(Setting("no-tf32", "TF32 off", 5, None, reason="TF32 is already off"))
         elif narrow or spec.has("int8") or spec.has("fp8"):

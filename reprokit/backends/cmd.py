@@ -20,8 +20,12 @@ import tempfile
 from reprokit.arrays import load_npz, save_npz
 from reprokit.backends.base import Availability, Backend, BuildError, RunResult
 from reprokit.checkpolicy import FAIL, OTHER, CheckPolicy
+from reprokit.compare import DEFAULT_TOLERANCE
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
-from reprokit.spec import TargetSpec
+from reprokit.spec import OptionDoc, TargetSpec
+
+# What a check command may declare it runs at: the keys of the default tolerance table.
+PRECISIONS = tuple(DEFAULT_TOLERANCE)
 
 _TAIL_BYTES = 16_384
 _SCAN_CHUNK = 1 << 20
@@ -103,7 +107,11 @@ def last_line(text: str) -> str:
 class CmdBackend(Backend):
     engine = "cmd"
     summary = "an external check command; {model} {inputs} {outputs} are substituted"
-    OPTIONS = {}
+    OPTIONS = {
+        "precision": OptionDoc(
+            "the precision the command's engine runs at, one of " + ", ".join(PRECISIONS)
+            + ": sets the default tolerance (cmd:precision=fp16:COMMAND; default fp32)", "str"),
+    }
     install_hint = "the command itself must be installed and on PATH"
     marking_changes_engine = True  # unknown engine: assume the worst
 
@@ -113,6 +121,10 @@ class CmdBackend(Backend):
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:
+        precision = spec.get("precision", "fp32")
+        if precision not in PRECISIONS:
+            raise UsageError(f"cmd precision {precision!r} is none of {', '.join(PRECISIONS)}",
+                             hint="e.g. --target 'cmd:precision=fp16:python my_check.py {model} {inputs} {outputs}'")
         argv = command_argv(spec.command or "", model="m", inputs="i", outputs="o")
         if shutil.which(argv[0]) is None and not os.path.exists(argv[0]):
             raise EngineUnavailable(
@@ -128,7 +140,7 @@ class CmdBackend(Backend):
                 )
 
     def precision(self) -> str:
-        return "fp32"
+        return str(self.spec.get("precision", "fp32"))
 
     @classmethod
     def probe(cls) -> Availability:

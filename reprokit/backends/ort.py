@@ -1,12 +1,14 @@
 """onnxruntime backend: the default reference (CPU, fp32, graph optimizations off).
 
 ``ort:opt`` turns ORT's graph optimizations on (a CPU target with real fusions);
-``ort:cuda`` and ``ort:trt[,fp16]`` need onnxruntime-gpu.
+``ort:cuda[,no-tf32|fp16|bf16]`` (:mod:`reprokit.backends.ort_cuda`: the model converted by
+reprokit for fp16/bf16, a CPU fallback refused) and ``ort:trt[,fp16]`` need onnxruntime-gpu.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 from reprokit.backends.base import Availability, Backend, BuildError, RunResult, module_version
 from reprokit.errors import EngineUnavailable, UsageError
@@ -124,29 +126,76 @@ def _bits(dtype) -> int:
         return ml_dtypes.iinfo(dtype).bits
 
 
+GPU_TARGETS = "ort:cuda (TF32), ort:cuda,no-tf32, ort:cuda,fp16, ort:cuda,bf16 (fp32-nodes=a;b with fp16/bf16)"
+
+
+def _gpu_targets(providers) -> str:
+    """Whether the CUDA targets can run here, and if not, what is missing."""
+    from reprokit.backends.ort_cuda import CUDA, INSTALL_HINT, cuda_library_error
+
+    if CUDA not in providers:
+        return f"{GPU_TARGETS}: no, onnxruntime-gpu is not installed ({INSTALL_HINT})"
+    missing = cuda_library_error()
+    if missing:
+        return f"{GPU_TARGETS}: no, the CUDA provider cannot load: {missing}"
+    return f"{GPU_TARGETS}: yes (the CUDA provider loads; a GPU is still needed at run time)"
+
+
 class OrtBackend(Backend):
     engine = "ort"
     summary = "onnxruntime, CPU fp32, graph optimizations off (the default reference)"
     OPTIONS = {
         "opt": OptionDoc("enable all ORT graph optimizations (fusions) instead of none"),
-        "cuda": OptionDoc("CUDA execution provider (needs onnxruntime-gpu and a GPU)"),
+        "cuda": OptionDoc("CUDA execution provider, TF32 on as onnxruntime's default (needs onnxruntime-gpu and a GPU)"),
         "trt": OptionDoc("TensorRT execution provider (needs onnxruntime-gpu with TensorRT)"),
-        "fp16": OptionDoc("with trt: enable FP16 in the TensorRT execution provider"),
+        "fp16": OptionDoc("with cuda: the model converted to fp16 by reprokit (float32 graph I/O) and run on "
+                          "CUDA kernels; with trt: FP16 in the TensorRT execution provider"),
+        "bf16": OptionDoc("with cuda: the model converted to bf16 by reprokit (float32 graph I/O)"),
+        "no-tf32": OptionDoc("with cuda: TF32 off (the CUDA provider's use_tf32=0): float32 MatMul/Conv in full fp32"),
+        "fp32-nodes": OptionDoc("with cuda,fp16|bf16: keep these nodes in fp32 between Casts, "
+                                "';'-separated (fp32-nodes=a;b)", "str"),
     }
     deterministic = True
     reads_weights_dir = True
     install_hint = "pip install onnxruntime  (GPU providers: pip install 'reprokit[gpu]')"
 
+    def __init__(self, spec: TargetSpec):
+        super().__init__(spec)
+        # GPU providers pick kernels (cuDNN's algorithm search, TensorRT's tactics) per session:
+        # shrink replays them as it does every engine that is not deterministic.
+        self.deterministic = not (spec.has("cuda") or spec.has("trt"))
+
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:
-        if spec.has("fp16") and not spec.has("trt"):
-            raise UsageError("ort:fp16 needs the trt provider", hint="use --target ort:trt,fp16")
+        if spec.has("cuda") and spec.has("trt"):
+            raise UsageError("ort takes one GPU provider: cuda or trt", hint="e.g. --target ort:cuda,fp16")
+        if spec.has("fp16") and spec.has("bf16"):
+            raise UsageError("ort takes one narrow type: fp16 or bf16", hint="e.g. --target ort:cuda,fp16")
+        if spec.has("fp16") and not (spec.has("trt") or spec.has("cuda")):
+            raise UsageError("ort:fp16 needs a GPU provider", hint="use --target ort:cuda,fp16 (or ort:trt,fp16)")
+        if spec.has("bf16") and not spec.has("cuda"):
+            raise UsageError("ort:bf16 needs the cuda provider", hint="use --target ort:cuda,bf16")
+        if spec.has("no-tf32") and not spec.has("cuda"):
+            raise UsageError("ort no-tf32 is a CUDA provider setting", hint="use --target ort:cuda,no-tf32")
+        if spec.has("fp32-nodes"):
+            nodes = [n for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip()]
+            if not nodes:
+                raise UsageError("ort fp32-nodes names no node", hint="e.g. ort:cuda,fp16,fp32-nodes=/ln/Add;/ln/Mul")
+            if not (spec.has("cuda") and (spec.has("fp16") or spec.has("bf16"))):
+                raise UsageError("ort fp32-nodes only matters on cuda with a narrow type: the model is not converted",
+                                 hint="e.g. --target ort:cuda,fp16,fp32-nodes=NODE")
+
+    def narrow(self) -> str | None:
+        """fp16/bf16 when reprokit converts the model for the CUDA provider."""
+        if not self.spec.has("cuda"):
+            return None
+        return next((p for p in ("fp16", "bf16") if self.spec.has(p)), None)
 
     def precision(self) -> str:
         if self.spec.has("trt"):
             return "fp16" if self.spec.has("fp16") else "tf32"
         if self.spec.has("cuda"):
-            return "tf32"
+            return self.narrow() or ("fp32" if self.spec.has("no-tf32") else "tf32")
         return "fp32"
 
     @classmethod
@@ -157,7 +206,7 @@ class OrtBackend(Backend):
         import onnxruntime as ort
 
         providers = ort.get_available_providers()
-        return Availability(True, found.version, f"providers: {', '.join(providers)}")
+        return Availability(True, found.version, f"providers: {', '.join(providers)}; {_gpu_targets(providers)}")
 
     def _providers(self):
         import onnxruntime as ort
@@ -174,21 +223,29 @@ class OrtBackend(Backend):
                 )
             return [(wanted, options), "CPUExecutionProvider"]
         if self.spec.has("cuda"):
-            if "CUDAExecutionProvider" not in available:
-                raise EngineUnavailable(
-                    "onnxruntime's CUDA execution provider is not available here "
-                    f"(providers: {', '.join(available)})",
-                    hint="pip install 'reprokit[gpu]' on a machine with an NVIDIA GPU",
-                )
-            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+            from reprokit.backends.ort_cuda import cuda_provider, require_cuda_build
+
+            require_cuda_build()
+            return [cuda_provider(use_tf32=not self.spec.has("no-tf32")), "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
 
     def run(self, model_path, feeds, output_names):
-        session = make_session(
-            model_path, optimize=self.spec.has("opt"), providers=self._providers(),
-            weights_dir=self.weights_dir,
-        )
-        return RunResult(
-            outputs=run_session(session, feeds, output_names),
-            meta={"providers": session.get_providers(), "optimized": self.spec.has("opt")},
-        )
+        providers = self._providers()
+        meta = {"optimized": self.spec.has("opt")}
+        with tempfile.TemporaryDirectory(prefix="reprokit-ort-") as tmp:
+            path, weights = model_path, self.weights_dir
+            if self.narrow():
+                from reprokit.backends.ort_cuda import convert_for_cuda
+
+                keep = frozenset(n.strip() for n in str(self.spec.get("fp32-nodes", "")).split(";") if n.strip())
+                path = convert_for_cuda(model_path, self.narrow(), keep, self.weights_dir, tmp, meta)
+                weights = None  # the converted copy holds its weights (or has them beside it in tmp)
+            session = make_session(path, optimize=self.spec.has("opt"), providers=providers, weights_dir=weights)
+            if self.spec.has("cuda"):
+                from reprokit.backends.ort_cuda import gpu_meta, refuse_cpu_fallback
+
+                refuse_cpu_fallback(session)  # before any run: a CPU run is never a GPU verdict
+                meta.update(gpu_meta(session))
+            outputs = run_session(session, feeds, output_names)
+        meta["providers"] = session.get_providers()
+        return RunResult(outputs=outputs, meta=meta)

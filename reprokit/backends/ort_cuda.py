@@ -1,0 +1,194 @@
+"""The CUDA side of the ``ort`` engine: ``ort:cuda`` (TF32, as onnxruntime's default),
+``ort:cuda,no-tf32`` and ``ort:cuda,fp16|bf16`` (the model converted by
+:mod:`reprokit.convert`, float32 graph I/O, ``fp32-nodes`` kept in float32 between Casts).
+
+onnxruntime falls back to the CPU without an error when the CUDA provider cannot load (a
+missing libcudart, cuBLAS or cuDNN): :func:`refuse_cpu_fallback` reads the session's providers
+and makes that an environment error (exit 4) naming what is missing, so a CPU run is never
+reported as a GPU verdict. :func:`gpu_meta` records what the run used (provider and its options,
+GPU, compute capability, driver, CUDA/cuDNN of the onnxruntime build and the libraries loaded).
+
+Runs inside a worker process; imports onnxruntime inside functions only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from reprokit.envinfo import onnxruntime_build
+from reprokit.errors import EngineUnavailable, InputError
+
+CUDA = "CUDAExecutionProvider"
+INSTALL_HINT = ("pip uninstall onnxruntime && pip install 'reprokit[gpu]' (onnxruntime-gpu; the two packages "
+                "clash) on a machine with an NVIDIA GPU and its driver, plus the CUDA and cuDNN libraries "
+                "onnxruntime-gpu names (pip install 'onnxruntime-gpu[cuda,cudnn]'); see docs/gpu.md")
+
+
+def cuda_provider(use_tf32: bool) -> tuple[str, dict]:
+    """The CUDA provider entry; ``use_tf32`` is onnxruntime's own CUDA provider option."""
+    return CUDA, {"use_tf32": "1" if use_tf32 else "0"}
+
+
+def require_cuda_build() -> None:
+    """EngineUnavailable (exit 4) when this onnxruntime has no CUDA provider at all."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if CUDA not in available:
+        build = onnxruntime_build()
+        raise EngineUnavailable(
+            f"onnxruntime-gpu is not installed here: {build.get('package') or 'onnxruntime'} "
+            f"{build.get('version') or ort.__version__} has no CUDA execution provider "
+            f"(providers: {', '.join(available)})",
+            hint=INSTALL_HINT,
+        )
+
+
+def refuse_cpu_fallback(session, wanted: str = CUDA) -> None:
+    """EngineUnavailable (exit 4) when the session does not run on ``wanted``: onnxruntime drops
+    a provider that cannot load (or that this build lacks) with a warning and runs on the CPU."""
+    got = list(session.get_providers())
+    if wanted in got:
+        return
+    reason = cuda_library_error() if wanted == CUDA else None
+    build = onnxruntime_build()
+    needs = " and ".join(f"{label} {build[key]}" for key, label in (("cuda_version", "CUDA"), ("cudnn_version", "cuDNN"))
+                         if build.get(key))
+    raise EngineUnavailable(
+        f"onnxruntime's {wanted} did not load, so the session would run on {', '.join(got)}: "
+        f"{reason or 'onnxruntime dropped it (its own message is in the engine log)'}; "
+        "a CPU run is not reported as a GPU verdict",
+        hint=(f"this onnxruntime was built for {needs}; " if needs else "")
+        + "install the missing libraries (e.g. pip install 'onnxruntime-gpu[cuda,cudnn]', or the "
+          "CUDA toolkit and cuDNN on LD_LIBRARY_PATH) and check with `reprokit backends`",
+    )
+
+
+def cuda_library_error() -> str | None:
+    """Why onnxruntime's CUDA provider library cannot load here, in the dynamic loader's words
+    (``libcudnn.so.9: cannot open shared object file``), or None when it loads."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    import onnxruntime
+
+    capi = os.path.join(os.path.dirname(os.path.abspath(onnxruntime.__file__)), "capi")
+    library = os.path.join(capi, "libonnxruntime_providers_cuda.so")
+    if not os.path.exists(library):
+        return "libonnxruntime_providers_cuda.so is not part of this onnxruntime build (a CPU-only package)"
+    try:
+        shared = os.path.join(capi, "libonnxruntime_providers_shared.so")
+        if os.path.exists(shared):
+            ctypes.CDLL(shared, mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(library)
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def _loaded_version(sonames: tuple[str, ...], symbol: str, by_pointer: bool) -> str | None:
+    """The version of a CUDA library this process has already loaded (never loads one)."""
+    import ctypes
+
+    for soname in sonames:
+        try:
+            library = ctypes.CDLL(soname, mode=getattr(os, "RTLD_NOLOAD", 4) | ctypes.RTLD_GLOBAL)
+            function = getattr(library, symbol)
+            if by_pointer:
+                value = ctypes.c_int(0)
+                if function(ctypes.byref(value)) != 0:
+                    continue
+                number = value.value
+            else:
+                function.restype = ctypes.c_size_t
+                number = function()
+        except (OSError, AttributeError):
+            continue
+        if by_pointer:  # cudaRuntimeGetVersion: 1000·major + 10·minor
+            return f"{number // 1000}.{number % 1000 // 10}"
+        major = number // 10000 if number >= 10000 else number // 1000  # cuDNN 9: 90100; 8: 8902
+        rest = number % 10000 if number >= 10000 else number % 1000
+        return f"{major}.{rest // 100}.{rest % 100}"
+    return None
+
+
+def gpu_meta(session, device_id: int = 0) -> dict:
+    """What a CUDA run used: provider and options, GPU, compute capability, driver, CUDA/cuDNN
+    (the onnxruntime build's and the loaded libraries'). Missing pieces are None, never errors."""
+    import onnxruntime as ort
+
+    from reprokit.envinfo import gpu_info
+
+    options = session.get_provider_options().get(CUDA, {})
+    try:
+        device_id = int(options.get("device_id", device_id))
+    except (TypeError, ValueError):
+        pass
+    meta = {
+        "provider": session.get_providers()[0],
+        "provider_options": {k: options[k] for k in sorted(options)},
+        "tf32": options.get("use_tf32", "1") not in ("0", "false", "False"),
+        "onnxruntime_device": ort.get_device(),
+        "onnxruntime_build": onnxruntime_build(),
+        "cuda_runtime_loaded": _loaded_version(("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
+                                                "libcudart.so"), "cudaRuntimeGetVersion", True),
+        "cudnn_loaded": _loaded_version(("libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"), "cudnnGetVersion", False),
+    }
+    found = gpu_info()
+    gpus = found["gpus"]
+    gpu = gpus[device_id] if device_id < len(gpus) else (gpus[0] if gpus else None)
+    meta.update(gpu=gpu, cuda_driver_api=found["cuda_driver_api"], gpu_source="nvidia-smi" if gpu else None)
+    if gpu is None:
+        meta.update(_torch_gpu(device_id))
+    return meta
+
+
+def _torch_gpu(device_id: int) -> dict:
+    """GPU facts from torch.cuda when nvidia-smi gave none and torch is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return {}
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        major, minor = torch.cuda.get_device_capability(device_id)
+        cudnn = torch.backends.cudnn.version()
+        return {"gpu": {"name": torch.cuda.get_device_name(device_id), "compute_capability": f"{major}.{minor}",
+                        "driver": None, "memory": None},
+                "gpu_source": "torch.cuda", "torch_cuda": torch.version.cuda, "torch_cudnn": cudnn}
+    except Exception:  # a broken CUDA setup in torch says nothing about onnxruntime's
+        return {}
+
+
+def convert_for_cuda(model_path: str, narrow: str, keep: frozenset[str], weights_dir: str | None,
+                     tmp: str, meta: dict) -> str:
+    """The model converted to ``narrow`` (float32 graph I/O) in ``tmp``; returns its path."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    from reprokit.convert import convert_float_model_report
+    from reprokit.model import name_unnamed_nodes
+
+    source = onnx.load(model_path, load_external_data=False)
+    load_external_data_for_model(source, weights_dir or os.path.dirname(os.path.abspath(model_path)))
+    if keep:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
+        name_unnamed_nodes(source)
+    try:
+        model, report = convert_float_model_report(source, narrow, keep)
+    except ValueError as exc:
+        raise InputError(f"cannot convert the model to {narrow}: {exc}",
+                         hint="fp32-nodes takes the node names of the model file (unnamed: OP_INDEX)") from exc
+    meta.update(converted_to=narrow, fp32_nodes=sorted(keep), casts=report.casts,
+                schema_fp32=list(report.schema_fp32[:20]))
+    if report.schema_fp32:
+        meta.setdefault("notes", []).append(
+            f"{len(report.schema_fp32)} nodes stay float32: the model's opset does not allow {narrow} "
+            f"for them (first: {', '.join(report.schema_fp32[:5])})")
+    path = os.path.join(tmp, f"model_{narrow}.onnx")
+    onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_800_000_000)
+    return path
