@@ -9,7 +9,7 @@ import pytest
 
 from reprokit.compare import Criterion
 from reprokit.errors import ExitCode, ReferenceFailure
-from reprokit.oracle import Kind, Oracle, Signature, normalize_message
+from reprokit.oracle import Kind, Oracle, Signature, feeds_digest, normalize_message
 from reprokit.session import RunOptions, check, make_oracle
 
 
@@ -236,3 +236,19 @@ def test_two_threads_asking_the_same_verdict_build_the_engine_once(model_file, t
         thread.join()
     assert oracle.stats.target == 1 and oracle.stats.reference == 1
     assert len({v.signature for v in verdicts}) == 1 and sum(v.cached for v in verdicts) == 2
+
+
+def test_feeds_digest_reads_every_feed_by_value():
+    """The verdict cache key and --resume's fingerprint: ml_dtypes arrays (int4 once stopped
+    shrink with exit 70), strings by content (not by object address), ragged sequences, None."""
+    import ml_dtypes
+
+    def feeds():
+        return {"b": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+                "i": np.zeros(0, ml_dtypes.int4), "s": np.array(["ab", "c" * 3], dtype=object),
+                "q": [np.zeros(2, np.float32), np.ones(3, np.float32)], "o": None}
+
+    assert feeds_digest(feeds()) == feeds_digest(feeds())
+    for name, other in [("s", np.array(["ab", "ccd"], dtype=object)), ("q", [np.zeros(2, np.float32)]),
+                        ("b", np.arange(6, dtype=np.uint16).reshape(2, 3)), ("o", np.zeros(0, np.float32))]:
+        assert feeds_digest({**feeds(), name: other}) != feeds_digest(feeds()), name
