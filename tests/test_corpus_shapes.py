@@ -386,3 +386,32 @@ def test_shrink_takes_an_int4_feed_it_does_not_reduce(tmp_path, cli):
     assert proc.returncode == 0, proc.stderr
     minimal = onnx.load(str(out / "minimal.onnx"))
     assert [n.op_type for n in minimal.graph.node] == ["Mul"]
+
+
+@pytest.mark.parametrize("elem,dtype_name", [(TensorProto.INT4, "int4"), (TensorProto.UINT4, "uint4"),
+                                              (TensorProto.BFLOAT16, "bfloat16")])
+def test_openvino_reads_and_takes_narrow_types_as_themselves(tmp_path, openvino, elem, dtype_name):
+    """test_cast_FLOAT_to_INT4 / test_cast_INT4_to_FLOAT / test_cast_FLOAT_to_BFLOAT16's shapes
+    (corpus sweep): OpenVINO's Tensor.data is the packed bytes of a 4-bit tensor (shape [3] for
+    [2, 3]) and bf16 viewed as float16, and an int4 feed did not bind ("could not broadcast"):
+    false mismatches and build errors. x (narrow) → Cast → y (float); y → Cast → z (narrow)."""
+    import ml_dtypes
+
+    model = opset_model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT),
+                         helper.make_node("Cast", ["y"], ["z"], to=elem)],
+                        [helper.make_tensor_value_info("x", elem, [2, 3])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+                         helper.make_tensor_value_info("z", elem, [2, 3])], opsets=(("", 21),))
+    path = str(tmp_path / "cast.onnx")
+    onnx.save(model, path)
+    data = tmp_path / "test_data_set_0"
+    data.mkdir()
+    values = {TensorProto.INT4: [[1, -2, 3], [-8, 7, 0]], TensorProto.UINT4: [[1, 2, 15], [8, 7, 0]]}.get(
+        elem, [[1.5, -2.25, 0.5], [3.0, 0.125, -1.0]])
+    x = np.array(values, dtype=getattr(ml_dtypes, dtype_name))
+    (data / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
+    result = check(path, "openvino:f32", options=RunOptions(inputs=str(data)))
+    assert result.verdict.kind is Kind.AGREE, result.verdict
+    z = np.asarray(result.target_outputs["z"])
+    assert str(z.dtype) == dtype_name and z.shape == (2, 3)
+    assert np.array_equal(z.astype(np.float32), x.astype(np.float32))

@@ -97,8 +97,8 @@ class OpenVinoBackend(Backend):
             raise BuildError(f"OpenVINO dropped outputs {missing[:5]} while compiling")
         try:
             request = compiled.create_infer_request()
-            request.infer(bound)
-            outputs = {n: request.get_output_tensor(index).data.copy() for n, index in ports.items()}
+            request.infer({index: to_tensor(array) for index, array in bound.items()})
+            outputs = {n: from_tensor(request.get_output_tensor(index)) for n, index in ports.items()}
         except Exception as exc:
             raise BuildError(f"OpenVINO failed to run the model: {engine_reason(exc)}\n{exc}") from exc
         actual = compiled.get_property("INFERENCE_PRECISION_HINT")
@@ -178,6 +178,45 @@ def reshape_to_feeds(model, bound: dict) -> None:
         model.reshape(shapes)
     except Exception as exc:  # the engine's own refusal of these shapes
         raise BuildError(f"OpenVINO failed to reshape the model to the feeds' shapes: {engine_reason(exc)}\n{exc}") from exc
+
+
+# OpenVINO element types whose ``Tensor.data`` is not the values: bf16 comes back viewed as
+# float16, float8 as uint8 bits, and 4-/2-bit types as their packed bytes (shape [13] for a
+# [5, 5] int4 tensor). They travel as raw bits, packed as ONNX packs them (the first element in
+# the low bits), and are read through onnx's own decoder into ml_dtypes arrays.
+_NARROW = {"bf16": "BFLOAT16", "f8e4m3": "FLOAT8E4M3FN", "f8e5m2": "FLOAT8E5M2", "f8e8m0": "FLOAT8E8M0",
+           "i4": "INT4", "u4": "UINT4", "f4e2m1": "FLOAT4E2M1", "u2": "UINT2"}
+
+
+def from_tensor(tensor) -> np.ndarray:
+    """An output tensor as numpy, narrow types as their ml_dtypes type and real shape."""
+    element = _NARROW.get(tensor.get_element_type().get_type_name())
+    if element is None:
+        return tensor.data.copy()
+    from onnx import TensorProto, numpy_helper
+
+    raw = tensor.data.reshape(-1).view(np.uint8).tobytes()
+    proto = TensorProto(data_type=getattr(TensorProto, element), dims=list(tensor.shape), raw_data=raw)
+    return numpy_helper.to_array(proto)
+
+
+def to_tensor(array):
+    """A feed OpenVINO takes: numpy's own dtypes as they are; ml_dtypes' (bfloat16, float8,
+    int4 …) as an OpenVINO tensor of that type holding the bits, packed as ONNX packs them."""
+    array = np.asarray(array)
+    if array.dtype.isbuiltin != 2:
+        return array
+    import openvino as ov
+    from onnx import helper, numpy_helper
+
+    ov_type = next((name for name, element in _NARROW.items()
+                    if helper.tensor_dtype_to_np_dtype(getattr(helper.TensorProto, element)) == array.dtype), None)
+    if ov_type is None:
+        raise BuildError(f"OpenVINO cannot take a feed of type {array.dtype.name}")
+    tensor = ov.Tensor(getattr(ov.Type, ov_type), list(array.shape))
+    raw = numpy_helper.from_array(array).raw_data
+    tensor.data.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
+    return tensor
 
 
 def output_ports(port_names: list[set[str]], graph_outputs: list[str], wanted: list[str]) -> dict:
