@@ -25,7 +25,8 @@ from reprokit.activations import ActivationStore
 from reprokit.oracle import Kind, Signature
 from reprokit.reduce.reducer import Journal, Reducer
 from reprokit.session import RunOptions, make_oracle
-from reprokit.shrink import Limits, default_replays, shrink
+from reprokit.shrink import Limits, default_replays
+from reprokit.shrink import shrink as shrink_run
 from reprokit.subgraph import GraphIndex
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,6 +34,13 @@ SAMPLES = REPO / "samples"
 PY = shlex.quote(sys.executable)
 sys.path.insert(0, str(REPO / "bench"))
 import planted  # noqa: E402
+
+
+def shrink(*args, **kwargs):
+    """These tests count the node reduction's calls: shape shrinking (its own calls, its own
+    tests in test_shapes.py) is off."""
+    return shrink_run(*args, shrink_shapes=False, **kwargs)
+
 
 CMD_REPLAYS = sum(default_replays("cmd:true"))  # the original once, the result twice
 

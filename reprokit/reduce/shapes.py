@@ -14,7 +14,7 @@ run's budget.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,7 @@ class ShapeTry:
     outputs: list
     label: str
     change: tuple = ()  # (group, start, size): the slice that made it from its base
+    windows: dict = field(default_factory=dict)  # input -> [start, size] per axis, in the node-minimal's feeds
 
 
 def elements(feeds: dict) -> int:
@@ -60,8 +61,11 @@ def _slice(base: ShapeTry, group: list, start: int, size: int, label: str) -> Sh
     model = onnx.ModelProto()
     model.CopyFrom(base.model)
     feeds = dict(base.feeds)
+    windows = {name: [list(w) for w in box] for name, box in base.windows.items()}
     for name, axis in group:
         feeds[name] = np.ascontiguousarray(np.take(feeds[name], range(start, start + size), axis=axis))
+        if name in windows:
+            windows[name][axis] = [windows[name][axis][0] + start, size]
         info = next(i for i in model.graph.input if i.name == name)
         dim = info.type.tensor_type.shape.dim[axis]
         if dim.HasField("dim_value"):
@@ -70,7 +74,7 @@ def _slice(base: ShapeTry, group: list, start: int, size: int, label: str) -> Sh
     for output in model.graph.output:
         if output.type.HasField("tensor_type"):
             output.type.tensor_type.ClearField("shape")
-    return ShapeTry(model, feeds, base.outputs, label, (tuple(group), start, size))
+    return ShapeTry(model, feeds, base.outputs, label, (tuple(group), start, size), windows)
 
 
 def _halvings(current: ShapeTry, refused: set) -> list[ShapeTry]:
@@ -205,7 +209,8 @@ class ShapeJudge:
 def shrink_shapes(judge: ShapeJudge, model, feeds: dict, outputs: list, on_event=None) -> dict | None:
     """Halve input axes while the signature holds. Returns None when nothing shrank, else
     {"model", "feeds", "reference", "verdict", "report"}."""
-    current = ShapeTry(model, dict(feeds), list(outputs), "")
+    windows = {k: [[0, int(d)] for d in np.shape(v)] for k, v in feeds.items() if isinstance(v, np.ndarray)}
+    current = ShapeTry(model, dict(feeds), list(outputs), "", (), windows)
     before = elements(feeds)
     steps: list[str] = []
     refused: set = set()  # axis groups whose both halves failed: not tried again
@@ -255,4 +260,7 @@ def shrink_shapes(judge: ShapeJudge, model, feeds: dict, outputs: list, on_event
                 shape.dim.add().dim_value = int(size)
     return {"model": current.model, "feeds": current.feeds, "reference": reference, "verdict": verdict,
             "report": {"input_elements_before": before, "input_elements_after": elements(current.feeds),
-                       "steps": steps, "calls": judge.calls}}
+                       "steps": steps, "calls": judge.calls,
+                       # which window of each node-minimal input (the captured activation) is kept
+                       "windows": {k: w for k, w in current.windows.items()
+                                   if [tuple(x) for x in w] != [(0, d) for d in np.shape(feeds[k])]}}}
