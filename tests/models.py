@@ -117,9 +117,10 @@ def log_model() -> onnx.ModelProto:
     )
 
 
-def planted_overflow() -> onnx.ModelProto:
-    """A chain with one overflowing node in the middle ("boom": x*1e5 passes fp16's max)."""
-    # x[1,8] -> Add(0.5) "pre" -> a -> Mul(1e5) "boom" -> b -> Mul(1e-5) "back" -> c -> Relu "post" -> y
+def planted_overflow(up: float = 1e5) -> onnx.ModelProto:
+    """A chain with one overflowing node in the middle ("boom": x*1e5 passes fp16's max; with a
+    smaller ``up`` only large inputs do)."""
+    # x[1,8] -> Add(0.5) "pre" -> a -> Mul(up) "boom" -> b -> Mul(1/up) "back" -> c -> Relu "post" -> y
     return make(
         [
             helper.make_node("Add", ["x", "half"], ["a"], name="pre"),
@@ -131,8 +132,8 @@ def planted_overflow() -> onnx.ModelProto:
         [vi("y", [1, 8])],
         [
             const("half", np.float32(0.5)),
-            const("up", np.float32(1e5)),
-            const("down", np.float32(1e-5)),
+            const("up", np.float32(up)),
+            const("down", np.float32(1 / up)),
         ],
     )
 

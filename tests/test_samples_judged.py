@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import run_cli
-from models import const, make, save, vi
+from models import make, planted_overflow, save, vi
 from onnx import helper, numpy_helper
 
 from reprokit.errors import InputError, NothingToReduce
@@ -24,18 +24,7 @@ from reprokit.shrink import shrink
 
 def scaled_overflow() -> onnx.ModelProto:
     """Overflows fp16 only where x > ~65: small samples agree, large ones give inf."""
-    # x[1,8] -> Add(0.5) "pre" -> a -> Mul(1000) "boom" -> b -> Mul(0.001) "back" -> c -> Relu "post" -> y
-    return make(
-        [
-            helper.make_node("Add", ["x", "half"], ["a"], name="pre"),
-            helper.make_node("Mul", ["a", "up"], ["b"], name="boom"),
-            helper.make_node("Mul", ["b", "down"], ["c"], name="back"),
-            helper.make_node("Relu", ["c"], ["y"], name="post"),
-        ],
-        [vi("x", [1, 8])],
-        [vi("y", [1, 8])],
-        [const("half", 0.5), const("up", 1000.0), const("down", 0.001)],
-    )
+    return planted_overflow(up=1000.0)
 
 
 def small(seed=0):
