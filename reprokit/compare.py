@@ -108,14 +108,31 @@ class OutputError:
         return out
 
 
+def widen(array):
+    """bfloat16, float8 and int4/uint4 arrays (ml_dtypes, dtype kind "V" to numpy) as float32 /
+    int8 / uint8, so they compare by value and their NaN/Inf are seen; anything else as it is."""
+    array = np.asarray(array)
+    if array.dtype.kind != "V":
+        return array
+    name = array.dtype.name
+    try:
+        if "float" in name:
+            return array.astype(np.float32)
+        if name.startswith(("int", "uint")):
+            return array.astype(np.uint8 if name.startswith("u") else np.int8)
+    except (TypeError, ValueError):
+        pass
+    return array
+
+
 def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: bool = True) -> OutputError:
     """All numbers for one output pair. Different shapes give an error of inf and record the
     target's shape (``shape_mismatch``): the oracle names that, not the inf.
 
     ``full=False`` (layerwise tables over thousands of tensors) skips the cosine distance and
     the allclose count unless the criterion's metric needs them (they read as nan and 0)."""
-    ref = np.asarray(reference)
-    tgt = np.asarray(target)
+    ref = widen(reference)
+    tgt = widen(target)
     if ref.shape != tgt.shape:
         inf = float("inf")
         ref_nan, ref_inf = _nonfinite(ref)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.arrays import save_npz
-from reprokit.compare import Criterion, OutputError, compare_arrays, reference_warnings
+from reprokit.compare import Criterion, OutputError, compare_arrays, reference_warnings, widen
 from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
 from reprokit.worker import WorkerResult, run_in_worker
 
@@ -416,7 +416,7 @@ def _old_opset_hint(model_path: str) -> str | None:
 
 def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> None:
     for name, value in outputs.items():
-        array = np.asarray(value)
+        array = widen(value) if isinstance(value, np.ndarray) else np.asarray(value)
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise ReferenceFailure(

@@ -159,3 +159,25 @@ def test_opaque_byte_arrays_compare_by_equality_never_crash():
     other = compare_arrays("z", a, np.frombuffer(b"\x00\x3c\x00\x41", dtype="V2"), criterion)
     assert not same.exceeds and same.error == 0.0
     assert other.exceeds and other.mismatched == 2
+
+
+def test_narrow_float_and_int4_outputs_compare_by_value_not_as_bytes():
+    """bfloat16/float8/int4 (ml_dtypes, opaque to numpy) compare as numbers: a one-ulp bf16
+    difference is a small error, not inf; a NaN in a float8 reference is seen."""
+    import ml_dtypes
+
+    from reprokit.errors import ReferenceFailure
+    from reprokit.oracle import check_reference_finite
+
+    criterion = Criterion.for_precision("bf16", "rel-l2", None, None, None)
+    ref = np.array([1.0, 2.0, 3.0, 4.0], dtype=ml_dtypes.bfloat16)
+    near = np.array([1.0, 2.0, 3.015625, 4.0], dtype=ml_dtypes.bfloat16)
+    found = compare_arrays("y", ref, near, criterion)
+    assert 0 < found.error < 0.01 and not found.exceeds
+    far = compare_arrays("y", ref, np.array([1.0, 2.0, 30.0, 4.0], dtype=ml_dtypes.bfloat16), criterion)
+    assert np.isfinite(far.error) and far.exceeds
+    ints = compare_arrays("q", np.array([1, -2, 3], dtype=ml_dtypes.int4), np.array([1, -2, 4], dtype=ml_dtypes.int4),
+                          criterion)
+    assert ints.max_abs == 1.0
+    with pytest.raises(ReferenceFailure):
+        check_reference_finite({"y": np.array([1.0, np.nan], dtype=ml_dtypes.float8_e4m3fn)}, "ort")
