@@ -27,9 +27,7 @@ def confirm(run, graph_outputs: dict, replays: int):
     signature = verdict.signature
     rerun = rerun_command(run.model_path, run.target, run.options)
     if not verdict.diverges and replays:  # a flaky target that happened to pass: say so
-        replayed = oracle.run_target(model_file, run.feeds)
-        again = oracle.verdict_from(replayed, graph_outputs)
-        replayed.discard()
+        again = oracle.run_again(model_file, run.feeds, graph_outputs)
         if again.diverges:
             raise _flaky_original([verdict, again], again.signature, rerun)
     if not verdict.diverges:
@@ -41,9 +39,7 @@ def confirm(run, graph_outputs: dict, replays: int):
     _refuse_broken_check(run, verdict)
     seen = [verdict]
     for _ in range(replays):
-        replayed = oracle.run_target(model_file, run.feeds)
-        seen.append(oracle.verdict_from(replayed, graph_outputs))
-        replayed.discard()
+        seen.append(oracle.run_again(model_file, run.feeds, graph_outputs))
         if not signature.same_bug(seen[-1].signature):
             raise _flaky_original(seen, signature, rerun)
     run.event(f"diverges: {signature.describe()}")
@@ -81,9 +77,7 @@ def _refuse_broken_check(run, verdict) -> None:
         opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     path = save_model(probe, os.path.join(run.models_dir, "probe.onnx"))
     feeds = {"x": np.ones((1,), np.float32)}
-    probed = run.oracle.run_target(path, feeds)
-    seen = run.oracle.verdict_from(probed, {"y": feeds["x"]})
-    probed.discard()
+    seen = run.oracle.run_again(path, feeds, {"y": feeds["x"]})
     if seen.diverges and verdict.signature.same_bug(seen.signature):
         raise EngineUnavailable(
             f"the check command fails the same way on a one-node Identity model that holds nothing of "

@@ -349,6 +349,14 @@ class Oracle:
                     run.discard()
         return verdict
 
+    def run_again(self, model_path: str, feeds: dict, reference_outputs: dict) -> Verdict:
+        """A fresh target run of a model judged before (a replay: never the verdict cache)."""
+        result = self.run_target(model_path, feeds)
+        try:
+            return self.verdict_from(result, reference_outputs)
+        finally:
+            result.discard()
+
     def verdict_from(self, result: WorkerResult, reference_outputs: dict) -> Verdict:
         base = dict(criterion=self.criterion, reference=self.reference, target=self.target,
                     precision=self.precision, target_meta=result.meta, seconds=result.seconds)

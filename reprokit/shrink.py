@@ -267,15 +267,13 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
         reference = {n: store.get(n) for n in final.outputs if n in store}
         verdicts = [run.oracle.judge(judged, final.feeds, reference_outputs=reference)]
         for _ in range(replays if verdicts[0].diverges else 0):
-            replayed = run.oracle.run_target(judged, final.feeds)  # a fresh run, never the cache
-            verdicts.append(run.oracle.verdict_from(replayed, reference))
-            replayed.discard()
+            verdicts.append(run.oracle.run_again(judged, final.feeds, reference))
         made = run.oracle.stats.target - calls_before
         reducer.stats["final"].calls += made
         reducer.stats["final"].nodes_built += made * len(nodes)
         tried.append(f"{len(nodes)} nodes: " + ", ".join(v.signature.describe() for v in verdicts))
-        if verdicts[0].diverges and reducer.signature.same_bug(verdicts[0].signature) and not all(
-                v.diverges and reducer.signature.same_bug(v.signature) for v in verdicts):
+        shows = [v.diverges and reducer.signature.same_bug(v.signature) for v in verdicts]
+        if shows[0] and not all(shows):
             # One model, two answers: the target is flaky. A larger model would only be luckier.
             said = flaky_tally(verdicts, reducer.signature)
             writer.write(reducer, "flaky", final_verdict=verdicts[-1], note=f"the target is flaky: {said}")
@@ -283,7 +281,7 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
                 f"the target is flaky: {len(verdicts)} runs of the reduced model ({len(nodes)} nodes) disagree: {said}",
                 hint="a flaky check reduces noise, not the bug: make it give one answer per model (fixed "
                      "tactics, a timing cache, a deterministic checker), or raise --replays to be sure")
-        if all(v.diverges and reducer.signature.same_bug(v.signature) for v in verdicts):
+        if all(shows):
             reducer.best = frozenset(nodes)
             if len(tried) > 1:
                 note = (note + "; " if note else "") + ("smaller results did not reproduce alone: "

@@ -50,6 +50,12 @@ def rename_refs(graph, old: str, new: str) -> None:
     for out in graph.output:
         if out.name == old:
             out.name = new
+    rename_reads(graph, old, new)
+
+
+def rename_reads(graph, old: str, new: str) -> None:
+    """Point every node input of ``graph`` that reads ``old`` at ``new``, and the reads of it in
+    nested scopes that do not define their own ``old``; ``graph``'s outputs keep their names."""
     for node in graph.node:
         for index, name in enumerate(node.input):
             if name == old:

@@ -118,8 +118,6 @@ class ShapeJudge:
         self.oracle, self.signature, self.severity = oracle, signature, severity
         self.folder, self.packed, self.calls_left = folder, packed, calls_left
         self.calls = 0
-        self.verdicts: dict[int, object] = {}
-        self.references: dict[int, dict] = {}
 
     def can_call(self, reserve: int = 0) -> bool:
         return self.calls_left is None or self.calls + reserve < self.calls_left

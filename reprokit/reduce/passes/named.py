@@ -65,14 +65,13 @@ def _with_context(reducer, node: int) -> bool:
     """The named node fails only with what feeds it (an unknown rank or type made upstream: an
     If whose branches differ, a dynamic input): its ancestors within 1, 2, 4 … 32 hops, one call
     each, until one reproduces or the cone stops growing."""
-    cone, depth, tried = frozenset([node]), 0, 0
+    cone, depth = frozenset([node]), 0
     while depth < 32 and len(cone) < len(reducer.best):
         depth = max(1, depth * 2)
         grown = _ancestors(reducer, node, depth)
         if grown == cone:
             break
         cone = grown
-        tried += 1
         if len(cone) < len(reducer.best) and reducer.test(cone):
             reducer.accept(cone, f"the node the engine's message names, with its inputs' producers ({depth} hops)")
             return True
