@@ -110,7 +110,8 @@ def keep_opening(run, store, graph_outputs: dict, verdict):
 
     def use(level: int, note: str):
         model, notes = run.levels[level]
-        run.model, run.index = model, GraphIndex.build(model)
+        if model is not run.model:  # the run opened at the deepest level: its index is built
+            run.model, run.index = model, GraphIndex.build(model)
         run.prepared.notes.append(note + "; ".join(notes))
 
     run.event(f"control flow: {len(run.levels)} level(s) to open; finding the deepest that still diverges")
@@ -129,13 +130,13 @@ def keep_opening(run, store, graph_outputs: dict, verdict):
         use(low, f"control flow opened {low + 1} of {deepest + 1} levels (deeper, the divergence goes): ")
         _open_one_by_one(run, store, shows)
         return None
-    flat, flat_index = run.levels[deepest][0], GraphIndex.build(run.levels[deepest][0])
     cond = if_wrapper(run.given)
     if cond is not None and cond in store:
         value = store.get(cond)
-        whole = wrap_in_if(extract(flat, flat_index, range(len(flat.graph.node)), store, feeds=run.feeds), cond, value)
+        # run.model is still the deepest opening, as the run opened it: every node of it, in an If
+        whole = wrap_in_if(extract(run.model, run.index, range(len(run.model.graph.node)), store, feeds=run.feeds),
+                           cond, value)
         if shows(whole.model, "opened_in_if.onnx", whole.feeds):
-            run.model, run.index = flat, flat_index
             run.prepared.notes.append("the divergence needs its If: the reduction works on the nodes inside, each "
                                       "candidate kept inside an If (" + "; ".join(run.levels[deepest][1]) + ")")
             return lambda sub: wrap_in_if(sub, cond, value)
