@@ -240,12 +240,21 @@ class OrtBackend(Backend):
                 keep = frozenset(n.strip() for n in str(self.spec.get("fp32-nodes", "")).split(";") if n.strip())
                 path = convert_for_cuda(model_path, self.narrow(), keep, self.weights_dir, tmp, meta)
                 weights = None  # the converted copy holds its weights (or has them beside it in tmp)
-            session = make_session(path, optimize=self.spec.has("opt"), providers=providers, weights_dir=weights)
-            if self.spec.has("cuda"):
-                from reprokit.backends.ort_cuda import gpu_meta, refuse_cpu_fallback
+            try:
+                session = make_session(path, optimize=self.spec.has("opt"), providers=providers,
+                                       weights_dir=weights)
+                if self.spec.has("cuda"):
+                    from reprokit.backends.ort_cuda import gpu_meta, refuse_cpu_fallback
 
-                refuse_cpu_fallback(session)  # before any run: a CPU run is never a GPU verdict
-                meta.update(gpu_meta(session))
-            outputs = run_session(session, feeds, output_names)
+                    refuse_cpu_fallback(session)  # before any run: a CPU run is never a GPU verdict
+                    meta.update(gpu_meta(session))
+                outputs = run_session(session, feeds, output_names)
+            except Exception as exc:
+                if self.spec.has("cuda") and not isinstance(exc, EngineUnavailable):
+                    from reprokit.backends.ort_cuda import environment_error, environment_failure
+
+                    if environment_failure(str(exc)):  # a library or driver, not the model
+                        raise environment_error(exc) from exc
+                raise
         meta["providers"] = session.get_providers()
         return RunResult(outputs=outputs, meta=meta)

@@ -50,6 +50,9 @@ def refuse_cpu_fallback(session, wanted: str = CUDA) -> None:
     a provider that cannot load (or that this build lacks) with a warning and runs on the CPU."""
     got = list(session.get_providers())
     if wanted in got:
+        missing = cuda_library_error() if wanted == CUDA else None
+        if missing and missing.startswith("cuDNN"):  # loads without it, fails on its first cuDNN kernel
+            raise environment_error(RuntimeError(missing))
         return
     reason = cuda_library_error() if wanted == CUDA else None
     build = onnxruntime_build()
@@ -66,10 +69,26 @@ def refuse_cpu_fallback(session, wanted: str = CUDA) -> None:
 
 
 def cuda_library_error() -> str | None:
-    """Why onnxruntime's CUDA provider library cannot load here, in the dynamic loader's words
-    (``libcudnn.so.9: cannot open shared object file``), or None when it loads."""
+    """Why onnxruntime's CUDA provider cannot run here, in the dynamic loader's words
+    (``libcublas.so.13: cannot open shared object file``), or None when it can.
+
+    The provider library and cuDNN are loaded the way onnxruntime will: first as the process
+    finds them (LD_LIBRARY_PATH, the system), then once more after ``onnxruntime.preload_dlls()``,
+    which loads the CUDA and cuDNN libraries of the ``nvidia-*`` pip packages
+    (``pip install 'onnxruntime-gpu[cuda,cudnn]'``). cuDNN is not a link-time dependency of the
+    provider: without it the session loads and fails on its first cuDNN kernel, so it is checked
+    here rather than read from the session's providers."""
     if not sys.platform.startswith("linux"):
         return None
+    missing = _library_error()
+    if missing is None:
+        return None
+    if _preload():
+        missing = _library_error()
+    return missing
+
+
+def _library_error() -> str | None:
     import ctypes
 
     import onnxruntime
@@ -85,7 +104,60 @@ def cuda_library_error() -> str | None:
         ctypes.CDLL(library)
     except OSError as exc:
         return str(exc)
+    try:
+        ctypes.CDLL(cudnn_soname())
+    except OSError as exc:
+        return f"cuDNN: {exc}"
     return None
+
+
+def cudnn_soname() -> str:
+    """The cuDNN library this onnxruntime build loads (libcudnn.so.9 for cuDNN 9)."""
+    major = str(onnxruntime_build().get("cudnn_version") or "9").split(".")[0]
+    return f"libcudnn.so.{major if major.isdigit() else 9}"
+
+
+def _preload() -> bool:
+    """onnxruntime.preload_dlls() (onnxruntime-gpu ≥ 1.21), its prints kept off stdout; True when
+    it ran."""
+    import contextlib
+
+    import onnxruntime
+
+    preload = getattr(onnxruntime, "preload_dlls", None)
+    if preload is None:
+        return False
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            preload()
+    except Exception:  # noqa: BLE001 - a failed preload leaves the loader's own error to report
+        return False
+    return True
+
+
+# Messages of onnxruntime/CUDA that mean the machine cannot run CUDA kernels at all (a library
+# that does not load, no driver or GPU): exit 4, never a verdict about the model.
+_ENVIRONMENT_FAILURES = (
+    "cannot open shared object file", "failed to load library", "cudnn_status_not_initialized",
+    "cuda driver version is insufficient", "no cuda-capable device", "cudaerrornodevice",
+    "cudaerrorinsufficientdriver", "cuda_error_no_device", "unable to dlopen",
+)
+
+
+def environment_failure(message: str) -> bool:
+    """True when an error of a CUDA session says the CUDA environment is broken, not the model."""
+    lowered = message.lower()
+    return any(marker in lowered for marker in _ENVIRONMENT_FAILURES)
+
+
+def environment_error(exc: BaseException) -> EngineUnavailable:
+    """The exit-4 error for a CUDA session that failed because of the environment."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return EngineUnavailable(
+        f"onnxruntime's CUDA provider cannot run here: {first[:400]}; a CPU run is not reported as a GPU verdict",
+        hint="install the missing libraries (e.g. pip install 'onnxruntime-gpu[cuda,cudnn]', or the CUDA toolkit "
+             "and cuDNN on LD_LIBRARY_PATH) and check with `reprokit backends`",
+    )
 
 
 def _loaded_version(sonames: tuple[str, ...], symbol: str, by_pointer: bool) -> str | None:
