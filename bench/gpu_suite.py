@@ -182,6 +182,13 @@ def cmd_models(args) -> int:
     return 0
 
 
+def _save(folder: str, name: str, data) -> None:
+    """Write as it goes: a step killed at its time limit leaves what it found."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "w") as handle:
+        json.dump(data, handle, indent=1)
+
+
 def _load_manifest(path: str) -> list[dict]:
     with open(path) as handle:
         return json.load(handle)
@@ -261,6 +268,8 @@ def cmd_fidelity(args) -> int:
         for future in concurrent.futures.as_completed(futures):
             cell = future.result()
             cells.append(cell)
+            _save(args.out, "fidelity.json", {"targets": args.target, "models": _load_manifest(args.manifest),
+                                              "cells": cells, "partial": True})
             print(f"{cell['model']:24} {cell['target']:18} exit {cell['exit']} {cell['seconds']:6.1f}s "
                   f"{_fmt(cell) if 'error' not in cell else cell['error'][:160]}", flush=True)
     os.makedirs(args.out, exist_ok=True)
@@ -345,6 +354,7 @@ def cmd_shrink(args) -> int:
         for future in concurrent.futures.as_completed(futures):
             row = future.result()
             rows.append(row)
+            _save(args.out, "shrink.json", rows)
             print(json.dumps(row), flush=True)
     rows.sort(key=lambda r: [e["name"] for e in chosen].index(r["model"]))
     with open(os.path.join(args.out, "shrink.json"), "w") as handle:
@@ -396,6 +406,7 @@ def cmd_explain(args) -> int:
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for row in pool.map(one, jobs):
             rows.append(row)
+            _save(args.out, "explain.json", rows)
             first = (row.get("layerwise") or {}).get("first")
             print(f"{row['model']:24} {row['target']:16} {row['fidelity']:28} first: "
                   f"{json.dumps(first)[:300] if first else row.get('error', '-')}", flush=True)

@@ -72,28 +72,28 @@ for phase in "${phases[@]}"; do
     step "models"
     [ -f "$WORK/models/manifest.json" ] || "$PY" bench/gpu_suite.py models --extra "$WORK/extra" --out "$WORK/models"
     step "fidelity (${TARGETS[*]}) and the gpu tests beside it"
-    (timeout 420 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_ort_cuda.py > "$WORK/pytest-gpu.log" 2>&1
+    (timeout 330 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_ort_cuda.py > "$WORK/pytest-gpu.log" 2>&1
      echo "pytest exit $?" >> "$WORK/pytest-gpu.log") &
     tests=$!
     args=()
     for t in "${TARGETS[@]}"; do args+=(--target "$t"); done
-    timeout 420 "$PY" bench/gpu_suite.py fidelity --manifest "$WORK/models/manifest.json" "${args[@]}" --jobs 6 \
-      --out "$WORK"
+    timeout 330 "$PY" bench/gpu_suite.py fidelity --manifest "$WORK/models/manifest.json" "${args[@]}" --jobs 6 \
+      --timeout 240 --out "$WORK"
     wait $tests
     tail -15 "$WORK/pytest-gpu.log"
     pack
     ;;
   shrink)
     step "shrink, verify, audit under ort:cuda,fp16"
-    timeout 480 "$PY" bench/gpu_suite.py shrink --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
-      --target ort:cuda,fp16 --max 6 --audit 2 --jobs 3 --timeout 420 --out "$WORK"
+    timeout 360 "$PY" bench/gpu_suite.py shrink --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
+      --target ort:cuda,fp16 --max 6 --audit 2 --jobs 4 --timeout 300 --out "$WORK"
     for f in "$WORK"/shrink-*/report.tar.gz; do [ -f "$f" ] && cp "$f" "$WORK/$(basename "$(dirname "$f")").tar.gz"; done
     pack
     ;;
   explain)
     step "explain: layerwise where the emulator did not predict the kernels"
-    timeout 300 "$PY" bench/gpu_suite.py explain --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
-      --jobs 6 --timeout 240 --out "$WORK"
+    timeout 120 "$PY" bench/gpu_suite.py explain --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
+      --jobs 8 --timeout 110 --out "$WORK"
     pack
     ;;
   fallback)
