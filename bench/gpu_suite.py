@@ -227,6 +227,9 @@ def check_cell(entry: dict, target: str, timeout: float) -> dict:
                        "onnxruntime_build": meta.get("onnxruntime_build"),
                        "cuda_runtime_loaded": meta.get("cuda_runtime_loaded"),
                        "cudnn_loaded": meta.get("cudnn_loaded"), "tf32": meta.get("tf32")}
+    if meta.get("converted_to"):
+        cell["converted"] = {"schema_fp32_first": meta.get("schema_fp32"), "casts": meta.get("casts"),
+                             "no_kernel_fp32": meta.get("no_kernel_fp32"), "notes": meta.get("notes")}
     return cell
 
 
@@ -257,26 +260,66 @@ def predicted(real: dict | None, emulated: dict | None) -> str:
     return f"no: rel-L2 ×{max(a, b) / max(min(a, b), 1e-30):.1f}"
 
 
+def kept_like_the_kernels(entry: dict, narrow: str, cell: dict | None) -> list[str]:
+    """The nodes the converted model ran in float32 on the GPU (their opset allows no narrow type,
+    or onnxruntime had no narrow kernel for their op type): the emulator keeps the same ones for
+    the 'kept' column."""
+    import onnx
+
+    from reprokit.convert import convert_float_model_report
+    from reprokit.model import name_unnamed_nodes
+
+    if not cell or "error" in cell or not cell.get("converted"):
+        return []
+    model = onnx.load(entry["path"])
+    name_unnamed_nodes(model)
+    _, report = convert_float_model_report(model, narrow)
+    types = set(((cell["converted"] or {}).get("no_kernel_fp32") or {}).get("op_types") or [])
+    names = set(report.schema_fp32) | {node.name for node in model.graph.node if node.op_type in types}
+    return sorted(n for n in names if n and not any(c in n for c in ",;="))
+
+
+def _run_cells(jobs, args, cells, extra_targets=()) -> None:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(check_cell, e, t, args.timeout): (e, t, label) for e, t, label in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            cell = future.result()
+            label = futures[future][2]
+            if label:
+                cell["target"], cell["spec"] = label, cell["target"]
+            cells.append(cell)
+            _save(args.out, "fidelity.json", {"targets": list(args.target) + list(extra_targets),
+                                              "models": _load_manifest(args.manifest), "cells": cells,
+                                              "partial": True})
+            print(f"{cell['model']:24} {cell['target']:18} exit {cell['exit']} {cell['seconds']:6.1f}s "
+                  f"{_fmt(cell) if 'error' not in cell else cell['error'][:160]}", flush=True)
+
+
 def cmd_fidelity(args) -> int:
     entries = [e for e in _load_manifest(args.manifest) if "path" in e]
     if args.only:
         entries = [e for e in entries if e["name"] in args.only]
-    jobs = [(e, t) for e in entries for t in args.target]
-    cells = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(check_cell, e, t, args.timeout): (e, t) for e, t in jobs}
-        for future in concurrent.futures.as_completed(futures):
-            cell = future.result()
-            cells.append(cell)
-            _save(args.out, "fidelity.json", {"targets": args.target, "models": _load_manifest(args.manifest),
-                                              "cells": cells, "partial": True})
-            print(f"{cell['model']:24} {cell['target']:18} exit {cell['exit']} {cell['seconds']:6.1f}s "
-                  f"{_fmt(cell) if 'error' not in cell else cell['error'][:160]}", flush=True)
+    cells: list[dict] = []
+    _run_cells([(e, t, None) for e in entries for t in args.target], args, cells)
+    extra = []
+    if args.matched:  # the emulator keeping in fp32 what the GPU run kept
+        by = {(c["model"], c["target"]): c for c in cells}
+        jobs = []
+        for narrow in ("fp16", "bf16"):
+            if f"ort:cuda,{narrow}" not in args.target:
+                continue
+            extra.append(f"emulate:{narrow} kept")
+            for entry in entries:
+                names = kept_like_the_kernels(entry, narrow, by.get((entry["name"], f"ort:cuda,{narrow}")))
+                if names:
+                    jobs.append((entry, f"emulate:{narrow},fp32-nodes={';'.join(names)}", f"emulate:{narrow} kept"))
+        _run_cells(jobs, args, cells, extra)
+    targets = list(args.target) + extra
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "fidelity.json"), "w") as handle:
-        json.dump({"targets": args.target, "models": _load_manifest(args.manifest), "cells": cells}, handle,
+        json.dump({"targets": targets, "models": _load_manifest(args.manifest), "cells": cells}, handle,
                   indent=1)
-    table = fidelity_table(_load_manifest(args.manifest), args.target, cells)
+    table = fidelity_table(_load_manifest(args.manifest), targets, cells)
     with open(os.path.join(args.out, "fidelity.md"), "w") as handle:
         handle.write(table)
     print(table)
@@ -287,6 +330,8 @@ def fidelity_table(manifest: list[dict], targets: list[str], cells: list[dict]) 
     by = {(c["model"], c["target"]): c for c in cells}
     pairs = [(narrow, f"ort:cuda,{narrow}", f"emulate:{narrow}") for narrow in ("fp16", "bf16")
              if f"ort:cuda,{narrow}" in targets and f"emulate:{narrow}" in targets]
+    pairs += [(f"{narrow} (kept)", f"ort:cuda,{narrow}", f"emulate:{narrow} kept") for narrow in ("fp16", "bf16")
+              if f"emulate:{narrow} kept" in targets]
     head = ["model", "nodes"] + [f"`{t}`" for t in targets] + [f"emulator predicts {n}" for n, _, _ in pairs]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for entry in manifest:
@@ -294,7 +339,9 @@ def fidelity_table(manifest: list[dict], targets: list[str], cells: list[dict]) 
             lines.append(f"| {entry['name']} | | not run: {entry.get('skipped', '')[:120]} |")
             continue
         row = [entry["name"], str(entry.get("nodes", ""))] + [_fmt(by.get((entry["name"], t))) for t in targets]
-        row += [predicted(by.get((entry["name"], real)), by.get((entry["name"], emu))) for _, real, emu in pairs]
+        row += [predicted(by.get((entry["name"], real)), by.get((entry["name"], emu)) or
+                          (by.get((entry["name"], emu.replace(" kept", ""))) if emu.endswith(" kept") else None))
+                for _, real, emu in pairs]
         lines.append("| " + " | ".join(row) + " |")
     errors = [c for c in cells if "error" in c]
     if errors:
@@ -425,6 +472,8 @@ def main() -> int:
     fidelity.add_argument("--manifest", required=True)
     fidelity.add_argument("--target", action="append", required=True)
     fidelity.add_argument("--only", action="append")
+    fidelity.add_argument("--matched", action="store_true",
+                          help="also the emulator keeping in fp32 what the GPU run kept (column 'emulate:X kept')")
     fidelity.add_argument("--jobs", type=int, default=4)
     fidelity.add_argument("--timeout", type=float, default=300)
     fidelity.add_argument("--out", required=True)

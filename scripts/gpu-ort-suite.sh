@@ -78,16 +78,22 @@ for phase in "${phases[@]}"; do
     args=()
     for t in "${TARGETS[@]}"; do args+=(--target "$t"); done
     timeout 330 "$PY" bench/gpu_suite.py fidelity --manifest "$WORK/models/manifest.json" "${args[@]}" --jobs 6 \
-      --timeout 240 --out "$WORK"
+      --matched --timeout 240 --out "$WORK"
     wait $tests
     tail -15 "$WORK/pytest-gpu.log"
     pack
     ;;
   shrink)
-    step "shrink, verify, audit under ort:cuda,fp16"
+    # SHRINK_TARGET (default ort:cuda,fp16), SHRINK_ONLY="model …", SHRINK_OUT (default the work folder)
+    target=${SHRINK_TARGET:-ort:cuda,fp16}
+    out=${SHRINK_OUT:-$WORK}
+    only=()
+    for m in ${SHRINK_ONLY:-}; do only+=(--only "$m"); done
+    step "shrink, verify, audit under $target ${SHRINK_ONLY:-}"
+    mkdir -p "$out"
     timeout 360 "$PY" bench/gpu_suite.py shrink --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
-      --target ort:cuda,fp16 --max 6 --audit 2 --jobs 4 --timeout 300 --out "$WORK"
-    for f in "$WORK"/shrink-*/report.tar.gz; do [ -f "$f" ] && cp "$f" "$WORK/$(basename "$(dirname "$f")").tar.gz"; done
+      --target "$target" "${only[@]}" --max 6 --audit "${SHRINK_AUDIT:-2}" --jobs 4 --timeout 300 --out "$out"
+    for f in "$out"/shrink-*/report.tar.gz; do [ -f "$f" ] && cp "$f" "$out/$(basename "$(dirname "$f")").tar.gz"; done
     pack
     ;;
   explain)

@@ -228,9 +228,13 @@ def _check_json(sample: str, target: str, *extra: str) -> dict:
 @pytest.mark.parametrize("narrow", ["fp16", "bf16"])
 def test_gpu_kernels_diverge_in_the_kind_the_emulator_predicts(narrow):
     real = _check_json("attention_softmax_nan", f"ort:cuda,{narrow}")
-    emulated = _check_json("attention_softmax_nan", f"emulate:{narrow}")
-    assert real["signature"]["kind"] == emulated["signature"]["kind"]
     meta = real["target_meta"]
+    # op types onnxruntime's CUDA provider has no narrow kernel for ran in float32: the emulator
+    # keeps the same nodes
+    kept_types = set((meta.get("no_kernel_fp32") or {}).get("op_types") or [])
+    kept = [n.name for n in onnx.load(SAMPLES / "attention_softmax_nan.onnx").graph.node if n.op_type in kept_types]
+    emulated = _check_json("attention_softmax_nan", f"emulate:{narrow}" + (f",fp32-nodes={';'.join(kept)}" if kept else ""))
+    assert real["signature"]["kind"] == emulated["signature"]["kind"], (kept_types, real["signature"])
     assert meta["provider"] == CUDA and meta["converted_to"] == narrow
     assert meta["gpu"]["name"] and meta["gpu"]["compute_capability"]
     assert real["precision"] == narrow
@@ -277,3 +281,59 @@ def test_shrink_replays_gpu_targets_and_audit_sweeps_their_settings():
     assert tried["narrow"] == "ort:cuda,bf16"
     assert tried["no-tf32"] == "ort:cuda,fp16,no-tf32"
     assert tried["fp32"] == "ort:cuda" and tried["fp32-full"] == "ort:cuda,no-tf32"
+
+
+def test_ops_without_a_narrow_kernel_are_found_kept_in_fp32_and_remembered(tmp_path, monkeypatch):
+    """onnxruntime has no bf16 kernel for many ops (its CPU provider even fewer than CUDA's): the
+    session of the converted model fails to load; narrow_session finds the op types to keep in
+    float32 by trying, says so, and the next run starts from what was found (one try)."""
+    import tempfile
+
+    import onnx
+
+    from reprokit.backends.base import BuildError
+    from reprokit.backends.ort import make_session
+    from reprokit.backends.ort_cuda import narrow_session
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the cache of what was found
+    model = str(SAMPLES / "layernorm_overflow.onnx")
+    cpu = lambda path: make_session(path, providers=["CPUExecutionProvider"])  # noqa: E731
+    with pytest.raises(BuildError):  # the plain conversion does not load on the CPU provider
+        cpu(convert_for_cuda(model, "bf16", frozenset(), None, str(tmp_path), {}))
+    meta: dict = {}
+    session = narrow_session(model, "bf16", frozenset(), None, str(tmp_path), meta, cpu, "CPU provider")
+    found = meta["no_kernel_fp32"]
+    assert found["op_types"] and found["tries"] > 2
+    assert any("no bf16 kernel for" in note and "CPU provider" in note for note in meta["notes"])
+    feeds = dict(np.load(SAMPLES / "layernorm_overflow.inputs.npz"))
+    assert all(np.all(np.isfinite(out)) for out in session.run(None, feeds))
+    # each op type found is needed: keeping all the others in fp32 does not load
+    names = {n.op_type: [] for n in onnx.load(model).graph.node}
+    for node in onnx.load(model).graph.node:
+        names[node.op_type].append(node.name)
+    for op_type in found["op_types"]:
+        others = frozenset(n for t in found["op_types"] if t != op_type for n in names[t])
+        with pytest.raises(BuildError):
+            cpu(convert_for_cuda(model, "bf16", others, None, str(tmp_path), {}))
+    again: dict = {}
+    narrow_session(model, "bf16", frozenset(), None, str(tmp_path), again, cpu, "CPU provider")
+    assert again["no_kernel_fp32"]["tries"] == 1 and again["no_kernel_fp32"]["op_types"] == found["op_types"]
+
+
+def test_a_model_that_fails_for_another_reason_keeps_its_own_error(tmp_path, monkeypatch):
+    import tempfile
+
+    from reprokit.backends.base import BuildError
+    from reprokit.backends.ort import make_session
+    from reprokit.backends.ort_cuda import narrow_session
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    calls = []
+
+    def refuse(path):  # an engine that refuses every model it is given
+        calls.append(path)
+        return make_session(str(tmp_path / "missing.onnx"))
+
+    with pytest.raises(BuildError, match="could not load"):
+        narrow_session(str(SAMPLES / "conv_clip.onnx"), "fp16", frozenset(), None, str(tmp_path), {}, refuse)
+    assert len(calls) == 2  # as converted, then with every op type in fp32: no search

@@ -233,16 +233,20 @@ class OrtBackend(Backend):
         providers = self._providers()
         meta = {"optimized": self.spec.has("opt")}
         with tempfile.TemporaryDirectory(prefix="reprokit-ort-") as tmp:
-            path, weights = model_path, self.weights_dir
-            if self.narrow():
-                from reprokit.backends.ort_cuda import convert_for_cuda
-
-                keep = frozenset(n.strip() for n in str(self.spec.get("fp32-nodes", "")).split(";") if n.strip())
-                path = convert_for_cuda(model_path, self.narrow(), keep, self.weights_dir, tmp, meta)
-                weights = None  # the converted copy holds its weights (or has them beside it in tmp)
+            optimize = self.spec.has("opt")
             try:
-                session = make_session(path, optimize=self.spec.has("opt"), providers=providers,
-                                       weights_dir=weights)
+                if self.narrow():
+                    from reprokit.backends.ort_cuda import narrow_session
+
+                    keep = frozenset(n.strip() for n in str(self.spec.get("fp32-nodes", "")).split(";")
+                                     if n.strip())
+                    # the converted copies hold their weights (or have them beside them in tmp)
+                    session = narrow_session(model_path, self.narrow(), keep, self.weights_dir, tmp, meta,
+                                             lambda path: make_session(path, optimize=optimize,
+                                                                       providers=providers))
+                else:
+                    session = make_session(model_path, optimize=optimize, providers=providers,
+                                           weights_dir=self.weights_dir)
                 if self.spec.has("cuda"):
                     from reprokit.backends.ort_cuda import gpu_meta, refuse_cpu_fallback
 

@@ -240,27 +240,138 @@ def _torch_gpu(device_id: int) -> dict:
 def convert_for_cuda(model_path: str, narrow: str, keep: frozenset[str], weights_dir: str | None,
                      tmp: str, meta: dict) -> str:
     """The model converted to ``narrow`` (float32 graph I/O) in ``tmp``; returns its path."""
+    meta.update(fp32_nodes=sorted(keep))
+    return _convert(_load_source(model_path, weights_dir, bool(keep)), narrow, keep, tmp, meta)
+
+
+def _load_source(model_path: str, weights_dir: str | None, name_nodes: bool):
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
 
-    from reprokit.convert import convert_float_model_report
     from reprokit.model import name_unnamed_nodes
 
     source = onnx.load(model_path, load_external_data=False)
     load_external_data_for_model(source, weights_dir or os.path.dirname(os.path.abspath(model_path)))
-    if keep:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
+    if name_nodes:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
         name_unnamed_nodes(source)
+    return source
+
+
+def _convert(source, narrow: str, keep: frozenset[str], tmp: str, meta: dict, name: str = "model") -> str:
+    import onnx
+
+    from reprokit.convert import convert_float_model_report
+
     try:
         model, report = convert_float_model_report(source, narrow, keep)
     except ValueError as exc:
         raise InputError(f"cannot convert the model to {narrow}: {exc}",
                          hint="fp32-nodes takes the node names of the model file (unnamed: OP_INDEX)") from exc
-    meta.update(converted_to=narrow, fp32_nodes=sorted(keep), casts=report.casts,
-                schema_fp32=list(report.schema_fp32[:20]))
+    meta.update(converted_to=narrow, casts=report.casts, schema_fp32=list(report.schema_fp32[:20]))
+    meta.setdefault("notes", [])
     if report.schema_fp32:
-        meta.setdefault("notes", []).append(
-            f"{len(report.schema_fp32)} nodes stay float32: the model's opset does not allow {narrow} "
-            f"for them (first: {', '.join(report.schema_fp32[:5])})")
-    path = os.path.join(tmp, f"model_{narrow}.onnx")
+        note = (f"{len(report.schema_fp32)} nodes stay float32: the model's opset does not allow {narrow} "
+                f"for them (first: {', '.join(report.schema_fp32[:5])})")
+        if note not in meta["notes"]:
+            meta["notes"].append(note)
+    path = os.path.join(tmp, f"{name}_{narrow}.onnx")
     onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_800_000_000)
     return path
+
+
+def narrow_session(model_path: str, narrow: str, keep: frozenset[str], weights_dir: str | None, tmp: str,
+                   meta: dict, open_session, provider: str = "CUDA provider"):
+    """A session of the model converted to ``narrow``; ``open_session(path)`` makes one (BuildError
+    when onnxruntime refuses the model).
+
+    onnxruntime's CUDA provider has no kernel for some ops in some narrow types (bf16 above all):
+    such a node falls back to the CPU provider, which has none either, and the session fails to
+    load. A deployment keeps those ops in float32, and so does this: the op types to keep are found
+    by trying (the smallest set whose float32 copy loads, each try one conversion and one session),
+    remembered per onnxruntime build in the temporary folder, and said in a note. A model that
+    fails to load even with every op type kept in float32 fails for another reason: its own error."""
+    from reprokit.backends.base import BuildError
+
+    source = _load_source(model_path, weights_dir, True)
+    present = sorted({node.op_type for node in source.graph.node})
+    known = sorted(set(_no_kernel_cache(narrow)) & set(present))
+    meta.update(fp32_nodes=sorted(keep))
+    tries = {"n": 0}
+
+    def attempt(types):
+        tries["n"] += 1
+        names = keep | {node.name for node in source.graph.node if node.op_type in set(types)}
+        return open_session(_convert(source, narrow, frozenset(names), tmp, meta, f"try{tries['n']}"))
+
+    def loads(types) -> bool:
+        try:
+            attempt(types)
+        except BuildError:
+            return False
+        return True
+
+    try:
+        session, needed = attempt(known), known
+    except BuildError as first:
+        rest = [t for t in present if t not in known]
+        if not rest or not loads(known + rest):
+            raise first
+        needed = known + _smallest(rest, lambda subset: loads(known + subset))
+        _remember_no_kernel(narrow, needed)
+        session = attempt(needed)
+    if needed:
+        count = sum(node.op_type in set(needed) for node in source.graph.node)
+        meta["no_kernel_fp32"] = {"op_types": needed, "nodes": count, "tries": tries["n"]}
+        meta["notes"].append(f"onnxruntime's {provider} has no {narrow} kernel for {', '.join(needed)}: "
+                             f"{count} such nodes kept in float32 between Casts, as a deployment would have to")
+    return session
+
+
+def _smallest(types: list[str], loads) -> list[str]:
+    """A small subset of ``types`` for which ``loads`` holds (it holds for all of them): halves,
+    then smaller chunks, dropped while the rest still loads."""
+    needed = list(types)
+    chunk = max(1, len(needed) // 2)
+    while True:
+        index = 0
+        while index < len(needed) and len(needed) > 0:
+            trial = needed[:index] + needed[index + chunk:]
+            if trial != needed and loads(trial):
+                needed = trial
+            else:
+                index += chunk
+        if chunk == 1:
+            return needed
+        chunk = max(1, chunk // 2)
+
+
+def _cache_path(narrow: str) -> str:
+    import tempfile
+
+    build = onnxruntime_build()
+    tag = f"{build.get('package', 'onnxruntime')}-{build.get('version', '')}-{narrow}"
+    return os.path.join(tempfile.gettempdir(), f"reprokit-cuda-no-kernel-{tag}.json")
+
+
+def _no_kernel_cache(narrow: str) -> list[str]:
+    import json
+
+    try:
+        with open(_cache_path(narrow), encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return []
+    return [t for t in found if isinstance(t, str)] if isinstance(found, list) else []
+
+
+def _remember_no_kernel(narrow: str, types: list[str]) -> None:
+    import json
+
+    path = _cache_path(narrow)
+    merged = sorted(set(_no_kernel_cache(narrow)) | set(types))
+    try:
+        with open(f"{path}.{os.getpid()}", "w", encoding="utf-8") as handle:
+            json.dump(merged, handle)
+        os.replace(f"{path}.{os.getpid()}", path)
+    except OSError:
+        pass  # a cache only: the next run finds them again
