@@ -91,7 +91,7 @@ for phase in "${phases[@]}"; do
     for m in ${SHRINK_ONLY:-}; do only+=(--only "$m"); done
     step "shrink, verify, audit under $target ${SHRINK_ONLY:-}"
     mkdir -p "$out"
-    timeout 360 "$PY" bench/gpu_suite.py shrink --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
+    timeout "${SHRINK_LIMIT:-360}" "$PY" bench/gpu_suite.py shrink --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
       --target "$target" "${only[@]}" --max 6 --audit "${SHRINK_AUDIT:-2}" --jobs 4 --timeout 300 --out "$out"
     for f in "$out"/shrink-*/report.tar.gz; do [ -f "$f" ] && cp "$f" "$out/$(basename "$(dirname "$f")").tar.gz"; done
     pack
