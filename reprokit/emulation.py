@@ -64,6 +64,28 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
     return model
 
 
+def _clamp_weight(model, name: str, narrow_type: int, pool) -> list:
+    """Nodes clamping weight ``name`` to the narrow type's finite range (fp16: ±65504) before its
+    rounding: a weight past the range becomes the largest finite value, as reprokit's conversion
+    (reprokit.convert.values) and TensorRT ("weights … outside of [-65504, 65504] … clamped") do;
+    only computed values overflow to inf. bf16 covers float32's range: nothing to clamp."""
+    from onnx import TensorProto, helper
+
+    if narrow_type != TensorProto.FLOAT16:
+        return []
+    limit = 65504.0
+    out = pool.fresh(f"{name}__rk_clamp")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset < 11:  # Clip-6: bounds as attributes
+        return [helper.make_node("Clip", [name], [out], min=-limit, max=limit, name=out)]
+    low, high = pool.fresh(f"{name}__rk_lo"), pool.fresh(f"{name}__rk_hi")
+    return [helper.make_node("Constant", [], [low], value=helper.make_tensor(low, TensorProto.FLOAT, [], [-limit]),
+                             name=low),
+            helper.make_node("Constant", [], [high], value=helper.make_tensor(high, TensorProto.FLOAT, [], [limit]),
+                             name=high),
+            helper.make_node("Clip", [name, low, high], [out], name=out)]
+
+
 def _lift_opset(model, minimum: int):
     """The model with a default-domain opset of at least ``minimum``, for the rounding Casts
     (Cast to bfloat16 exists from opset 13 on)."""
@@ -158,9 +180,14 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
         init.name = wide
         if name in graph_inputs:  # old models list weights among the inputs too
             graph_inputs[name].name = wide
-        new_nodes.append(helper.make_node("Cast", [wide], [mid], to=narrow_type, name=mid))
+        clamp = _clamp_weight(model, wide, narrow_type, pool)
+        new_nodes.extend(clamp)
+        new_nodes.append(helper.make_node("Cast", [clamp[-1].output[0] if clamp else wide], [mid], to=narrow_type,
+                                          name=mid))
         new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=pool.fresh(name + "__rk_cast")))
-    for index, node in enumerate(graph.node):
+    narrow_reads: dict[str, str] = {}  # a kept node's fp32 output -> its rounded copy, for narrow readers
+    originals = list(graph.node)
+    for index, node in enumerate(originals):
         new_nodes.append(node)
         for sub in _subgraphs(node):
             counter[0] += 1
@@ -168,13 +195,31 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
             inner = {n for n, t in types.items() if t == TensorProto.FLOAT}
             _round_graph(model, sub, inner, types, narrow_type, keep_fp32, f"_b{counter[0]}_", counter, pool)
         if node.name in keep_fp32:
+            # stays fp32 for kept readers and the graph's outputs; a narrow reader gets it rounded,
+            # as the conversion's Cast in front of a narrow node and TensorRT's reformat do
+            for name in node.output:
+                if name and name in float_names:
+                    mid, read = pool.fresh(f"{name}__rk_narrow{tag}{index}"), pool.fresh(f"{name}__rk_read{tag}")
+                    new_nodes.append(helper.make_node("Cast", [name], [mid], to=narrow_type, name=mid))
+                    new_nodes.append(helper.make_node("Cast", [mid], [read], to=TensorProto.FLOAT, name=read))
+                    narrow_reads[name] = read
             continue
         for slot, name in enumerate(node.output):
             if not name or name not in float_names:
                 continue
             wide, mid = pool.fresh(f"{name}__rk_wide{tag}{index}"), pool.fresh(f"{name}__rk_narrow{tag}{index}")
             node.output[slot] = wide
-            new_nodes.append(helper.make_node("Cast", [wide], [mid], to=narrow_type, name=mid))
+            source = wide
+            if node.op_type == "Constant":  # a weight: clamped, as the conversion and TensorRT do
+                clamp = _clamp_weight(model, wide, narrow_type, pool)
+                new_nodes.extend(clamp)
+                source = clamp[-1].output[0] if clamp else wide
+            new_nodes.append(helper.make_node("Cast", [source], [mid], to=narrow_type, name=mid))
             new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=pool.fresh(name + "__rk_cast")))
+    for node in originals:
+        if node.name not in keep_fp32:
+            for slot, name in enumerate(node.input):
+                if name in narrow_reads:
+                    node.input[slot] = narrow_reads[name]
     del graph.node[:]
     graph.node.extend(new_nodes)

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.audit.calls import Ledger
-from reprokit.audit.ranges import RangeReport, audit_ranges, suspects_from_ranges
+from reprokit.audit.ranges import (
+    RangeReport,
+    audit_ranges,
+    close_over_readers,
+    suspects_from_ranges,
+)
 from reprokit.audit.sweep import (
     NOT_APPLICABLE,
     Bench,
@@ -290,6 +295,8 @@ def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
     # already carry the error, so keeping that node alone in fp32 cannot help.
     for group in (region, first[:1], first, region + [n for n in first if n not in region][:1], born, feeding):
         group = list(dict.fromkeys(group))[:3]
+        if ranges is not None and ranges.applicable:  # with the readers that must stay fp32 too
+            group = close_over_readers(model, ranges, group)
         if group and group not in candidates:
             candidates.append(group)
     candidates.sort(key=len)

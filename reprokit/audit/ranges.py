@@ -263,6 +263,33 @@ def overflow_region(model, report: RangeReport, start: RangeRow, limit: int = 3)
     return sorted(chosen, key=lambda n: order.get(n, 0))
 
 
+def close_over_readers(model, report: RangeReport, group: list[str], limit: int = 6) -> list[str]:
+    """``group`` with the readers that must stay fp32 with it: a node kept in fp32 hands its
+    output to a narrow reader rounded (the conversion's Cast, TensorRT's reformat), so a value
+    out of the narrow range is only safe once a kept reader has brought it back, and the large
+    inputs of a cancellation only help when the cancelling node is kept too. Topological order,
+    at most ``limit`` nodes."""
+    by_tensor = {r.tensor: r for r in report.rows}
+    nodes = {n.name: n for n in model.graph.node if n.name}
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    chosen = [n for n in group if n in nodes]
+    frontier = list(chosen)
+    while frontier and len(chosen) < limit:
+        for out in nodes[frontier.pop(0)].output:
+            row = by_tensor.get(out)
+            out_of_range = row is not None and row.finding in ("overflow", "underflow")
+            for reader in consumers.get(out, []):
+                cancels = any(getattr(by_tensor.get(o), "finding", "") == "cancellation" for o in reader.output)
+                if (out_of_range or cancels) and reader.name and reader.name not in chosen and len(chosen) < limit:
+                    chosen.append(reader.name)
+                    frontier.append(reader.name)
+    order = {n.name: i for i, n in enumerate(model.graph.node)}
+    return sorted(dict.fromkeys(chosen), key=lambda n: order.get(n, 0)) + [n for n in group if n not in nodes]
+
+
 def suspects_from_ranges(model, report: RangeReport) -> list[str]:
     """Nodes whose outputs to keep in fp32 so the first severe range finding cannot happen."""
     first = report.first
