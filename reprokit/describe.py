@@ -20,8 +20,13 @@ def engine_label(spec, env) -> str:
         return f"{name} {version}" if version else name
     if spec.engine == "openvino":
         return f"OpenVINO {env['packages'].get('openvino') or ''} CPU".replace("  ", " ")
-    if spec.engine == "ort":
-        return f"ONNX Runtime {env['packages'].get('onnxruntime') or ''}".strip()
+    if spec.engine == "ort":  # the onnxruntime that was imported (onnxruntime-gpu is another package)
+        build = env.get("onnxruntime_build") if isinstance(env.get("onnxruntime_build"), dict) else {}
+        packages = env.get("packages", {})
+        version = build.get("version") or packages.get("onnxruntime") or packages.get("onnxruntime-gpu") or ""
+        package = build.get("package") or ""
+        suffix = f" ({package})" if package and package != "onnxruntime" else ""
+        return f"ONNX Runtime {version}".strip() + suffix
     if spec.engine == "emulate":
         return f"reprokit's {'fp16' if spec.has('fp16') else 'bf16'} storage emulator"
     return _ENGINE_NAMES[spec.engine]
@@ -105,8 +110,12 @@ def _shape(vi) -> str:
     return "[" + ",".join(dims) + "]"
 
 
-def environment_lines(env) -> dict[str, str]:
+def environment_lines(env, meta: dict | None = None) -> dict[str, str]:
+    """The TensorRT template's Environment lines; ``meta`` (the verdict's target_meta) gives the
+    CUDA runtime and cuDNN the target's process loaded, which beat installed packages' versions."""
     missing = "not available on the machine that made this archive"
+    meta = meta or {}
+    loaded = {key: meta.get(key) for key in ("cuda_runtime_loaded", "cudnn_loaded")}
     gpus = env.get("gpu") or []
     gpu = "; ".join(f"{g['name']} (compute capability {g['compute_capability']})" for g in gpus)
     packages = env.get("packages", {})
@@ -115,8 +124,10 @@ def environment_lines(env) -> dict[str, str]:
         "tensorrt": env["tensorrt"]["version"] or f"{missing} (not installed)",
         "gpu": gpu or f"none ({env.get('cpu') or 'CPU'}; {missing})",
         "driver": gpus[0]["driver"] if gpus else missing,
-        "cuda": env.get("cuda_runtime") or env.get("cuda_driver_api") or missing,
-        "cudnn": env.get("cudnn") or missing,
+        "cuda": (f"{loaded['cuda_runtime_loaded']} (the runtime the target loaded)" if loaded["cuda_runtime_loaded"]
+                 else env.get("cuda_runtime") or env.get("cuda_driver_api") or missing),
+        "cudnn": (f"{loaded['cudnn_loaded']} (the library the target loaded)" if loaded["cudnn_loaded"]
+                  else env.get("cudnn") or missing),
         "os": f"{env.get('os_release') or env.get('os')} ({env.get('os')}, {env.get('machine')})",
         "python": env.get("python") or "?",
         "torch": packages.get("torch") or "not installed",

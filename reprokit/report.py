@@ -288,7 +288,7 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
         "version": __version__, "title": title(verdict, spec, env, ops), "verdict": verdict,
         "description": describe(verdict, spec, model, context), "context": context,
         "mode": verdict.target_meta.get("mode", spec.engine), "sweep": (context or {}).get("sweep"),
-        "env_lines": environment_lines(env), "archive_name": archive_name, "nodes": len(nodes), "ops": ops,
+        "env_lines": environment_lines(env, verdict.target_meta), "archive_name": archive_name, "nodes": len(nodes), "ops": ops,
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), "?"),
         "engine_requirement": ENGINE_REQUIREMENT[spec.engine], "engine_packages": ENGINE_PACKAGES[spec.engine],
         "alternative": ALTERNATIVE[spec.engine],

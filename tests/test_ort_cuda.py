@@ -337,3 +337,21 @@ def test_a_model_that_fails_for_another_reason_keeps_its_own_error(tmp_path, mon
     with pytest.raises(BuildError, match="could not load"):
         narrow_session(str(SAMPLES / "conv_clip.onnx"), "fp16", frozenset(), None, str(tmp_path), {}, refuse)
     assert len(calls) == 2  # as converted, then with every op type in fp32: no search
+
+
+def test_issue_text_names_the_onnxruntime_and_cudnn_the_target_really_used():
+    """On the H100 the image's CPU onnxruntime 1.30.0 metadata sat beside the imported
+    onnxruntime-gpu 1.31.1, and pip's nvidia-cudnn said 9.19 while the process loaded the system's
+    9.14: the title said "ONNX Runtime 1.30.0" and CUDNN 9.19. The imported build and the loaded
+    libraries win."""
+    from reprokit.describe import engine_label, environment_lines
+    from reprokit.spec import parse_target
+
+    env = {"packages": {"onnxruntime": "1.30.0"}, "tensorrt": {"version": None}, "cudnn": "9.19.0.56",
+           "cuda_runtime": "13.1", "onnxruntime_build": {"package": "onnxruntime-gpu", "version": "1.31.1"}}
+    assert engine_label(parse_target("ort:cuda,fp16"), env) == "ONNX Runtime 1.31.1 (onnxruntime-gpu)"
+    lines = environment_lines(env, {"cudnn_loaded": "9.14.0", "cuda_runtime_loaded": "13.0"})
+    assert lines["cudnn"].startswith("9.14.0") and lines["cuda"].startswith("13.0")
+    assert environment_lines(env)["cudnn"] == "9.19.0.56"  # no target process: what is installed
+    assert engine_label(parse_target("ort"), {"packages": {"onnxruntime": "1.32.0"},
+                                              "onnxruntime_build": "not available"}) == "ONNX Runtime 1.32.0"
