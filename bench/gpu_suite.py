@@ -19,6 +19,10 @@ narrow type whether the emulator predicted the GPU kernels (same kind, rel-L2 wi
 ``explain`` runs ``check --layerwise`` under both the kernels and the emulator wherever the
 emulator did not predict the kernels, and writes explain.json (where each diverges first).
 
+``keep`` checks every sample with ``fp32-nodes=`` its fault node alone and its catalog
+``keep_fp32`` set, under each --target (keep.json, keep.md): what keeping nodes in fp32 does on
+the kernels and in the emulator.
+
 ``shrink`` takes the models that diverge under the target in fidelity.json (at most --max), runs
 ``reprokit shrink`` then ``reprokit verify`` on the archive, and ``reprokit audit`` on the first
 --audit of them; writes shrink.json and shrink.md.
@@ -462,6 +466,42 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_keep(args) -> int:
+    """fp32-nodes on the kernels and in the emulator: each sample's fault node alone, then the
+    catalog's keep_fp32 set (the fault node with the readers that bring its values back in range)."""
+    with open(os.path.join(ROOT, "samples", "catalog.json")) as handle:
+        catalog = json.load(handle)["samples"]
+    jobs = []
+    for sample in catalog:
+        entry = {"name": sample["name"], "path": os.path.join(ROOT, "samples", sample["file"]),
+                 "inputs": os.path.join(ROOT, "samples", sample["inputs"])}
+        for label, nodes in (("fault node", [sample["fault_node"]]), ("keep_fp32", sample["keep_fp32"])):
+            for target in args.target:
+                jobs.append((entry, f"{target},fp32-nodes={';'.join(nodes)}", f"{target} | {label}"))
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(check_cell, e, t, args.timeout): label for e, t, label in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            cell = future.result()
+            cell["label"] = futures[future]
+            rows.append(cell)
+            _save(args.out, "keep.json", rows)
+            print(f"{cell['model']:24} {cell['label']:32} {_fmt(cell) if 'error' not in cell else cell['error'][:200]}",
+                  flush=True)
+    labels = [f"{t} | {k}" for k in ("fault node", "keep_fp32") for t in args.target]
+    by = {(r["model"], r["label"]): r for r in rows}
+    lines = ["| sample | " + " | ".join(f"`{label.split(' | ')[0]}` {label.split(' | ')[1]}" for label in labels) + " |",
+             "| --- | " + " | ".join("---" for _ in labels) + " |"]
+    for sample in catalog:
+        lines.append(f"| {sample['name']} | " + " | ".join(_fmt(by.get((sample["name"], label))) for label in labels)
+                     + " |")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "keep.md"), "w") as handle:
+        handle.write(table)
+    print(table)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -493,8 +533,14 @@ def main() -> int:
     explain.add_argument("--jobs", type=int, default=4)
     explain.add_argument("--timeout", type=float, default=300)
     explain.add_argument("--out", required=True)
+    keep = sub.add_parser("keep")
+    keep.add_argument("--target", action="append", required=True)
+    keep.add_argument("--jobs", type=int, default=6)
+    keep.add_argument("--timeout", type=float, default=240)
+    keep.add_argument("--out", required=True)
     args = parser.parse_args()
-    commands = {"models": cmd_models, "fidelity": cmd_fidelity, "shrink": cmd_shrink, "explain": cmd_explain}
+    commands = {"models": cmd_models, "fidelity": cmd_fidelity, "shrink": cmd_shrink, "explain": cmd_explain,
+                "keep": cmd_keep}
     return commands[args.command](args)
 
 

@@ -7,6 +7,7 @@
 #        fidelity  check every model of bench/gpu_suite.py under ort:cuda, ort:cuda,fp16, emulate:fp16,
 #                  ort:cuda,bf16, emulate:bf16 (with the gpu tests, pytest -m gpu, beside it)
 #        shrink    shrink + verify (+ audit) under ort:cuda,fp16 on the models that diverge
+#        keep      fp32-nodes on the samples: fault node alone, catalog keep_fp32 (kernels, emulator)
 #        explain   check --layerwise under kernels and emulator where the emulator missed
 #        fallback  the CPU-fallback refusal: the CUDA provider with cuBLAS, then cuDNN, hidden
 # Results: $OUT/suite.log and $OUT/results.tgz (what the device tool brings back).
@@ -53,7 +54,7 @@ if [ ! -x "$(dirname "$PY")/reprokit" ]; then
 fi
 
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(info fidelity shrink explain fallback)
+[ ${#phases[@]} -gt 0 ] || phases=(info fidelity keep shrink explain fallback)
 TARGETS=(ort:cuda ort:cuda,fp16 emulate:fp16 ort:cuda,bf16 emulate:bf16)
 
 for phase in "${phases[@]}"; do
@@ -94,6 +95,11 @@ for phase in "${phases[@]}"; do
     timeout "${SHRINK_LIMIT:-360}" "$PY" bench/gpu_suite.py shrink --manifest "$WORK/models/manifest.json" --fidelity "$WORK/fidelity.json" \
       --target "$target" "${only[@]}" --max 6 --audit "${SHRINK_AUDIT:-2}" --jobs 4 --timeout 300 --out "$out"
     for f in "$out"/shrink-*/report.tar.gz; do [ -f "$f" ] && cp "$f" "$out/$(basename "$(dirname "$f")").tar.gz"; done
+    pack
+    ;;
+  keep)
+    step "fp32-nodes: the fault node alone and the catalog's keep_fp32, kernels and emulator"
+    timeout 200 "$PY" bench/gpu_suite.py keep --target ort:cuda,fp16 --target emulate:fp16 --jobs 8 --out "$WORK"
     pack
     ;;
   explain)
