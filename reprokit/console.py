@@ -182,7 +182,11 @@ def print_shrink(result) -> None:
     out.print(f"[bold]reprokit shrink[/] {s['model']} → {result.minimal_path}")
     out.print(f"  signature  {s['signature']['kind']}"
               + (f" ({s['signature']['detail']})" if s['signature']['detail'] else ""))
-    out.print(f"  nodes      {s['original']['nodes']} → {s['minimal']['nodes']}  ops: {', '.join(s['minimal']['ops'])}"
+    inside = ""
+    if "nodes_with_subgraphs" in s["original"] or s["minimal"].get("nodes_with_subgraphs", 0) > s["minimal"]["nodes"]:
+        inside = (f" ({s['original'].get('nodes_with_subgraphs', s['original']['nodes'])} → "
+                  f"{s['minimal'].get('nodes_with_subgraphs', s['minimal']['nodes'])} counted inside If/Loop bodies)")
+    out.print(f"  nodes      {s['original']['nodes']} → {s['minimal']['nodes']}{inside}  ops: {', '.join(s['minimal']['ops'])}"
               f"  (1-minimal: {'yes' if s['one_minimal'] else 'not proven'})")
     out.print("  inputs     " + ", ".join(f"{i['name']}{i['shape']}" for i in s['minimal']['inputs']))
     out.print("  outputs    " + ", ".join(o['name'] for o in s['minimal']['outputs']))

@@ -141,6 +141,6 @@ def keep_opening(run, store, graph_outputs: dict, verdict):
                                       "candidate kept inside an If (" + "; ".join(run.levels[deepest][1]) + ")")
             return lambda sub: wrap_in_if(sub, cond, value)
     run.prepared.notes.append("the divergence needs the control flow as it is: reduced at the top level, "
-                              "If/Loop nodes kept whole")
+                              "If/Loop nodes kept (then the nodes inside the kept If branches: the inside step)")
     run.model, run.index = run.given, GraphIndex.build(run.given)
     return None

@@ -82,6 +82,12 @@ def auto_call_budget(nodes: int, replays: int = 0) -> int:
     return 2 * math.ceil(math.log2(nodes + 1)) + 2 + replays
 
 
+def inside_allowance(inner: int) -> int:
+    """What the auto budget adds for reducing inside If branches (the inside step) when the model
+    reduced still has ``inner`` nodes inside control flow: a bisection's worth of them."""
+    return 2 * math.ceil(math.log2(inner + 1)) if inner > 0 else 0
+
+
 @dataclass
 class ShrinkResult:
     summary: dict
@@ -126,6 +132,9 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
     reducer.wrap = wrap
     reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
+    # the inside step replaces the run's model: only where nothing else reads the old numbering
+    reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)
+    reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
     if not accept_milder:
         reducer.severity = severity_floor(verdict)
@@ -139,6 +148,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) + opening_calls
                  + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0)
+                 + (inside_allowance(count_nodes(run.model.graph) - original_nodes + (original_nodes if wrap else 0))
+                    if reducer.reach_inside else 0)
                  if limits.max_calls == -1 else limits.max_calls)
     earlier = _earlier_calls(out_dir) if resume else 0
     writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,

@@ -110,6 +110,17 @@ def rename_outer_refs(body, mapping: dict[str, str], shadow: set[str]) -> None:
             out.name = mapping[out.name]
 
 
+def if_conditions(nodes) -> set[str]:
+    """The condition tensors of the If nodes among ``nodes`` and inside their bodies."""
+    names: set[str] = set()
+    for node in nodes:
+        if node.op_type == "If" and node.input:
+            names.add(node.input[0])
+        for body in bodies(node):
+            names |= if_conditions(body.node)
+    return names
+
+
 def outer_scope_names(node) -> set[str]:
     """Names a node's subgraph bodies read from the enclosing graph."""
     names: set[str] = set()
@@ -152,6 +163,7 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
             consumed.setdefault(tensor, None)
     graph = onnx.GraphProto(name="reprokit_subgraph")
     graph.node.extend(model.graph.node[i] for i in keep)
+    conditions = if_conditions(graph.node)
     new_feeds: dict[str, np.ndarray] = {}
     for tensor in consumed:
         if tensor in produced:
@@ -166,9 +178,11 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
         # tensors (shapes, indices) become constants: fed as inputs they would turn static
         # shapes dynamic, which is itself a different program for TensorRT.
         # Cut tensors that depend on no graph input are constants of the user's model: folded
-        # here, per candidate, so the model itself is confirmed exactly as given.
-        if not user_input and (tensor in index.constants
-                               or (value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT)):
+        # here, per candidate, so the model itself is confirmed exactly as given. An If's
+        # condition computed at run time stays an input: folded, the engine would resolve an If
+        # it could not resolve in the model (and drop the branch it fails on).
+        small = value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT and tensor not in conditions
+        if not user_input and (tensor in index.constants or small):
             graph.initializer.append(numpy_helper.from_array(np.array(value), tensor))
             continue
         if user_input and tensor in index.declared:

@@ -78,6 +78,39 @@ def loop_overflow_model() -> onnx.ModelProto:
     return model
 
 
+def rank_in_branch_model():
+    """x[1,4,8], flag bool → a = Relu(x); If(flag):
+        then: m = Mul(a, 2) → n = Neg(m) → s = Squeeze(n, [0]) [4,8]; t = Tanh(a) → If(flag2): Sigmoid(t) | Identity(t)
+        else: Identity(a) [1,4,8]; Identity(a)
+    → Conv(if_out, w) — the If's output rank is unknown (3 or 2): OpenVINO refuses the Conv"""
+    inner_then = helper.make_graph([helper.make_node("Sigmoid", ["t"], ["g"], name="then/inner/sigmoid")],
+                                   "inner_then", [], [_value("g", [1, 4, 8])])
+    inner_else = helper.make_graph([helper.make_node("Identity", ["t"], ["h"], name="then/inner/id")],
+                                   "inner_else", [], [_value("h", [1, 4, 8])])
+    then = helper.make_graph(
+        [helper.make_node("Mul", ["a", "two"], ["m"], name="then/mul"),
+         helper.make_node("Neg", ["m"], ["n"], name="then/neg"),
+         helper.make_node("Squeeze", ["n", "axes"], ["s"], name="then/squeeze"),
+         helper.make_node("Tanh", ["a"], ["t"], name="then/tanh"),
+         helper.make_node("If", ["flag2"], ["side"], name="then/if", then_branch=inner_then, else_branch=inner_else)],
+        "then", [], [_value("s", [4, 8]), _value("side", [1, 4, 8])],
+        [_const("two", 2.0), numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["e"], name="else/id"),
+         helper.make_node("Identity", ["a"], ["e2"], name="else/id2")],
+        "else", [], [_value("e", [1, 4, 8]), _value("e2", [1, 4, 8])])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("If", ["flag"], ["b", "side_out"], name="branch", then_branch=then, else_branch=other),
+             helper.make_node("Conv", ["b", "w"], ["y"], name="conv"),
+             helper.make_node("Sigmoid", ["side_out"], ["z"], name="side")]
+    graph = helper.make_graph(nodes, "rank", [_value("x", [1, 4, 8]), _value("flag", [], TensorProto.BOOL),
+                                              _value("flag2", [], TensorProto.BOOL)],
+                              [_value("y", [1, 2, 8]), _value("z", [1, 4, 8])], [_const("w", np.ones((2, 4, 1)))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def feeds(tmp_path, **arrays) -> str:
     path = str(tmp_path / "feeds.npz")
     np.savez(path, **arrays)
@@ -204,3 +237,114 @@ def test_a_rewrite_the_reference_refuses_is_an_internal_error_naming_the_step(tm
         shrinking.shrink(path, "emulate:fp16", str(tmp_path / "out"))
     assert caught.value.exit_code is ExitCode.INTERNAL
     assert "capturing reference activations" in str(caught.value) and "model as given runs" in str(caught.value)
+
+
+def _branch(node, name):
+    return next(a.g for a in node.attribute if a.name == name)
+
+
+def test_cuts_inside_a_branch_read_captured_values_or_zeros_where_the_branch_does_not_run():
+    """Sites of rank_in_branch_model (flag False: the else branch runs): a removed node of the
+    branch that does not run is fed zeros of its inferred shape; a branch output whose producer
+    goes is refused; an If output nothing reads goes from the If and both branches."""
+    from reprokit.branchcut import Refused, Sites
+
+    model = rank_in_branch_model()
+    fed = {"x": np.ones((1, 4, 8), np.float32), "flag": np.array(False), "flag2": np.array(True)}
+    a = np.ones((1, 4, 8), np.float32)
+    captured = {"a": a, "b": a, "side_out": a, "y": np.zeros((1, 2, 8), np.float32), "z": a}
+
+    class Store(dict):
+        def get(self, name):
+            return self[name]
+
+        def info(self, name):
+            return self[name].shape, self[name].dtype
+
+    sites = Sites(model, Store(captured), fed)
+    label = {}
+    for number, site in enumerate(sites.sites):
+        graph = model.graph
+        for position, branch in site.path:
+            graph = _branch(graph.node[position], branch)
+        label[graph.node[site.position].name] = number
+    every = frozenset(range(len(sites.sites)))
+    assert len(every) == 13 and not sites.sites[label["then/neg"]].taken and sites.sites[label["else/id"]].taken
+    without_neg = sites.extraction(every - {label["then/neg"]})
+    assert np.array_equal(without_neg.feeds["n"], np.zeros((1, 4, 8), np.float32))
+    without_relu = sites.extraction(every - {label["relu"]})
+    assert np.array_equal(without_relu.feeds["a"], a)  # cut at the top level: the captured value
+    assert "would be a name from outside" in sites.refused(every - {label["else/id"]})
+    side = {label[n] for n in ("then/tanh", "then/if", "then/inner/sigmoid", "then/inner/id", "side")}
+    dropped = sites.extraction(every - side - {label["else/id2"]}).model
+    node = next(n for n in dropped.graph.node if n.op_type == "If")
+    assert list(node.output) == ["b"] and [o.name for o in _branch(node, "else_branch").output] == ["e"]
+    with pytest.raises(Refused):  # the If gone, its branches' nodes with it: nothing left
+        sites.extraction(every - {label["relu"], label["branch"], label["conv"], label["side"]} - side)
+
+
+@pytest.mark.slow
+def test_shrink_reduces_inside_the_branches_of_the_if_an_engine_needs(tmp_path):
+    """OpenVINO refuses the Conv only while the If's output rank is unknown (Squeeze in one
+    branch, Identity in the other): opened, the rank is known, so the If stays — and the nodes
+    inside its branches that play no part go (Mul, Neg, Tanh, the nested If, the side output)."""
+    fed = feeds(tmp_path, x=np.linspace(0.1, 1, 32, dtype=np.float32).reshape(1, 4, 8), flag=np.array(False),
+                flag2=np.array(True))
+    got = shrink(tmp_path, rank_in_branch_model(), "openvino:f32", fed)
+    minimal = got["model"]
+    assert [n.op_type for n in minimal.graph.node] == ["If", "Conv"]
+    node = minimal.graph.node[0]
+    assert [n.name for n in _branch(node, "then_branch").node] == ["then/squeeze"]
+    assert [n.name for n in _branch(node, "else_branch").node] == ["else/id"]
+    assert got["original"]["nodes_with_subgraphs"] == 13 and got["minimal"]["nodes_with_subgraphs"] == 4
+    inside = next(s for s in got["steps"] if s["step"] == "inside")
+    assert inside["calls"] > 0 and inside["accepted"] > 0
+    assert "rank has to be known" in got["signature"]["detail"]
+
+
+MUL_IN_IF_CHECK = """\
+# a numeric check that drifts (outputs x1.5) while an If branch holds a Mul: the If must stay
+import sys, numpy as np, onnx, onnxruntime as ort
+model_path, inputs, outputs = sys.argv[1:4]
+m = onnx.load(model_path)
+feeds = dict(np.load(inputs))
+sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+names = [o.name for o in sess.get_outputs()]
+res = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+def mul_in_if(g):
+    return any(n.op_type == "If" and any(any(x.op_type == "Mul" for x in a.g.node) or mul_in_if(a.g)
+                                         for a in n.attribute) for n in g.node)
+bad = mul_in_if(m.graph)
+np.savez(outputs, **{k: (v * 1.5 if bad and v.dtype.kind == "f" else v) for k, v in zip(names, res)})
+"""
+
+
+@pytest.mark.slow
+def test_under_a_numeric_target_the_reduction_reaches_inside_the_branches(tmp_path):
+    """x[1,8], flag → a = Abs(x); If(flag): then: Mul(Relu(a), 2) → Tanh; Sigmoid(a)
+    else: Neg(a); Identity(a) → Exp(y) — a check whose outputs drift while a Mul sits in an If."""
+    then = helper.make_graph([helper.make_node("Relu", ["a"], ["r"], name="t/relu"),
+                              helper.make_node("Mul", ["r", "two"], ["m"], name="t/mul"),
+                              helper.make_node("Tanh", ["m"], ["o"], name="t/tanh"),
+                              helper.make_node("Sigmoid", ["a"], ["o2"], name="t/sig")],
+                             "then", [], [_value("o", [1, 8]), _value("o2", [1, 8])], [_const("two", 2.0)])
+    other = helper.make_graph([helper.make_node("Neg", ["a"], ["e"], name="e/neg"),
+                               helper.make_node("Identity", ["a"], ["e2"], name="e/id")],
+                              "else", [], [_value("e", [1, 8]), _value("e2", [1, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Abs", ["x"], ["a"], name="abs"),
+         helper.make_node("If", ["flag"], ["y", "y2"], name="if", then_branch=then, else_branch=other),
+         helper.make_node("Exp", ["y"], ["z"], name="exp")],
+        "g", [_value("x", [1, 8]), _value("flag", [], TensorProto.BOOL)], [_value("z", [1, 8]), _value("y2", [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    check = tmp_path / "mul_in_if.py"
+    check.write_text(MUL_IN_IF_CHECK)
+    fed = feeds(tmp_path, x=np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8), flag=np.array(True))
+    got = shrink(tmp_path, model, f"cmd:{PY} {check} {{model}} {{inputs}} {{outputs}}", fed, "--one-by-one")
+    minimal = got["model"]
+    assert got["signature"]["kind"] == "mismatch"
+    assert [n.op_type for n in minimal.graph.node] == ["If"] and list(minimal.graph.node[0].output) == ["y"]
+    node = minimal.graph.node[0]
+    assert [n.name for n in _branch(node, "then_branch").node] == ["t/mul", "t/tanh"]  # Relu's output: captured
+    assert [n.name for n in _branch(node, "else_branch").node] == ["e/neg"]
+    assert got["minimal"]["nodes_with_subgraphs"] == 4 and got["original"]["nodes_with_subgraphs"] == 9

@@ -13,6 +13,9 @@ region says instead (attribution).
 5. **window** (bisection of the end and the start), **branches** (one output's cone) and
    **ddmin** (chunk deletion down to single nodes; packed complements for numeric oracles) —
    ddmin's last sweep proves 1-minimality, usually from answers already cached.
+   **inside** takes ddmin's place when the best still holds If nodes with nodes in their
+   branches: ddmin over every node, those inside the branches included (``passes/inside.py``);
+   the reduced model becomes the run's model.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reprokit.oracle import Kind
-from reprokit.reduce.passes import branches, ddmin, localize, named, survey, window
+from reprokit.reduce.passes import branches, ddmin, inside, localize, named, survey, window
 from reprokit.reduce.reducer import BudgetExhausted
 
 NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)
@@ -67,6 +70,12 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
             window.run(reducer)
         reducer.begin("branches")
         branches.run(reducer)
+        if reducer.reach_inside and inside.holds_if(reducer):
+            # ddmin over every node, those inside the kept If branches included: the top-level
+            # ddmin's candidates are among its own
+            reducer.begin("inside")
+            if inside.run(reducer):
+                return "reduced"
         reducer.begin("ddmin")
         ddmin.run(reducer)
     except BudgetExhausted:

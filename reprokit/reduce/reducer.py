@@ -127,6 +127,11 @@ class Reducer:
     names_select_nodes: bool = False  # the target picks nodes by name (fp32-nodes=): packs keep them
     keep_inputs: bool = False  # --no-reduce-inputs: every candidate reads only the model's own inputs
     keep_outputs: bool = False  # --no-reduce-outputs: every candidate gives exactly the model's outputs
+    reach_inside: bool = False  # the "inside" step may reduce the nodes inside kept If branches
+    scope: str = ""  # journal keys of candidates over another node numbering (sites inside branches)
+    build: Callable | None = None  # the candidate's model, when node ids are not top-level positions
+    refuse: Callable | None = None  # why a candidate cannot be built (no engine call), or None
+    guard: Callable | None = None  # guard(step, run) runs the reference on a model reprokit built
     _current: str = "setup"
 
     def __post_init__(self):
@@ -139,12 +144,13 @@ class Reducer:
 
     # -- candidates -------------------------------------------------------------------------
 
-    @staticmethod
-    def key(nodes: Iterable[int]) -> str:
-        text = ",".join(map(str, sorted(nodes)))
+    def key(self, nodes: Iterable[int]) -> str:
+        text = self.scope + ",".join(map(str, sorted(nodes)))
         return "cand:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def extraction(self, nodes, *, check: bool = True):
+        if self.build is not None:
+            return self.build(nodes, check)
         sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
         return self.wrap(sub) if self.wrap is not None and sub.outputs else sub
 
@@ -157,6 +163,9 @@ class Reducer:
             return Outcome(False, "no-anchor", "", None, True)
         if (self.keep_inputs or self.keep_outputs) and not self.io_kept(nodes):
             return Outcome(False, "invalid", "changes the model's inputs or outputs", None, True)
+        why = self.refuse(nodes) if self.refuse is not None else None
+        if why:
+            return Outcome(False, "invalid", why, None, True)
         saved = self.journal.get(self.key(nodes))
         if saved is not None:
             return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True,
