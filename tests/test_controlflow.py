@@ -348,3 +348,30 @@ def test_under_a_numeric_target_the_reduction_reaches_inside_the_branches(tmp_pa
     assert [n.name for n in _branch(node, "then_branch").node] == ["t/mul", "t/tanh"]  # Relu's output: captured
     assert [n.name for n in _branch(node, "else_branch").node] == ["e/neg"]
     assert got["minimal"]["nodes_with_subgraphs"] == 4 and got["original"]["nodes_with_subgraphs"] == 9
+
+
+@pytest.mark.slow
+def test_a_capture_inside_the_branches_the_reference_refuses_is_an_internal_error(tmp_path, monkeypatch):
+    """Fault injection: the model the inside step captures on comes out with a dangling tensor
+    reference. The model as given runs: exit 70, naming the step, never "the reference fails"."""
+    from reprokit import model as models
+    from reprokit import shrink as shrinking
+    from reprokit.errors import ExitCode, ReprokitError
+
+    path = str(tmp_path / "m.onnx")
+    onnx.save(rank_in_branch_model(), path)
+    real = models.mark_outputs
+
+    def broken_marking(m, names):
+        marked = real(m, names)
+        marked.graph.node[-1].input[0] = "no_such_tensor"
+        return marked
+
+    monkeypatch.setattr(models, "mark_outputs", broken_marking)  # read late: only the inside step's capture
+    fed = feeds(tmp_path, x=np.ones((1, 4, 8), np.float32), flag=np.array(False), flag2=np.array(True))
+    from reprokit.session import RunOptions
+
+    with pytest.raises(ReprokitError) as caught:
+        shrinking.shrink(path, "openvino:f32", str(tmp_path / "out"), options=RunOptions(inputs=fed))
+    assert caught.value.exit_code is ExitCode.INTERNAL
+    assert "reducing inside If branches" in str(caught.value) and "model as given runs" in str(caught.value)
