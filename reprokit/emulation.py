@@ -60,7 +60,10 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
              if vi.type.HasField("tensor_type")}
     outer.update({init.name: init.data_type for init in model.graph.initializer})
     pool = FreshNames.of(model)
-    _round_graph(model, model.graph, float_names, outer, narrow_type, keep_fp32, "", [0], pool)
+    initializers = {init.name for init in model.graph.initializer}
+    float_inputs = [vi.name for vi in model.graph.input if vi.name not in initializers
+                    and vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == TensorProto.FLOAT]
+    _round_graph(model, model.graph, float_names, outer, narrow_type, keep_fp32, "", [0], pool, float_inputs)
     return model
 
 
@@ -164,9 +167,12 @@ def _body_types(model, graph, outer: dict[str, int]) -> dict[str, int]:
     return types
 
 
-def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, counter, pool) -> None:
+def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, counter, pool,
+                 float_inputs=()) -> None:
     """Round ``graph``'s float initializers and node outputs, and every body nested in it: a
-    body's values never leave it unrounded, so an overflow inside an If branch or a Loop shows."""
+    body's values never leave it unrounded, so an overflow inside an If branch or a Loop shows.
+    ``float_inputs`` (the model's float graph inputs) reach narrow readers rounded and nodes kept
+    in fp32 as given, as the converted model's Casts and TensorRT's input reformat do."""
     from onnx import TensorProto, helper
 
     readers = _reads(graph)
@@ -186,6 +192,11 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
                                           name=mid))
         new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=pool.fresh(name + "__rk_cast")))
     narrow_reads: dict[str, str] = {}  # a kept node's fp32 output -> its rounded copy, for narrow readers
+    for name in float_inputs:
+        mid, read = pool.fresh(f"{name}__rk_narrow{tag}"), pool.fresh(f"{name}__rk_read{tag}")
+        new_nodes.append(helper.make_node("Cast", [name], [mid], to=narrow_type, name=mid))
+        new_nodes.append(helper.make_node("Cast", [mid], [read], to=TensorProto.FLOAT, name=read))
+        narrow_reads[name] = read
     originals = list(graph.node)
     for index, node in enumerate(originals):
         new_nodes.append(node)

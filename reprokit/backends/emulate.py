@@ -78,7 +78,9 @@ class EmulateBackend(Backend):
             path = os.path.join(tmp, "emulated.onnx")
             onnx.save(model, path)
             session = make_session(path, weights_dir=weights)
-            rounded = {k: _rounded(v, self.narrow()) for k, v in feeds.items()}
+            # float tensor inputs are rounded inside the model (for narrow readers only); a
+            # sequence's tensors are rounded here
+            rounded = {k: _rounded(v, self.narrow()) if isinstance(v, (list, tuple)) else v for k, v in feeds.items()}
             outputs = run_session(session, rounded, output_names)
         return RunResult(outputs=outputs, meta={"storage": self.narrow(), "fp32_nodes": sorted(keep)})
 
