@@ -505,39 +505,34 @@ def cmd_keep(args) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, jobs: int, timeout: float, *, manifest: bool = True, fidelity: bool = False):
+        found = sub.add_parser(name)
+        if manifest:
+            found.add_argument("--manifest", required=True)
+        if fidelity:
+            found.add_argument("--fidelity", required=True)
+        found.add_argument("--jobs", type=int, default=jobs)
+        found.add_argument("--timeout", type=float, default=timeout)
+        found.add_argument("--out", required=True)
+        return found
+
     models = sub.add_parser("models")
     models.add_argument("--extra", default="", help="folder with the third-party .onnx files")
     models.add_argument("--out", required=True)
-    fidelity = sub.add_parser("fidelity")
-    fidelity.add_argument("--manifest", required=True)
+    fidelity = command("fidelity", 4, 300)
     fidelity.add_argument("--target", action="append", required=True)
     fidelity.add_argument("--only", action="append")
     fidelity.add_argument("--matched", action="store_true",
                           help="also the emulator keeping in fp32 what the GPU run kept (column 'emulate:X kept')")
-    fidelity.add_argument("--jobs", type=int, default=4)
-    fidelity.add_argument("--timeout", type=float, default=300)
-    fidelity.add_argument("--out", required=True)
-    shrink = sub.add_parser("shrink")
-    shrink.add_argument("--manifest", required=True)
-    shrink.add_argument("--fidelity", required=True)
+    shrink = command("shrink", 3, 400, fidelity=True)
     shrink.add_argument("--target", required=True)
     shrink.add_argument("--only", action="append")
     shrink.add_argument("--max", type=int, default=6)
     shrink.add_argument("--audit", type=int, default=2)
-    shrink.add_argument("--jobs", type=int, default=3)
-    shrink.add_argument("--timeout", type=float, default=400)
-    shrink.add_argument("--out", required=True)
-    explain = sub.add_parser("explain")
-    explain.add_argument("--manifest", required=True)
-    explain.add_argument("--fidelity", required=True)
-    explain.add_argument("--jobs", type=int, default=4)
-    explain.add_argument("--timeout", type=float, default=300)
-    explain.add_argument("--out", required=True)
-    keep = sub.add_parser("keep")
+    command("explain", 4, 300, fidelity=True)
+    keep = command("keep", 6, 240, manifest=False)
     keep.add_argument("--target", action="append", required=True)
-    keep.add_argument("--jobs", type=int, default=6)
-    keep.add_argument("--timeout", type=float, default=240)
-    keep.add_argument("--out", required=True)
     args = parser.parse_args()
     commands = {"models": cmd_models, "fidelity": cmd_fidelity, "shrink": cmd_shrink, "explain": cmd_explain,
                 "keep": cmd_keep}
