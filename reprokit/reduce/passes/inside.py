@@ -55,6 +55,7 @@ def run(reducer) -> bool:
     if reducer.budget is not None:
         inner.budget = max(0, reducer.budget - reducer.spent)
     inner.on_accept = lambda r, step: _adopt(reducer, r, sites.extraction(r.best), store)
+    reducer.event(f"inside: {sites.inside} of the {len(sites.sites)} nodes sit inside If branches")
     inner.begin("inside")
     reducer.one_minimal = False
     try:
