@@ -314,7 +314,7 @@ def test_layerwise_names_the_node_where_nan_or_inf_is_born_first(tmp_path):
     """PP-OCRv4 rec's shape: a mismatch starts early (a cancellation after an fp16 rounding, then
     Clips carry it), and the Inf is born later in a Mul whose inputs already mismatch but are
     finite. The first rows name the Mul — the node shrink finds — before the cancellation."""
-    # x[2,8] -> Add(2048.3) -> Sub(2048) -> Clip(0, 3000) -> Clip -> Mul(1e5) -> Sub(self) -> y
+    # x[2,8] -> Add(2049.3) -> Sub(2048) -> Clip(0, 3000) -> Clip -> Mul(6e4) -> Sub(self) -> y
     model = opset_model(
         [helper.make_node("Add", ["x", "shift"], ["a"], name="add"),
          helper.make_node("Sub", ["a", "unshift"], ["d"], name="cancel"),
@@ -324,11 +324,11 @@ def test_layerwise_names_the_node_where_nan_or_inf_is_born_first(tmp_path):
          helper.make_node("Sub", ["m", "m"], ["y"], name="sub")],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
-        [numpy_helper.from_array(np.array(2048.3, np.float32), "shift"),
+        [numpy_helper.from_array(np.array(2049.3, np.float32), "shift"),
          numpy_helper.from_array(np.array(2048.0, np.float32), "unshift"),
          numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
          numpy_helper.from_array(np.array(3000.0, np.float32), "hi"),
-         numpy_helper.from_array(np.array(1e5, np.float32), "big")])
+         numpy_helper.from_array(np.array(6e4, np.float32), "big")])
     path = str(tmp_path / "born.onnx")
     onnx.save(model, path)
     result = check(path, "emulate:fp16", layerwise=True)
@@ -364,7 +364,7 @@ def test_shrink_takes_an_int4_feed_it_does_not_reduce(tmp_path, cli):
     Mul instead of stopping with an internal error."""
     import ml_dtypes
 
-    big = numpy_helper.from_array(np.array(1e5, np.float32), "big")
+    big = numpy_helper.from_array(np.array(6e4, np.float32), "big")
     model = opset_model([helper.make_node("CastLike", ["x", "like"], ["q"]),
                          helper.make_node("Cast", ["q"], ["qf"], to=TensorProto.FLOAT),
                          helper.make_node("Mul", ["x", "big"], ["y"])],

@@ -267,7 +267,8 @@ def test_the_user_integer_inputs_stay_inputs_of_the_minimal_model(tmp_path):
     np.savez(inputs, input_ids=np.array([[1, 7, 3, 7, 2, 0]], np.int64))
     result = shrink(path, "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=str(inputs)))
     minimal = onnx.load(result.minimal_path)
-    assert [n.name for n in minimal.graph.node] == ["gather"]
+    # the embedding is clamped to 65504 in fp16 (as TensorRT does): the MatMul's sum overflows
+    assert "gather" in [n.name for n in minimal.graph.node]
     assert "input_ids" in [i.name for i in minimal.graph.input]
     assert "input_ids" not in [t.name for t in minimal.graph.initializer]
     with np.load(os.path.join(result.out_dir, "inputs.npz")) as data:

@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 def channel_scale_model() -> onnx.ModelProto:
     """x[1,8,32,32] → Relu → Mul(w[1,8,1,1] = 1e5 per channel) → Neg → y: the Mul overflows fp16
-    everywhere; the channel axis cannot shrink (w broadcasts over exactly 8 channels)."""
+    everywhere (w is clamped to 65504 in fp16, as TensorRT does, and x is 1.5–2); the channel axis
+    cannot shrink (w broadcasts over exactly 8 channels)."""
     w = numpy_helper.from_array(np.full((1, 8, 1, 1), 1e5, np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"], name="relu"),
@@ -29,7 +30,7 @@ def channel_scale_model() -> onnx.ModelProto:
 def model_and_feeds(tmp_path_factory):
     folder = tmp_path_factory.mktemp("shapes")
     onnx.save(channel_scale_model(), str(folder / "m.onnx"))
-    np.savez(folder / "x.npz", x=np.random.default_rng(0).uniform(0.5, 1.0, (1, 8, 32, 32)).astype(np.float32))
+    np.savez(folder / "x.npz", x=np.random.default_rng(0).uniform(1.5, 2.0, (1, 8, 32, 32)).astype(np.float32))
     return folder
 
 
