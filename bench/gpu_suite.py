@@ -261,7 +261,7 @@ def predicted(real: dict | None, emulated: dict | None) -> str:
     floor = 1e-6  # below this both are rounding noise of the same size
     if max(a, b) <= floor or max(a, b) <= 2 * max(min(a, b), floor):
         return "yes"
-    return f"no: rel-L2 ×{max(a, b) / max(min(a, b), 1e-30):.1f}"
+    return f"no: rel-L2 ×{max(a, b) / max(min(a, b), floor):.3g}"
 
 
 def kept_like_the_kernels(entry: dict, narrow: str, cell: dict | None) -> list[str]:
