@@ -41,7 +41,7 @@ def pack_and_extract(tmp_path: Path, command: str) -> Path:
     assert packed.returncode == 0, packed.stdout + packed.stderr
     elsewhere = tmp_path / "elsewhere"
     with tarfile.open(work / "report.tar.gz") as archive:
-        archive.extractall(elsewhere, filter="data")
+        archive.extractall(elsewhere, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return elsewhere / "report"
 
 
