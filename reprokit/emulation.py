@@ -67,6 +67,18 @@ def emulate_model(model, narrow: str, keep_fp32: frozenset[str] = frozenset()):
     return model
 
 
+def _round_trip(model, source: str, out: str, mid: str, cast_name: str, narrow_type: int, pool,
+                weight: bool = False) -> list:
+    """Nodes computing ``out`` = ``source`` rounded through the narrow type (Cast to it, ``mid``,
+    and back); a ``weight`` is clamped to the narrow range first (:func:`_clamp_weight`)."""
+    from onnx import TensorProto, helper
+
+    clamp = _clamp_weight(model, source, narrow_type, pool) if weight else []
+    return clamp + [helper.make_node("Cast", [clamp[-1].output[0] if clamp else source], [mid], to=narrow_type,
+                                     name=mid),
+                    helper.make_node("Cast", [mid], [out], to=TensorProto.FLOAT, name=cast_name)]
+
+
 def _clamp_weight(model, name: str, narrow_type: int, pool) -> list:
     """Nodes clamping weight ``name`` to the narrow type's finite range (fp16: ±65504) before its
     rounding: a weight past the range becomes the largest finite value, as reprokit's conversion
@@ -173,7 +185,7 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
     body's values never leave it unrounded, so an overflow inside an If branch or a Loop shows.
     ``float_inputs`` (the model's float graph inputs) reach narrow readers rounded and nodes kept
     in fp32 as given, as the converted model's Casts and TensorRT's input reformat do."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     readers = _reads(graph)
     graph_inputs = {vi.name: vi for vi in graph.input}
@@ -186,16 +198,11 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
         init.name = wide
         if name in graph_inputs:  # old models list weights among the inputs too
             graph_inputs[name].name = wide
-        clamp = _clamp_weight(model, wide, narrow_type, pool)
-        new_nodes.extend(clamp)
-        new_nodes.append(helper.make_node("Cast", [clamp[-1].output[0] if clamp else wide], [mid], to=narrow_type,
-                                          name=mid))
-        new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=pool.fresh(name + "__rk_cast")))
+        new_nodes += _round_trip(model, wide, name, mid, pool.fresh(name + "__rk_cast"), narrow_type, pool, weight=True)
     narrow_reads: dict[str, str] = {}  # a kept node's fp32 output -> its rounded copy, for narrow readers
     for name in float_inputs:
         mid, read = pool.fresh(f"{name}__rk_narrow{tag}"), pool.fresh(f"{name}__rk_read{tag}")
-        new_nodes.append(helper.make_node("Cast", [name], [mid], to=narrow_type, name=mid))
-        new_nodes.append(helper.make_node("Cast", [mid], [read], to=TensorProto.FLOAT, name=read))
+        new_nodes += _round_trip(model, name, read, mid, read, narrow_type, pool)
         narrow_reads[name] = read
     originals = list(graph.node)
     for index, node in enumerate(originals):
@@ -211,8 +218,7 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
             for name in node.output:
                 if name and name in float_names:
                     mid, read = pool.fresh(f"{name}__rk_narrow{tag}{index}"), pool.fresh(f"{name}__rk_read{tag}")
-                    new_nodes.append(helper.make_node("Cast", [name], [mid], to=narrow_type, name=mid))
-                    new_nodes.append(helper.make_node("Cast", [mid], [read], to=TensorProto.FLOAT, name=read))
+                    new_nodes += _round_trip(model, name, read, mid, read, narrow_type, pool)
                     narrow_reads[name] = read
             continue
         for slot, name in enumerate(node.output):
@@ -220,13 +226,9 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
                 continue
             wide, mid = pool.fresh(f"{name}__rk_wide{tag}{index}"), pool.fresh(f"{name}__rk_narrow{tag}{index}")
             node.output[slot] = wide
-            source = wide
-            if node.op_type == "Constant":  # a weight: clamped, as the conversion and TensorRT do
-                clamp = _clamp_weight(model, wide, narrow_type, pool)
-                new_nodes.extend(clamp)
-                source = clamp[-1].output[0] if clamp else wide
-            new_nodes.append(helper.make_node("Cast", [source], [mid], to=narrow_type, name=mid))
-            new_nodes.append(helper.make_node("Cast", [mid], [name], to=TensorProto.FLOAT, name=pool.fresh(name + "__rk_cast")))
+            # a Constant's output is a weight: clamped, as the conversion and TensorRT do
+            new_nodes += _round_trip(model, wide, name, mid, pool.fresh(name + "__rk_cast"), narrow_type, pool,
+                                     weight=node.op_type == "Constant")
     for node in originals:
         if node.name not in keep_fp32:
             for slot, name in enumerate(node.input):
