@@ -271,7 +271,7 @@ def kept_like_the_kernels(entry: dict, narrow: str, cell: dict | None) -> list[s
     import onnx
 
     from reprokit.convert import convert_float_model_report
-    from reprokit.model import name_unnamed_nodes
+    from reprokit.graph.model import name_unnamed_nodes
 
     if not cell or "error" in cell or not cell.get("converted"):
         return []

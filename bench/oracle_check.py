@@ -72,12 +72,12 @@ def main(argv=None) -> int:
     import numpy as np
     import onnx
 
-    from reprokit.backends import create_backend
-    from reprokit.backends.base import BuildError
-    from reprokit.compare import Criterion
-    from reprokit.oracle import Kind, Oracle
+    from reprokit.engine.backends import create_backend
+    from reprokit.engine.backends.base import BuildError
+    from reprokit.engine.oracle import Kind, Oracle
+    from reprokit.engine.worker import WorkerResult
     from reprokit.spec import parse_target
-    from reprokit.worker import WorkerResult
+    from reprokit.standalone.compare import Criterion
 
     spec = parse_target(args.target)
     backend = create_backend(spec)

@@ -28,10 +28,10 @@ __all__ = [
 
 
 def check(model, target="emulate:fp16", **kwargs):
-    """Run the reference and the target on ``model``; return a :class:`reprokit.oracle.Verdict`.
+    """Run the reference and the target on ``model``; return a :class:`reprokit.engine.oracle.Verdict`.
 
-    Keyword arguments are those of :func:`reprokit.session.check`.
+    Keyword arguments are those of :func:`reprokit.api.check`.
     """
-    from reprokit.session import check as _check
+    from reprokit.api import check as _check
 
     return _check(model, target=target, **kwargs)

@@ -151,8 +151,8 @@ def _parse_max_calls(text: str) -> int | None:
 
 
 def make_run_options(kw: dict):
-    from reprokit.inputs import parse_shape_args, parse_val_ranges
-    from reprokit.session import RunOptions
+    from reprokit.api import RunOptions
+    from reprokit.engine.inputs import parse_shape_args, parse_val_ranges
 
     return RunOptions(
         reference=kw.pop("reference"), metric=kw.pop("metric"), tolerance=kw.pop("tol"),
@@ -180,8 +180,8 @@ def cli(debug, verbose):
 def _show_engine_logs() -> None:
     from rich.text import Text
 
-    from reprokit import enginelog
     from reprokit.console import err
+    from reprokit.engine import enginelog
 
     def echo(label: str, text: str) -> None:
         err.print(f"[dim]engine log: {label}[/]")
@@ -192,7 +192,7 @@ def _show_engine_logs() -> None:
 
 def _engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
     """The engines' own messages of this run go to OUT/engine.log (reprokit/enginelog.py)."""
-    from reprokit import enginelog
+    from reprokit.engine import enginelog
 
     enginelog.set_log(os.path.join(out_dir, "engine.log") if out_dir else None, fresh=fresh)
 
@@ -209,9 +209,9 @@ def _engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema reprokit.check/1).")
 def check(model, target, layerwise, top, out_dir, as_json, **kw):
     """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge."""
-    from reprokit import session
+    from reprokit import api as session
     from reprokit.console import err, print_check
-    from reprokit.inputs import feed_dtype, feed_shape
+    from reprokit.engine.inputs import feed_dtype, feed_shape
     from reprokit.spec import parse_target
 
     options = make_run_options(kw)
@@ -232,7 +232,7 @@ def check(model, target, layerwise, top, out_dir, as_json, **kw):
 
         columns = torch_columns(exported, result, options.reference, options.metric)
     if out_dir:
-        from reprokit.inputs import save_feeds
+        from reprokit.engine.inputs import save_feeds
 
         save_feeds(os.path.join(out_dir, "inputs.npz"), result.prepared.feeds.arrays)
         save_feeds(os.path.join(out_dir, "reference_outputs.npz"), result.reference_outputs)
@@ -323,9 +323,9 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
-    from reprokit import shrink as shrinking
     from reprokit.console import err, print_shrink
     from reprokit.errors import UsageError
+    from reprokit.shrink import steps as shrinking
     from reprokit.spec import parse_target
 
     if resume:  # --resume DIR: what was not given comes from DIR's saved run
@@ -396,7 +396,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
                             + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
     if not no_pack and accumulated:  # the whole model is the repro; ISSUE.md gets the attribution
         progress("packing the report archive (the whole model, with the attribution)")
-        from reprokit.shrink_output import pack_accumulated
+        from reprokit.shrink.output import pack_accumulated
 
         packed = pack_accumulated(result, model, target, options, fmt=fmt, redact=redact, on_event=progress)
         if packed is not None:
@@ -428,8 +428,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
     """Bundle a small diverging MODEL into a report archive ready to file."""
-    from reprokit import report
     from reprokit.console import err, print_pack
+    from reprokit.report import bundle as report
 
     options = make_run_options(kw)
     _ensure_out_file(out_path)
@@ -497,8 +497,8 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def verify(archive, target, timeout, as_json):
     """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no."""
-    from reprokit import report
     from reprokit.console import print_verify
+    from reprokit.report import bundle as report
 
     result = report.verify(archive, target, timeout=timeout)
     if as_json:
@@ -514,7 +514,7 @@ def verify(archive, target, timeout, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema reprokit.env/1).")
 def env(as_json):
     """The environment fingerprint that reports carry."""
-    from reprokit.envinfo import fingerprint
+    from reprokit.report.envinfo import fingerprint
 
     info = fingerprint()
     if as_json:
@@ -587,8 +587,8 @@ def _raise_interrupt(signum, frame):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def backends(as_json):
     """List the engines, whether they work here, and how to get the missing ones."""
-    from reprokit.backends import backend_class, engine_names
     from reprokit.console import print_backends
+    from reprokit.engine.backends import backend_class, engine_names
 
     rows = []
     for engine in engine_names():
@@ -632,7 +632,7 @@ def main(argv=None) -> None:
     except ReprokitError as exc:
         if _DEBUG:
             traceback.print_exc()
-        from reprokit.dims import say_in_error
+        from reprokit.graph.dims import say_in_error
 
         say_in_error(exc)  # sizes reprokit chose for dynamic dims are named in every outcome
         _fail(exc.message, exc.hint, exc.exit_code)

@@ -40,7 +40,7 @@ def fmt(value: float) -> str:
 def print_check(result, model_path: str, top: int = 10) -> None:
     verdict = result.verdict
     feeds = result.prepared.feeds
-    from reprokit.inputs import feed_dtype, feed_shape
+    from reprokit.engine.inputs import feed_dtype, feed_shape
 
     shapes = ", ".join(f"{k}{feed_shape(v)} {feed_dtype(v)}" for k, v in feeds.arrays.items())
     out.print(f"[bold]reprokit check[/] {model_path}")

@@ -1,7 +1,7 @@
 """Target spec grammar: ``engine[:option,option...]`` → :class:`TargetSpec`.
 
 Owns parsing and validation against each backend's declared options. Must not import an
-engine: backends are resolved through the lazy registry (``reprokit.backends.registry``, which
+engine: backends are resolved through the lazy registry (``reprokit.engine.backends.registry``, which
 imports nothing of reprokit, so backends → spec → registry has no circle).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from reprokit.backends.registry import backend_class, engine_names
+from reprokit.engine.backends.registry import backend_class, engine_names
 from reprokit.errors import UsageError
 
 

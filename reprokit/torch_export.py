@@ -140,7 +140,7 @@ def export(spec: str, folder: str, *, exporter: str = "auto", opset: int | None 
     """Load FILE.py:FUNC, run PyTorch eager and export to ``folder``/model.onnx."""
     import onnx
 
-    from reprokit.arrays import save_npz
+    from reprokit.standalone.arrays import save_npz
 
     dynamo, notes = _choose_exporter(exporter)
     module, inputs = load_entry(spec)
@@ -266,8 +266,8 @@ class Columns:
 
 def _verdict(reference_name: str, target_name: str, criterion, precision: str, truth: dict, outputs: dict):
     """A verdict with ``truth`` as the reference, by the oracle's own rules."""
-    from reprokit.oracle import Oracle
-    from reprokit.worker import WorkerResult
+    from reprokit.engine.oracle import Oracle
+    from reprokit.engine.worker import WorkerResult
 
     judge = Oracle(reference_name, target_name, criterion, precision=precision)
     return judge.verdict_from(WorkerResult("ok", outputs=dict(outputs)), truth)
@@ -276,7 +276,7 @@ def _verdict(reference_name: str, target_name: str, criterion, precision: str, t
 def exporter_verdict(exported: TorchExport, reference_outputs: dict, reference: str, metric: str = "rel-l2"):
     """PyTorch eager (as the reference) vs the exported model on the ONNX reference, by fp32
     tolerances: both compute in fp32, so anything past them is the export."""
-    from reprokit.compare import Criterion
+    from reprokit.standalone.compare import Criterion
 
     criterion = Criterion.for_precision("fp32", metric)
     return _verdict("torch:eager", reference, criterion, "fp32", exported.eager_outputs, reference_outputs)
@@ -298,8 +298,8 @@ def columns(exported: TorchExport, result, reference: str, metric: str = "rel-l2
 def reference_columns(exported: TorchExport, options, workdir: str) -> dict:
     """For shrink, audit and pack: the exporter column alone (one reference run of the exported
     model), recorded beside the export settings."""
-    from reprokit.arrays import load_npz
-    from reprokit.session import make_oracle
+    from reprokit.api import make_oracle
+    from reprokit.standalone.arrays import load_npz
 
     oracle = make_oracle(options.reference, options, workdir)
     run = oracle.run_reference(exported.model_path, load_npz(exported.inputs_path))

@@ -590,7 +590,7 @@ MEASURED: dict[str, dict[str, tuple]] = {
 
 MEASURED_WITH = (
     "samples/measure.py with feeds <name>.inputs.npz; reference onnxruntime 1.31.1 CPU fp32 "
-    "(graph optimizations off); emulate = reprokit.backends.emulate.emulate_model (fp16/bf16 "
+    "(graph optimizations off); emulate = reprokit.engine.backends.emulate.emulate_model (fp16/bf16 "
     "storage, fp32 arithmetic); OpenVINO 2026.4.1 CPU INFERENCE_PRECISION_HINT=bf16 on an AMD "
     "EPYC with AVX512-BF16; emulate:fp16+keep_fp32 leaves the sample's keep_fp32 nodes in fp32. "
     "Verdicts: nonfinite = NaN/Inf where the reference is finite; mismatch = rel L2 "

@@ -4,7 +4,7 @@
     python samples/measure.py [--dir samples/] [--json out.json] [--check]
 
 For each sample: the onnxruntime fp32 reference (CPU, graph optimizations off), then
-emulate:fp16 and emulate:bf16 (reprokit.backends.emulate), OpenVINO CPU with
+emulate:fp16 and emulate:bf16 (reprokit.engine.backends.emulate), OpenVINO CPU with
 INFERENCE_PRECISION_HINT=bf16, and emulate:fp16 with the catalog's ``keep_fp32`` nodes left in
 fp32. Per output: NaN/Inf counts and relative L2 error ||t - r|| / ||r||. Verdicts:
 nonfinite (NaN/Inf where the reference is finite), mismatch (rel L2 > 1e-2 for fp16, > 5e-2 for
@@ -42,7 +42,7 @@ def ort_run(path, feeds):
 
 
 def emulate_run(path, feeds, narrow, keep=frozenset()):
-    from reprokit.backends.emulate import emulate_model, round_through
+    from reprokit.engine.backends.emulate import emulate_model, round_through
 
     model = emulate_model(onnx.load(str(path)), narrow, frozenset(keep))
     with tempfile.TemporaryDirectory(prefix="reprokit-samples-") as tmp:

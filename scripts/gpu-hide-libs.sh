@@ -25,7 +25,7 @@ PY
 echo "where the libraries are loaded from (a CUDA session running $model):"
 "$PY" - "$model" "$feeds" <<'PY'
 import sys, numpy as np
-from reprokit.backends.ort_cuda import cuda_library_error
+from reprokit.engine.backends.ort_cuda import cuda_library_error
 print("  cuda_library_error():", cuda_library_error())
 import onnxruntime as ort
 s = ort.InferenceSession(sys.argv[1], providers=["CUDAExecutionProvider", "CPUExecutionProvider"])

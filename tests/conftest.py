@@ -114,8 +114,8 @@ def cuda_missing() -> str | None:
     """None when onnxruntime's CUDA provider loads and a GPU is there; otherwise why not."""
     import onnxruntime
 
-    from reprokit.backends.ort_cuda import CUDA, cuda_library_error
-    from reprokit.envinfo import gpu_info
+    from reprokit.engine.backends.ort_cuda import CUDA, cuda_library_error
+    from reprokit.report.envinfo import gpu_info
 
     why = "no CUDA provider: onnxruntime-gpu and a GPU needed"
     if CUDA not in onnxruntime.get_available_providers():
@@ -160,8 +160,8 @@ def pid_gone(pid: int) -> bool:
 def pack_matmul_softmax(folder: Path):
     """x[1,16] -> MatMul(3e4) -> Softmax: NaN under emulate:fp16, packed into FOLDER/report.tar.gz
     (the archive several test modules start from)."""
-    from reprokit.report import pack
-    from reprokit.session import RunOptions
+    from reprokit.api import RunOptions
+    from reprokit.report.bundle import pack
 
     model = models.save(models.matmul_overflow_softmax(), folder / "model.onnx")
     result = pack(model, "emulate:fp16", str(folder / "report.tar.gz"), options=RunOptions(seed=3))

@@ -16,10 +16,10 @@ import pytest
 from conftest import REPO, assert_user_error
 from onnx import helper
 
+from reprokit.api import RunOptions
 from reprokit.audit import audit
 from reprokit.audit.layernorm import fuse_layernorms
 from reprokit.audit.ranges import suspects_from_ranges
-from reprokit.session import RunOptions
 
 SAMPLES = REPO / "samples"
 CATALOG = {s["name"]: s for s in json.loads((SAMPLES / "catalog.json").read_text())["samples"]}

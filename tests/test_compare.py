@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from reprokit.compare import DEFAULT_TOLERANCE, Criterion, Metric, compare_arrays
+from reprokit.standalone.compare import DEFAULT_TOLERANCE, Criterion, Metric, compare_arrays
 
 INF, NAN = np.inf, np.nan
 
@@ -151,7 +151,7 @@ def test_explicit_tolerances_override_defaults():
 def test_opaque_byte_arrays_compare_by_equality_never_crash():
     """A dtype numpy cannot name (raw bytes, |V2) is compared byte for byte: never an internal
     error, never a float conversion."""
-    from reprokit.compare import Criterion, compare_arrays
+    from reprokit.standalone.compare import Criterion, compare_arrays
 
     criterion = Criterion.for_precision("fp32", "rel-l2", None, None, None)
     a = np.frombuffer(b"\x00\x3c\x00\x40", dtype="V2")
@@ -166,8 +166,8 @@ def test_narrow_float_and_int4_outputs_compare_by_value_not_as_bytes():
     difference is a small error, not inf; a NaN in a float8 reference is seen."""
     import ml_dtypes
 
+    from reprokit.engine.oracle import check_reference_finite
     from reprokit.errors import ReferenceFailure
-    from reprokit.oracle import check_reference_finite
 
     criterion = Criterion.for_precision("bf16", "rel-l2", None, None, None)
     ref = np.array([1.0, 2.0, 3.0, 4.0], dtype=ml_dtypes.bfloat16)

@@ -15,7 +15,7 @@ import pytest
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from reprokit.arrays import load_npz, save_npz
+from reprokit.standalone.arrays import load_npz, save_npz
 
 ONNX_DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import PY, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from reprokit.controlflow import count_nodes, open_control_flow
+from reprokit.graph.controlflow import count_nodes, open_control_flow
 
 F = TensorProto.FLOAT
 
@@ -135,7 +135,7 @@ def test_opening_computes_what_the_original_computes():
     fed = {"x": x, "mode": np.array(1, np.int64)}
 
     def values(current, names):
-        from reprokit.model import mark_outputs
+        from reprokit.graph.model import mark_outputs
 
         session = ort.InferenceSession(mark_outputs(current, names).SerializeToString(),
                                        providers=["CPUExecutionProvider"])
@@ -217,8 +217,8 @@ def test_an_engine_that_fails_only_inside_an_if_keeps_a_wrapper_around_the_minim
 def test_a_rewrite_the_reference_refuses_is_an_internal_error_naming_the_step(tmp_path, monkeypatch):
     """Fault injection: the capture model comes out with a dangling tensor reference. The model as
     given runs: the error is reprokit's, exit 70, naming the step."""
-    from reprokit import shrink as shrinking
     from reprokit.errors import ExitCode, ReprokitError
+    from reprokit.shrink import steps as shrinking
 
     relu = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["y"], name="neg")],
@@ -248,7 +248,7 @@ def test_cuts_inside_a_branch_read_captured_values_or_zeros_where_the_branch_doe
     """Sites of rank_in_branch_model (flag False: the else branch runs): a removed node of the
     branch that does not run is fed zeros of its inferred shape; a branch output whose producer
     goes is refused; an If output nothing reads goes from the If and both branches."""
-    from reprokit.branchcut import Refused, Sites
+    from reprokit.graph.branchcut import Refused, Sites
 
     model = rank_in_branch_model()
     fed = {"x": np.ones((1, 4, 8), np.float32), "flag": np.array(False), "flag2": np.array(True)}
@@ -355,9 +355,9 @@ def test_under_a_numeric_target_the_reduction_reaches_inside_the_branches(tmp_pa
 def test_a_capture_inside_the_branches_the_reference_refuses_is_an_internal_error(tmp_path, monkeypatch):
     """Fault injection: the model the inside step captures on comes out with a dangling tensor
     reference. The model as given runs: exit 70, naming the step, never "the reference fails"."""
-    from reprokit import model as models
-    from reprokit import shrink as shrinking
     from reprokit.errors import ExitCode, ReprokitError
+    from reprokit.graph import model as models
+    from reprokit.shrink import steps as shrinking
 
     path = str(tmp_path / "m.onnx")
     onnx.save(rank_in_branch_model(), path)
@@ -370,7 +370,7 @@ def test_a_capture_inside_the_branches_the_reference_refuses_is_an_internal_erro
 
     monkeypatch.setattr(models, "mark_outputs", broken_marking)  # read late: only the inside step's capture
     fed = feeds(tmp_path, x=np.ones((1, 4, 8), np.float32), flag=np.array(False), flag2=np.array(True))
-    from reprokit.session import RunOptions
+    from reprokit.api import RunOptions
 
     with pytest.raises(ReprokitError) as caught:
         shrinking.shrink(path, "openvino:f32", str(tmp_path / "out"), options=RunOptions(inputs=fed))

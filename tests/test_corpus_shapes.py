@@ -15,9 +15,9 @@ from conftest import assert_user_error
 from models import const, make, save, vi
 from onnx import TensorProto, helper, numpy_helper
 
+from reprokit.api import RunOptions, check
+from reprokit.engine.oracle import Kind, Signature, quote_message
 from reprokit.errors import ExitCode, ReferenceFailure, ReprokitError
-from reprokit.oracle import Kind, Signature, quote_message
-from reprokit.session import RunOptions, check
 
 INT64 = TensorProto.INT64
 PY = shlex.quote(sys.executable)
@@ -265,8 +265,8 @@ def test_quote_message_cuts_only_between_words():
 
 
 def test_worker_traceback_reaches_debug_output_not_the_hint():
-    from reprokit.oracle import _raise_for_environment
-    from reprokit.worker import WorkerResult
+    from reprokit.engine.oracle import _raise_for_environment
+    from reprokit.engine.worker import WorkerResult
 
     # The worker's side of an internal error, as result.json carries it (plumbing, no engine).
     result = WorkerResult("error", message="internal error in the engine worker: ValueError: x",

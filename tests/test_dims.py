@@ -12,7 +12,7 @@ from conftest import assert_user_error, run_cli
 from models import const, make, save, vi
 from onnx import TensorProto, helper
 
-from reprokit import dims
+from reprokit.graph import dims
 
 
 @pytest.fixture(autouse=True)

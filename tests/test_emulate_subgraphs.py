@@ -11,7 +11,7 @@ import numpy as np
 from models import FLOAT, const, make, save, vi
 from onnx import TensorProto, helper
 
-from reprokit.session import RunOptions, check
+from reprokit.api import RunOptions, check
 
 
 def narrow(value, kind: str) -> np.ndarray:

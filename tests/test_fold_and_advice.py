@@ -18,9 +18,9 @@ import pytest
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
+from reprokit.api import check
 from reprokit.audit import audit
-from reprokit.model import check_target_nodes, node_labels
-from reprokit.session import check
+from reprokit.graph.model import check_target_nodes, node_labels
 
 
 def unnamed_overflow() -> onnx.ModelProto:

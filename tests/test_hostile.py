@@ -91,8 +91,8 @@ def assert_disk_error(proc) -> None:
 
 def processes_mentioning(marker: str) -> list[str]:
     """Live processes (zombies excluded) whose command line contains ``marker`` - a test's
-    tmp_path: the workers (``python -m reprokit.worker OUT/.reprokit/calls/...``) and the check
-    scripts of this test carry it; other sessions' ``reprokit.worker`` processes do not."""
+    tmp_path: the workers (``python -m reprokit.engine.worker OUT/.reprokit/calls/...``) and the check
+    scripts of this test carry it; other sessions' ``reprokit.engine.worker`` processes do not."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

@@ -53,7 +53,7 @@ def loaded_engines(code: str) -> list[str]:
     [
         "import reprokit\n",
         "import reprokit.cli\nfrom reprokit.cli import cli\n",
-        "import reprokit.spec, reprokit.backends, reprokit.errors\n",
+        "import reprokit.spec, reprokit.engine.backends, reprokit.errors\n",
     ],
 )
 def test_import_loads_no_engine(code):

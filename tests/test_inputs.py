@@ -8,16 +8,16 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from reprokit.errors import ExitCode, InputError, UsageError
-from reprokit.inputs import (
+from reprokit.api import RunOptions, check, prepare
+from reprokit.engine.inputs import (
     load_feeds,
     parse_shape_args,
     parse_val_ranges,
     random_feeds,
     validate_feeds,
 )
-from reprokit.model import InputInfo, input_infos, load_model
-from reprokit.session import RunOptions, check, prepare
+from reprokit.errors import ExitCode, InputError, UsageError
+from reprokit.graph.model import InputInfo, input_infos, load_model
 
 X = InputInfo("x", np.dtype("float32"), (1, 8))
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from reprokit.errors import ExitCode, InputError
-from reprokit.model import (
+from reprokit.graph.model import (
     freeze_input_shapes,
     input_infos,
     load_model,

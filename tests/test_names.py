@@ -12,8 +12,8 @@ import onnxruntime as ort
 from onnx import helper
 
 from reprokit.audit.layernorm import fuse_layernorms
-from reprokit.emulation import emulate_model
-from reprokit.names import FreshNames
+from reprokit.standalone.emulation import emulate_model
+from reprokit.standalone.names import FreshNames
 
 WIDTH = 32
 

@@ -11,7 +11,7 @@ from conftest import PY, assert_user_error, run_cli
 from models import make, save, vi
 from onnx import helper
 
-from reprokit.oracle import normalize_message
+from reprokit.engine.oracle import normalize_message
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reprokit.compare import Criterion
+from reprokit.api import RunOptions, check, make_oracle
+from reprokit.engine.oracle import Kind, Oracle, Signature, feeds_digest, normalize_message
 from reprokit.errors import ExitCode, ReferenceFailure
-from reprokit.oracle import Kind, Oracle, Signature, feeds_digest, normalize_message
-from reprokit.session import RunOptions, check, make_oracle
+from reprokit.standalone.compare import Criterion
 
 
 def test_small_values_agree_under_fp16(model_file):
@@ -131,7 +131,7 @@ def test_two_nonfinite_outputs_give_nan_plus_inf(model_file, tmp_path):
     """Both the overflowing MatMul (inf) and the Softmax after it (nan) as graph outputs."""
     import onnx
 
-    from reprokit.model import mark_outputs
+    from reprokit.graph.model import mark_outputs
 
     model = mark_outputs(onnx.load(model_file("matmul_overflow_softmax")), ["h"])
     path = str(tmp_path / "both.onnx")
@@ -199,9 +199,9 @@ def test_normalize_message_keeps_quoted_operator_types():
 def test_crashes_without_a_signal_are_told_apart_by_exit_code_and_last_words(tmp_path):
     """An engine process that exits without a result (no signal) is a crash whose signature
     carries its exit code and last words, so two different aborts are two findings."""
-    from reprokit.compare import Criterion
-    from reprokit.oracle import Oracle
-    from reprokit.worker import WorkerResult
+    from reprokit.engine.oracle import Oracle
+    from reprokit.engine.worker import WorkerResult
+    from reprokit.standalone.compare import Criterion
 
     oracle = Oracle("ort", "emulate:fp16", Criterion.for_precision("fp16", "rel-l2", None, None, None),
                     precision="fp16", workdir=str(tmp_path))
@@ -220,7 +220,7 @@ def test_two_threads_asking_the_same_verdict_build_the_engine_once(model_file, t
     """The verdict cache is checked and filled under one lock: --jobs never builds twice."""
     import threading
 
-    from reprokit.session import RunOptions, make_oracle
+    from reprokit.api import RunOptions, make_oracle
 
     oracle = make_oracle("emulate:fp16", RunOptions(), str(tmp_path / "calls"))
     path = model_file("small_mlp")

@@ -20,12 +20,17 @@ import onnxruntime as ort
 import pytest
 from conftest import PY, REPO, assert_user_error, cuda_missing, run_cli
 
-from reprokit.backends import create_backend
-from reprokit.backends.ort_cuda import CUDA, convert_for_cuda, cuda_provider, refuse_cpu_fallback
-from reprokit.compare import DEFAULT_TOLERANCE
+from reprokit.api import RunOptions, make_oracle
+from reprokit.engine.backends import create_backend
+from reprokit.engine.backends.ort_cuda import (
+    CUDA,
+    convert_for_cuda,
+    cuda_provider,
+    refuse_cpu_fallback,
+)
 from reprokit.errors import EngineUnavailable, ExitCode, UsageError
-from reprokit.session import RunOptions, make_oracle
 from reprokit.spec import parse_target
+from reprokit.standalone.compare import DEFAULT_TOLERANCE
 
 SAMPLES = REPO / "samples"
 SAMPLE_NAMES = ["attention_softmax_nan", "conv_clip", "layernorm_overflow", "log_div_underflow",
@@ -155,7 +160,7 @@ def test_the_cuda_model_is_converted_by_reprokit_with_fp32_io_and_fp32_nodes_by_
 
 
 def test_env_json_records_the_onnxruntime_build():
-    from reprokit.envinfo import fingerprint
+    from reprokit.report.envinfo import fingerprint
 
     env = fingerprint()
     build = env["onnxruntime_build"]
@@ -272,7 +277,7 @@ def test_gpu_tests_skip_here_saying_why():
 
 def test_shrink_replays_gpu_targets_and_audit_sweeps_their_settings():
     from reprokit.audit.sweep import plan
-    from reprokit.shrink import default_replays
+    from reprokit.shrink.steps import default_replays
 
     assert default_replays("ort") == (0, 0) and default_replays("ort:cuda,fp16") == (1, 1)
     assert default_replays("cmd:precision=fp16:true") == (1, 2)
@@ -291,9 +296,9 @@ def test_ops_without_a_narrow_kernel_are_found_kept_in_fp32_and_remembered(tmp_p
 
     import onnx
 
-    from reprokit.backends.base import BuildError
-    from reprokit.backends.ort import make_session
-    from reprokit.backends.ort_cuda import narrow_session
+    from reprokit.engine.backends.base import BuildError
+    from reprokit.engine.backends.ort import make_session
+    from reprokit.engine.backends.ort_cuda import narrow_session
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the cache of what was found
     model = str(SAMPLES / "layernorm_overflow.onnx")
@@ -323,9 +328,9 @@ def test_ops_without_a_narrow_kernel_are_found_kept_in_fp32_and_remembered(tmp_p
 def test_a_model_that_fails_for_another_reason_keeps_its_own_error(tmp_path, monkeypatch):
     import tempfile
 
-    from reprokit.backends.base import BuildError
-    from reprokit.backends.ort import make_session
-    from reprokit.backends.ort_cuda import narrow_session
+    from reprokit.engine.backends.base import BuildError
+    from reprokit.engine.backends.ort import make_session
+    from reprokit.engine.backends.ort_cuda import narrow_session
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     calls = []
@@ -344,7 +349,7 @@ def test_issue_text_names_the_onnxruntime_and_cudnn_the_target_really_used():
     onnxruntime-gpu 1.31.1, and pip's nvidia-cudnn said 9.19 while the process loaded the system's
     9.14: the title said "ONNX Runtime 1.30.0" and CUDNN 9.19. The imported build and the loaded
     libraries win."""
-    from reprokit.describe import engine_label, environment_lines
+    from reprokit.report.describe import engine_label, environment_lines
     from reprokit.spec import parse_target
 
     env = {"packages": {"onnxruntime": "1.30.0"}, "tensorrt": {"version": None}, "cudnn": "9.19.0.56",

@@ -21,13 +21,13 @@ import shrink_models as sm
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from reprokit.activations import ActivationStore
-from reprokit.oracle import Kind, Signature
-from reprokit.reduce.reducer import Journal, Reducer
-from reprokit.session import RunOptions, make_oracle
-from reprokit.shrink import Limits, default_replays
-from reprokit.shrink import shrink as shrink_run
-from reprokit.subgraph import GraphIndex
+from reprokit.api import RunOptions, make_oracle
+from reprokit.engine.activations import ActivationStore
+from reprokit.engine.oracle import Kind, Signature
+from reprokit.graph.extract import GraphIndex
+from reprokit.shrink.reducer import Journal, Reducer
+from reprokit.shrink.steps import Limits, default_replays
+from reprokit.shrink.steps import shrink as shrink_run
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"

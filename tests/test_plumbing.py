@@ -20,8 +20,8 @@ import shrink_models as sm
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from reprokit.session import RunOptions
-from reprokit.shrink import Limits, shrink
+from reprokit.api import RunOptions
+from reprokit.shrink.steps import Limits, shrink
 
 FLOAT = TensorProto.FLOAT
 
@@ -53,12 +53,12 @@ def overflow_chain():
 
 
 def test_best_so_far_writes_leave_one_data_file_under_the_final_name(tmp_path, monkeypatch):
-    import reprokit.model
+    import reprokit.graph.model
     from tests.models import save_external
 
     # A big model as exported: weights in an external file, read from where they are. The
     # minimal model is saved self-contained, so past the (lowered) threshold it gets its own data.
-    monkeypatch.setattr(reprokit.model, "_TWO_GB", 500)
+    monkeypatch.setattr(reprokit.graph.model, "_TWO_GB", 500)
     path = save_external(overflow_chain(), tmp_path / "chain.onnx")
     out = tmp_path / "out"
     result = shrink(path, "emulate:fp16", str(out), options=RunOptions(seed=1), limits=Limits(max_calls=None))
@@ -80,10 +80,10 @@ def test_best_so_far_writes_leave_one_data_file_under_the_final_name(tmp_path, m
 
 
 def test_saving_again_replaces_the_data_file_and_a_small_model_removes_it(tmp_path, monkeypatch):
-    import reprokit.model
-    from reprokit.model import save_model
+    import reprokit.graph.model
+    from reprokit.graph.model import save_model
 
-    monkeypatch.setattr(reprokit.model, "_TWO_GB", 500)
+    monkeypatch.setattr(reprokit.graph.model, "_TWO_GB", 500)
     model = overflow_chain()
     target = str(tmp_path / "m.onnx")
     for _ in range(2):
@@ -91,7 +91,7 @@ def test_saving_again_replaces_the_data_file_and_a_small_model_removes_it(tmp_pa
         assert data_files(tmp_path) == ["m.onnx.data"]
         assert os.path.getsize(tmp_path / "m.onnx.data") == 3 * 16 * 16 * 4
     assert len(model.graph.initializer[0].raw_data) == 1024  # the caller's model keeps its weights
-    monkeypatch.setattr(reprokit.model, "_TWO_GB", 2_000_000_000)
+    monkeypatch.setattr(reprokit.graph.model, "_TWO_GB", 2_000_000_000)
     save_model(model, target)
     assert data_files(tmp_path) == []
     onnx.checker.check_model(onnx.load(target))
@@ -124,7 +124,7 @@ def test_a_crash_hunting_shrink_leaves_no_feeds_behind(tmp_path):
 
 
 def test_a_timed_out_call_leaves_no_feeds_behind(tmp_path):
-    from reprokit.session import make_oracle
+    from reprokit.api import make_oracle
 
     path = sm.save(sm.pair_chain(length=4, first=1, second=2), tmp_path / "chain.onnx")
     script = sm.write_script(tmp_path, "slow.py", "import time\ntime.sleep(30)\n")
@@ -160,7 +160,7 @@ def test_string_outputs_are_compared_by_equality(tmp_path, target):
 
 
 def test_compare_arrays_counts_unequal_strings():
-    from reprokit.compare import Criterion, compare_arrays
+    from reprokit.standalone.compare import Criterion, compare_arrays
 
     same = compare_arrays("s", np.array(["a", "b"]), np.array(["a", "b"], dtype=object), Criterion())
     assert not same.exceeds and same.error == 0 and same.mismatched == 0
@@ -171,10 +171,10 @@ def test_compare_arrays_counts_unequal_strings():
 
 
 def test_an_interrupted_index_write_leaves_no_half_index(tmp_path, monkeypatch):
-    import reprokit.activations
-    from reprokit.activations import ActivationStore
-    from reprokit.model import mark_outputs, save_model
-    from reprokit.session import make_oracle
+    import reprokit.engine.activations
+    from reprokit.api import make_oracle
+    from reprokit.engine.activations import ActivationStore
+    from reprokit.graph.model import mark_outputs, save_model
 
     model = sm.pair_chain(length=4, first=1, second=2)
     oracle = make_oracle("emulate:fp16", RunOptions(), str(tmp_path / "calls"))
@@ -192,7 +192,7 @@ def test_an_interrupted_index_write_leaves_no_half_index(tmp_path, monkeypatch):
         handle.write('{"t00": "a0000')  # part of the index reached the disk
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(reprokit.activations.json, "dump", disk_full)
+    monkeypatch.setattr(reprokit.engine.activations.json, "dump", disk_full)
     folder = tmp_path / "activations"
     with pytest.raises(OSError, match="No space left"):
         ActivationStore.capture(run_chunk, names, {}, str(folder), chunk_bytes=1 << 20)
@@ -203,7 +203,7 @@ def test_an_interrupted_index_write_leaves_no_half_index(tmp_path, monkeypatch):
 
 
 def test_the_rerun_command_names_the_users_target_not_the_private_timing_cache(tmp_path):
-    from reprokit.shrink import _with_timing_cache, rerun_command
+    from reprokit.shrink.steps import _with_timing_cache, rerun_command
 
     state = str(tmp_path / "out" / ".reprokit")
     injected = _with_timing_cache("trt:fp16", state)

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from reprokit.api import RunOptions, check
 from reprokit.errors import ExitCode, ReprokitError
-from reprokit.session import RunOptions, check
-from reprokit.shrink import shrink
+from reprokit.shrink.steps import shrink
 
 pytestmark = pytest.mark.slow
 BUDGET = settings(derandomize=True, max_examples=6, deadline=None, database=None,
@@ -177,8 +177,8 @@ def _save(model, folder) -> str:
 @BUDGET
 @given(model=graphs())
 def test_random_graphs_check_shrink_pack_verify_under_fp16_emulation(model, tmp_path_factory):
-    from reprokit.report import verify
-    from reprokit.shrink import pack_result
+    from reprokit.report.bundle import verify
+    from reprokit.shrink.steps import pack_result
 
     folder = tmp_path_factory.mktemp("fp16")
     path = _save(model, folder)

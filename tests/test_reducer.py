@@ -18,10 +18,10 @@ import shrink_models as sm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprokit.oracle import Kind, Signature
-from reprokit.reduce.passes import branches, ddmin, localize, window
-from reprokit.reduce.reducer import Journal, Outcome, Reducer
-from reprokit.subgraph import GraphIndex
+from reprokit.engine.oracle import Kind, Signature
+from reprokit.graph.extract import GraphIndex
+from reprokit.shrink.passes import branches, ddmin, localize, window
+from reprokit.shrink.reducer import Journal, Outcome, Reducer
 
 
 class FakePredicateReducer(Reducer):

@@ -15,9 +15,9 @@ import onnx
 import pytest
 from conftest import pack_matmul_softmax
 
-from reprokit.archive import check_manifest, safe_extract
-from reprokit.report import pack, verify
-from reprokit.session import RunOptions
+from reprokit.api import RunOptions
+from reprokit.report.archive import check_manifest, safe_extract
+from reprokit.report.bundle import pack, verify
 from tests.models import bf16_steps, matmul_overflow_softmax, save
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -124,15 +124,15 @@ def test_redact_keeps_weights_loudly_when_random_ones_do_not_reproduce(tmp_path)
 
 def test_issue_md_golden(tmp_path):
     """ISSUE.md rendered from fixed values; UPDATE_GOLDEN=1 rewrites the golden file."""
-    from reprokit.compare import Criterion, compare_arrays
-    from reprokit.oracle import Kind, Signature, Verdict
-    from reprokit.render import render
+    from reprokit.engine.oracle import Kind, Signature, Verdict
+    from reprokit.report.render import render
+    from reprokit.standalone.compare import Criterion, compare_arrays
 
     ref = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
     error = compare_arrays("y", ref, np.full_like(ref, np.nan), Criterion())
     verdict = Verdict(Signature(Kind.NONFINITE, ("y",), "nan"), (error,), Criterion(), "ort", "trt:fp16", "fp16",
                       target_meta={"mode": "weakly-typed", "builder_flags": ["TF32", "FP16"]})
-    from reprokit import describe
+    from reprokit.report.bundle import describe
 
     env = {"tensorrt": {"distribution": "tensorrt", "version": "10.0.1.6"},
            "gpu": [{"name": "NVIDIA L4", "compute_capability": "8.9", "driver": "550.54"}],

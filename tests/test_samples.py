@@ -118,7 +118,7 @@ def test_reference_is_finite(entry, reference):
 
 
 def _emulated(entry, keep=frozenset()):
-    from reprokit.backends.emulate import emulate_model, round_through
+    from reprokit.engine.backends.emulate import emulate_model, round_through
 
     model = emulate_model(onnx.load(str(SAMPLES / entry["file"])), "fp16", frozenset(keep))
     feeds = {k: round_through(v, "fp16") for k, v in _feeds(entry).items()}
@@ -155,7 +155,7 @@ def test_keeping_the_fault_in_fp32_cures_it(entry, reference):
 def test_fault_shows_for_other_random_feeds(entry):
     generator = _load_generator()
     model = onnx.load(str(SAMPLES / entry["file"]))
-    from reprokit.backends.emulate import emulate_model, round_through
+    from reprokit.engine.backends.emulate import emulate_model, round_through
 
     emulated = emulate_model(model, "fp16")
     for seed in range(1, 1 + int(os.environ["REPROKIT_SAMPLES_SEEDS"])):

@@ -15,11 +15,11 @@ from conftest import run_cli
 from models import make, planted_overflow, save, vi
 from onnx import helper, numpy_helper
 
+from reprokit.api import RunOptions, check
+from reprokit.engine.inputs import load_feeds, load_samples
 from reprokit.errors import InputError, NothingToReduce
-from reprokit.inputs import load_feeds, load_samples
-from reprokit.model import input_infos
-from reprokit.session import RunOptions, check
-from reprokit.shrink import shrink
+from reprokit.graph.model import input_infos
+from reprokit.shrink.steps import shrink
 
 
 def scaled_overflow() -> onnx.ModelProto:

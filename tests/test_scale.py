@@ -13,9 +13,9 @@ from pathlib import Path
 import onnx
 import pytest
 
+from reprokit.api import RunOptions
 from reprokit.errors import InputError
-from reprokit.session import RunOptions
-from reprokit.shrink import Limits, shrink
+from reprokit.shrink.steps import Limits, shrink
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -22,8 +22,8 @@ import pytest
 import shrink_models as sm
 from conftest import assert_user_error, pid_gone, reprokit_exe, run_cli
 
-from reprokit.session import RunOptions
-from reprokit.shrink import Limits, shrink
+from reprokit.api import RunOptions
+from reprokit.shrink.steps import Limits, shrink
 
 # The search tests ask for a 1-minimal result: no call budget (the default stops near
 # polygraphy's cost on searches that localization cannot settle; see test_budget_*).

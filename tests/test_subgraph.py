@@ -16,8 +16,8 @@ import shrink_models as sm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reprokit.activations import ActivationStore
-from reprokit.subgraph import GraphIndex, extract
+from reprokit.engine.activations import ActivationStore
+from reprokit.graph.extract import GraphIndex, extract
 
 
 class Captured:

@@ -20,8 +20,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from reprokit.backends.base import BuildError
-from reprokit.backends.trt import (
+from reprokit.engine.backends.base import BuildError
+from reprokit.engine.backends.trt import (
     TrtBackend,
     builder_settings,
     capture_polygraphy_log,
@@ -240,7 +240,7 @@ def test_import_does_not_import_tensorrt_or_polygraphys_trt_backend():
     code = textwrap.dedent(
         """
         import sys
-        import reprokit.backends.trt as trt_backend
+        import reprokit.engine.backends.trt as trt_backend
         from reprokit.spec import parse_target
         trt_backend.builder_settings(parse_target("trt:fp16"), 10, False)
         heavy = [m for m in sys.modules if m.split(".")[0] in ("tensorrt", "tensorrt_rtx")
@@ -303,7 +303,7 @@ def test_rtx_bindings_wheel_is_aliased_for_polygraphy(tmp_path):
     (tmp_path / "tensorrt_rtx_bindings.py").write_text('__version__ = "1.2.0.4"\n')
     code = textwrap.dedent(
         """
-        from reprokit.backends.trt import TrtBackend, load_tensorrt
+        from reprokit.engine.backends.trt import TrtBackend, load_tensorrt
         module, rtx = load_tensorrt()
         from polygraphy.mod.trt_importer import lazy_import_trt
         print(rtx, module.__name__, lazy_import_trt().__version__)
@@ -379,7 +379,7 @@ def test_a_gpu_tensorrt_rtx_refuses_is_unavailable_not_a_build_error():
     [("trt:fp16", 11, ()), ("trt:strongly-typed,fp16", 10, ()), ("trt:fp16,fp32-nodes=add", 11, ("add",))],
 )
 def test_the_model_a_strongly_typed_build_gets_matches_onnxruntime(tmp_path, text, major, kept):
-    from reprokit.backends.ort import OrtBackend
+    from reprokit.engine.backends.ort import OrtBackend
 
     path, feeds = mlp_file(tmp_path)
     s = settings(text, major)

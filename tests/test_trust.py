@@ -19,7 +19,7 @@ import pytest
 from conftest import PY, assert_user_error, pack_matmul_softmax, run_cli
 from onnx import TensorProto, helper
 
-from reprokit.archive import safe_extract, write_archive, write_manifest
+from reprokit.report.archive import safe_extract, write_archive, write_manifest
 from tests.models import make, save, vi
 
 
@@ -145,7 +145,7 @@ def test_a_cmd_target_gets_inputs_named_file(tmp_path):
 def test_npz_transport_keeps_every_dtype_and_any_name(tmp_path):
     import ml_dtypes
 
-    from reprokit.arrays import load_npz, save_npz
+    from reprokit.standalone.arrays import load_npz, save_npz
 
     arrays = {
         "file": np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -230,7 +230,7 @@ def test_inlining_refuses_a_link_out_of_the_folder_and_keeps_a_link_inside(tmp_p
     import onnx
 
     from reprokit.errors import InputError
-    from reprokit.model import inline_external_data
+    from reprokit.graph.model import inline_external_data
 
     path = linked_weights_model(tmp_path, tmp_path / "model-x")
     with pytest.raises(InputError, match="resolves outside"):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import PY, pid_gone
 
-from reprokit.oracle import Kind, Signature
-from reprokit.session import RunOptions, check
-from reprokit.worker import run_in_worker
+from reprokit.api import RunOptions, check
+from reprokit.engine.oracle import Kind, Signature
+from reprokit.engine.worker import run_in_worker
 
 SEGV = f"{PY} -c 'import os, signal; os.kill(os.getpid(), signal.SIGSEGV)'"
 ABORT = f"{PY} -c 'import os; os.abort()'"

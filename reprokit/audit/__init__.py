@@ -48,8 +48,8 @@ class AuditResult:
     files: dict  # kind -> path written
     sweep: list[SweepRow]
     ranges: RangeReport
-    layerwise: object  # reprokit.layerwise.LayerwiseReport
-    verdict: object  # reprokit.oracle.Verdict
+    layerwise: object  # reprokit.engine.layerwise.LayerwiseReport
+    verdict: object  # reprokit.engine.oracle.Verdict
 
     @property
     def workaround(self) -> dict | None:
@@ -95,9 +95,9 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
 
     ``ranges_only``: the range audit alone — one reference call, no target call, no engine
     build (the target spec only says which narrow type to audit against)."""
-    from reprokit.model import check_target_nodes
-    from reprokit.oracle import check_reference_finite
-    from reprokit.session import RunOptions, make_oracle, prepare
+    from reprokit.api import RunOptions, make_oracle, prepare
+    from reprokit.engine.oracle import check_reference_finite
+    from reprokit.graph.model import check_target_nodes
 
     options = options or RunOptions()
     event = on_event or (lambda text: None)
@@ -122,7 +122,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         ranges = audit_ranges(model, activations, constants, feeds, oracle.precision, oracle.criterion.tolerance)
 
         if ranges_only:
-            from reprokit.layerwise import LayerwiseReport
+            from reprokit.engine.layerwise import LayerwiseReport
 
             verdict = None
             layer = LayerwiseReport([], False, ["not run (--ranges-only)"])
@@ -135,7 +135,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
 
         isolated = None
         if verdict is not None and verdict.diverges and verdict.kind.value in ("nonfinite", "mismatch"):
-            from reprokit.reduce.pipeline import isolated_attribution
+            from reprokit.shrink.pipeline import isolated_attribution
 
             event("each node alone, fed with the reference activations (packed)")
             started_isolated = time.monotonic()
@@ -170,21 +170,21 @@ def _capture(oracle, ledger, prepared, work, notes, event):
     """Every float tensor captured on the reference, from the model with its constants folded
     when that folded model computes what the model as given computes (checked: one reference
     run of the model as given), else from the model unfolded. Unnamed nodes carry their
-    OP_INDEX labels of the user's file (:func:`reprokit.model.node_label`) either way.
+    OP_INDEX labels of the user's file (:func:`reprokit.graph.model.node_label`) either way.
     Returns (model, marked model file, marked tensors, activations, reference outputs of the
     model as given, graph outputs)."""
     import onnx
 
-    from reprokit.folding import SKIPPED, disagreement, failure_words, folding_changed
-    from reprokit.layerwise import float_node_outputs
-    from reprokit.model import (
+    from reprokit.engine.layerwise import float_node_outputs
+    from reprokit.engine.oracle import check_reference_finite
+    from reprokit.graph.folding import SKIPPED, disagreement, failure_words, folding_changed
+    from reprokit.graph.model import (
         fold_constants,
         inferred_value_info,
         mark_outputs,
         name_unnamed_nodes,
         save_model,
     )
-    from reprokit.oracle import check_reference_finite
 
     given = onnx.ModelProto.FromString(prepared.model.SerializeToString())
     named = name_unnamed_nodes(given)
@@ -233,7 +233,7 @@ def _capture(oracle, ledger, prepared, work, notes, event):
 
 
 def _layerwise(oracle, ledger, model, marked, feeds, names, activations, target):
-    from reprokit.layerwise import compare_marked_run
+    from reprokit.engine.layerwise import compare_marked_run
 
     result = ledger.run("layerwise", "target", oracle, "every tensor marked as an output", marked, feeds, names)
     return compare_marked_run(model, activations, result, oracle)
@@ -244,7 +244,7 @@ def amplifiers(model, layer, limit: int = 5) -> list[dict]:
     grows: a saturated Sigmoid, a cancellation), largest growth first."""
     import math
 
-    from reprokit.layerwise import float_node_outputs
+    from reprokit.engine.layerwise import float_node_outputs
 
     inputs = {t: ins for t, _, _, ins in float_node_outputs(model)}
     errors = {r.tensor: r.error.rel_l2 for r in layer.rows}
@@ -271,7 +271,7 @@ def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
     layerwise first diverging nodes, where the error is born (the nodes with the largest error
     alone, from the isolated run; and the first diverging node with the nodes that feed it, for a
     cancellation whose inputs already carry the error), and where the verdict's own kind starts."""
-    from reprokit.layerwise import float_node_outputs
+    from reprokit.engine.layerwise import float_node_outputs
 
     first = [r.node for r in layer.first][:3]
     producer = {o: (n.name or f"{n.op_type}_{i}") for i, n in enumerate(model.graph.node) for o in n.output}
@@ -306,7 +306,7 @@ def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
 
 def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) -> list[SweepRow]:
     from reprokit.audit.layernorm import fuse_layernorms
-    from reprokit.model import save_model
+    from reprokit.graph.model import save_model
 
     fused, matches = fuse_layernorms(bench.model, bench.base_dir)
     if matches:
@@ -316,7 +316,7 @@ def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) ->
                  f"LayerNormalization node each (opset 17; {removed} fewer nodes)")
     else:
         words = "no decomposed LayerNorm (ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div) in the model"
-    from reprokit.model import node_labels
+    from reprokit.graph.model import node_labels
     from reprokit.spec import parse_target
 
     batch = _batch_variant(bench, prepared)
@@ -345,7 +345,7 @@ def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) ->
 
 def _batch_variant(bench, prepared):
     """For TensorRT: the model with its batch dim made static (if dynamic) or dynamic (if static)."""
-    from reprokit.model import freeze_input_shapes, save_model
+    from reprokit.graph.model import freeze_input_shapes, save_model
 
     dims = [i.shape[0] for i in prepared.infos if len(i.shape) >= 2]
     if not dims:
@@ -377,7 +377,7 @@ def _no_workaround(rows, target: str, reference: str) -> str:
 
 def _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
              kept_nodes, ledger, started, swept, explained_asked) -> dict:
-    from reprokit.inputs import feed_dtype, feed_shape
+    from reprokit.engine.inputs import feed_dtype, feed_shape
 
     found, basis = workaround(rows)
     first = layer.first[0] if layer.first else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.names import FreshNames
+from reprokit.standalone.names import FreshNames
 
 LAYERNORM_OPSET = 17
 

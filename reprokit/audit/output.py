@@ -45,7 +45,7 @@ def worst_error(verdict: dict):
 
 def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
     from reprokit.audit.plot import plot_layerwise
-    from reprokit.render import render
+    from reprokit.report.render import render
 
     os.makedirs(out_dir, exist_ok=True)
     paths = {k: os.path.join(out_dir, v) for k, v in FILES.items()}

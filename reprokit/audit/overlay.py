@@ -37,7 +37,7 @@ _GREEN, _LIGHT, _ORANGE, _RED, _DARK = "#c8e6c9", "#8bc34a", "#ffa000", "#ff5722
 
 def adapter_ids(model) -> tuple[str, dict[str, str]]:
     """(graph id, {reprokit node label: Model Explorer node id}) for the model file's main graph."""
-    from reprokit.model import node_label
+    from reprokit.graph.model import node_label
 
     names = _adapter_node_names(model)
     return model.graph.name, {node_label(n, i): names[i] for i, n in enumerate(model.graph.node)}
@@ -134,7 +134,7 @@ def open_command(model_path: str, paths: list[str]) -> str:
 
 def write_overlays(payload: dict, out_dir: str) -> dict[str, str]:
     """Write the overlays of ``payload`` (an audit's JSON) beside it; kind → path written."""
-    from reprokit.model import load_model
+    from reprokit.graph.model import load_model
 
     model = load_model(payload["model"], load_weights=False)
     written = {}

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from reprokit.compare import RANGE, UNDERFLOW_SHARE
+from reprokit.standalone.compare import RANGE, UNDERFLOW_SHARE
 
 # Unit roundoff of each storage type: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8, "fp8": 2.0**-4, "tf32": 2.0**-11}
@@ -125,7 +125,7 @@ def audit_ranges(model, activations, constants: dict, feeds: dict, precision: st
     ``constants`` maps initializer names to arrays; ``tolerance`` is the verdict's bound, the
     level from which a cancellation's expected error counts.
     """
-    from reprokit.layerwise import float_node_outputs
+    from reprokit.engine.layerwise import float_node_outputs
 
     limits = RANGE.get(precision)
     if limits is None:

@@ -154,8 +154,8 @@ class Bench:
 def run_setting(bench: Bench, setting: Setting, signature, original) -> SweepRow:
     """Run one setting (one target call; two for a rewritten model, whose reference is rerun).
     ``original`` is the Criterion that flagged the divergence."""
-    from reprokit.compare import compare_arrays
-    from reprokit.session import make_oracle
+    from reprokit.api import make_oracle
+    from reprokit.standalone.compare import compare_arrays
 
     row = SweepRow(setting.key, setting.change, setting.rank, setting.target or "-", NOT_APPLICABLE,
                    note=setting.reason)
@@ -221,7 +221,7 @@ def workaround(rows: list[SweepRow]) -> tuple[SweepRow | None, str]:
 
 def random_like_feeds(feeds: dict, seed: int) -> dict:
     """Float feeds replaced by random values of the same shape, mean and std; others kept."""
-    from reprokit.redact import _like
+    from reprokit.report.redact import _like
 
     rng = np.random.default_rng(seed)
     return {k: (_like(np.asarray(v), rng) if np.asarray(v).dtype.kind == "f" else np.asarray(v))
@@ -234,7 +234,7 @@ def random_weights_model(model, seed: int, base_dir: str = ""):
     import onnx
     from onnx import numpy_helper
 
-    from reprokit.redact import _SMALL, _like
+    from reprokit.report.redact import _SMALL, _like
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     rng = np.random.default_rng(seed)
@@ -253,8 +253,8 @@ def random_weights_model(model, seed: int, base_dir: str = ""):
 
 def explain(bench: Bench, oracle, signature, seed: int) -> dict:
     """Does it still diverge with random inputs? with random weights? What does that say?"""
-    from reprokit.model import save_model
-    from reprokit.oracle import check_reference_finite
+    from reprokit.engine.oracle import check_reference_finite
+    from reprokit.graph.model import save_model
 
     out = {}
     weights, replaced = random_weights_model(bench.model, seed, bench.base_dir)

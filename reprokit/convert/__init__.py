@@ -35,7 +35,7 @@ from reprokit.convert.casts import CastWriter
 from reprokit.convert.planning import TypePlan
 from reprokit.convert.scopes import Scope, node_names, rename_refs, subgraphs
 from reprokit.convert.values import NARROW, NARROW_TYPES, WIDE
-from reprokit.names import FreshNames
+from reprokit.standalone.names import FreshNames
 
 __all__ = ["ConversionReport", "convert_float_model", "convert_float_model_report", "node_names"]
 

@@ -21,7 +21,7 @@ from reprokit.convert.values import (
     WIDE,
     constant_value,
 )
-from reprokit.names import FreshNames
+from reprokit.standalone.names import FreshNames
 
 
 class TypePlan:

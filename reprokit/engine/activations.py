@@ -1,0 +1,128 @@
+"""On-disk store of captured tensors: one .npy per tensor plus an index, read memory-mapped.
+
+Must not hold everything in RAM: ``get`` returns a read-only memory map.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from reprokit.errors import InputError
+
+
+class ActivationStore:
+    """Tensors captured from one reference run, by tensor name."""
+
+    INDEX = "index.json"
+
+    def __init__(self, directory: str, files: dict[str, str]):
+        self.directory = directory
+        self._files = files
+        self._meta: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+
+    @classmethod
+    def capture(cls, run_chunk, names: list[str], sizes: dict[str, int], directory: str, *,
+                chunk_bytes: int, max_disk_bytes: int | None = None, on_event=None) -> ActivationStore:
+        """Capture ``names`` by as many reference runs as it takes to keep each run's marked
+        outputs under ``chunk_bytes`` (estimated from static shapes), moving each run's .npy
+        files into ``directory``. Stops with a clear error before, or as soon as, the files
+        would pass ``max_disk_bytes`` or the free disk space."""
+        estimate = sum(sizes.get(n, 0) for n in names)
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(directory)) or ".").free
+        if max_disk_bytes is not None and estimate > max_disk_bytes:
+            raise InputError(
+                f"capturing the reference activations needs about {_mib(estimate)} on disk, more than "
+                f"--max-activation-disk {_mib(max_disk_bytes)}",
+                hint="raise --max-activation-disk, or cut the model first (--input-shapes with a smaller batch)")
+        if estimate > free:
+            raise InputError(f"capturing the reference activations needs about {_mib(estimate)}; "
+                             f"only {_mib(free)} are free under {directory}",
+                             hint="free disk space or put -o on a larger disk")
+        chunks, current, total = [], [], 0
+        for name in names:
+            size = sizes.get(name, 0)
+            if current and total + size > chunk_bytes:
+                chunks.append(current)
+                current, total = [], 0
+            current.append(name)
+            total += size
+        if current:
+            chunks.append(current)
+        if os.path.exists(directory):
+            shutil.rmtree(directory)
+        os.makedirs(directory)
+        files: dict[str, str] = {}
+        used = 0
+        for number, chunk in enumerate(chunks):
+            if on_event and len(chunks) > 1:
+                on_event(f"capturing activations, part {number + 1} of {len(chunks)} ({len(chunk)} tensors)")
+            result = run_chunk(chunk)
+            dtypes = getattr(result.outputs, "dtypes", {})
+            for name, source in result.outputs.paths.items():
+                file = f"a{len(files):06d}.npy"
+                os.replace(source, os.path.join(directory, file))
+                # an ml_dtype saved as raw bits keeps its name in the index: "a000001.npy#bfloat16"
+                files[name] = file + (f"#{dtypes[name]}" if name in dtypes else "")
+                used += os.path.getsize(os.path.join(directory, file))
+            result.discard()
+            if max_disk_bytes is not None and used > max_disk_bytes:
+                raise InputError(f"the captured activations passed --max-activation-disk {_mib(max_disk_bytes)}",
+                                 hint="raise --max-activation-disk, or shrink a smaller input (--input-shapes)")
+        # The index vouches for the capture (--resume reuses it): written whole or not at all.
+        index = os.path.join(directory, cls.INDEX)
+        try:
+            with open(index + ".tmp", "w") as handle:
+                json.dump(files, handle)
+            os.replace(index + ".tmp", index)
+        except BaseException:
+            if os.path.exists(index + ".tmp"):
+                os.remove(index + ".tmp")
+            raise
+        return cls(directory, files)
+
+    @classmethod
+    def open(cls, directory: str) -> ActivationStore:
+        with open(os.path.join(directory, cls.INDEX)) as handle:
+            return cls(directory, json.load(handle))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.get(name)
+
+    def get(self, name: str) -> np.ndarray:
+        from reprokit.engine.worker import load_npy
+
+        file, _, dtype = self._files[name].partition("#")
+        return load_npy(os.path.join(self.directory, file), dtype or None)
+
+    def info(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype without reading the data."""
+        if name not in self._meta:
+            array = self.get(name)
+            self._meta[name] = (tuple(array.shape), array.dtype)
+        return self._meta[name]
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:,.0f} MiB" if value < 2**30 else f"{value / 2**30:,.2f} GiB"
+
+
+def tensor_bytes(value_info) -> int:
+    """Bytes of a tensor from its inferred type and static shape; 0 when unknown."""
+    from onnx import helper
+
+    tensor = value_info.type.tensor_type
+    if not tensor.elem_type:
+        return 0
+    count = 1
+    for dim in tensor.shape.dim:
+        if not dim.HasField("dim_value"):
+            return 0
+        count *= dim.dim_value
+    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize

@@ -1,0 +1,94 @@
+"""Storage emulator: fp16/bf16 storage with fp32 arithmetic, on onnxruntime CPU.
+
+Every float tensor — graph inputs, initializers and each node's float outputs, inside If/Loop/Scan
+bodies too — is rounded
+through the narrow type (overflow past the narrow maximum becomes inf, tiny values underflow to
+zero), while each op computes in fp32: the semantics of TensorRT's FP16 kernels (fp16 storage,
+fp32 accumulation). It predicts FP16 trouble on a machine with no GPU.
+
+Rounding of node outputs is done by rewriting the graph with Cast(narrow)→Cast(float) pairs,
+so onnxruntime runs with graph optimizations off (they would fold the pairs away).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+from reprokit.engine.backends.base import Availability, Backend, RunResult, module_version
+from reprokit.errors import EngineUnavailable, UsageError
+from reprokit.spec import OptionDoc, TargetSpec
+from reprokit.standalone.emulation import NARROW, CannotEmulate, emulate_model, round_through
+
+
+class EmulateBackend(Backend):
+    engine = "emulate"
+    summary = "fp16/bf16 storage emulator on onnxruntime CPU (predicts TensorRT FP16 trouble)"
+    OPTIONS = {
+        "fp16": OptionDoc("round every float tensor through IEEE fp16 (max 65504)"),
+        "bf16": OptionDoc("round every float tensor through bfloat16 (8-bit mantissa)"),
+        "fp32-nodes": OptionDoc(
+            "keep these nodes' outputs in fp32, names separated by ';' (fp32-nodes=a;b)", "str"
+        ),
+    }
+    deterministic = True
+    reads_weights_dir = True
+    install_hint = "pip install onnxruntime ml-dtypes"
+
+    @classmethod
+    def validate(cls, spec: TargetSpec) -> None:
+        chosen = [p for p in NARROW if spec.has(p)]
+        if len(chosen) != 1:
+            raise UsageError(
+                "emulate needs exactly one precision: emulate:fp16 or emulate:bf16",
+                hint="e.g. --target emulate:fp16",
+            )
+
+    def narrow(self) -> str:
+        return "fp16" if self.spec.has("fp16") else "bf16"
+
+    def precision(self) -> str:
+        return self.narrow()
+
+    @classmethod
+    def probe(cls) -> Availability:
+        return module_version("onnxruntime")
+
+    def run(self, model_path, feeds, output_names):
+        import onnx
+
+        from reprokit.engine.backends.ort import make_session, run_session
+        from reprokit.graph.model import name_unnamed_nodes
+
+        keep = frozenset(filter(None, str(self.spec.get("fp32-nodes", "")).split(";")))
+        source = onnx.load(model_path, load_external_data=False)
+        if keep:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
+            name_unnamed_nodes(source)
+        try:
+            model = emulate_model(source, self.narrow(), keep)
+        except CannotEmulate as exc:
+            raise EngineUnavailable(
+                f"emulate:{self.narrow()} cannot emulate this model: {exc}",
+                hint="use emulate:fp16 (no opset lift needed), or convert the model to opset >= 13 yourself",
+            ) from exc
+        weights = self.weights_dir or os.path.dirname(os.path.abspath(model_path))
+        with tempfile.TemporaryDirectory(prefix="reprokit-emulate-") as tmp:
+            path = os.path.join(tmp, "emulated.onnx")
+            onnx.save(model, path)
+            session = make_session(path, weights_dir=weights)
+            # float tensor inputs are rounded inside the model (for narrow readers only); a
+            # sequence's tensors are rounded here
+            rounded = {k: _rounded(v, self.narrow()) if isinstance(v, (list, tuple)) else v for k, v in feeds.items()}
+            outputs = run_session(session, rounded, output_names)
+        return RunResult(outputs=outputs, meta={"storage": self.narrow(), "fp32_nodes": sorted(keep)})
+
+
+def _rounded(value, narrow: str):
+    """A feed through the narrow type: a tensor, each tensor of a sequence; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [round_through(np.asarray(v), narrow) for v in value]
+    return round_through(np.asarray(value), narrow)

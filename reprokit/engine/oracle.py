@@ -1,0 +1,453 @@
+"""Reference vs target → :class:`Verdict` with a :class:`Signature`; the verdict cache.
+
+The signature (kind, affected outputs, normalized detail) is what shrink holds fixed, so a
+reduction never slips to a different bug. Engine calls go through ``worker.run_in_worker``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit.engine.worker import WorkerResult, run_in_worker
+from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
+from reprokit.standalone.arrays import save_npz
+from reprokit.standalone.compare import (
+    Criterion,
+    OutputError,
+    compare_arrays,
+    reference_warnings,
+    widen,
+)
+
+
+class Kind(str, enum.Enum):
+    AGREE = "agree"
+    NONFINITE = "nonfinite"
+    MISMATCH = "mismatch"
+    BUILD_ERROR = "build-error"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class Signature:
+    kind: Kind
+    outputs: tuple[str, ...] = ()
+    detail: str = ""  # nan/inf/nan+inf for nonfinite; normalized message for errors
+
+    def same_bug(self, other: Signature) -> bool:
+        """Does ``other`` show the same failure? Output names may differ (cut subgraphs)."""
+        if self.kind != other.kind:
+            return False
+        if self.kind in (Kind.BUILD_ERROR, Kind.CRASH):
+            return self.detail == other.detail
+        return True
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind.value, "outputs": list(self.outputs), "detail": self.detail}
+
+    def describe(self) -> str:
+        text = self.kind.value
+        if self.detail:
+            text += f" ({self.detail})"
+        if self.outputs:
+            text += " in " + ", ".join(self.outputs[:4]) + (" …" if len(self.outputs) > 4 else "")
+        return text
+
+
+@dataclass(frozen=True)
+class Verdict:
+    signature: Signature
+    outputs: tuple[OutputError, ...]
+    criterion: Criterion
+    reference: str
+    target: str
+    precision: str
+    message: str = ""  # the engine's own text for errors
+    target_meta: dict = field(default_factory=dict, hash=False, compare=False)
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def diverges(self) -> bool:
+        return self.signature.kind is not Kind.AGREE
+
+    @property
+    def kind(self) -> Kind:
+        return self.signature.kind
+
+    @property
+    def warnings(self) -> list[str]:
+        """Outputs whose reference makes the metric say little (all zero, near zero, constant)."""
+        return reference_warnings(self.outputs, self.criterion.metric)
+
+    def worst(self) -> OutputError | None:
+        return max(self.outputs, key=lambda o: (o.exceeds, o.error), default=None)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": "reprokit.verdict/1",
+            "diverges": self.diverges,
+            "signature": self.signature.to_json(),
+            "reference": self.reference,
+            "target": self.target,
+            "precision": self.precision,
+            "criterion": {
+                "metric": self.criterion.metric.value,
+                "tolerance": self.criterion.tolerance,
+                "atol": self.criterion.atol,
+                "rtol": self.criterion.rtol,
+            },
+            "outputs": [o.to_json() for o in self.outputs],
+            "warnings": self.warnings,
+            "message": self.message,
+            "target_meta": self.target_meta,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def normalize_message(message: str) -> str:
+    """A stable form of an engine error: first error-looking line, names/numbers/paths masked."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    chosen = next((line for line in lines if re.search(r"error|fail|unsupported|invalid", line, re.I)), lines[0])
+    chosen = re.sub(r"(?<![\w>])(?:/[\w.\-]+){2,}", "<path>", chosen)
+    # A quote opens a name only where no letter precedes it and closes one only where none
+    # follows: the apostrophes of "can't" or "model's" are not quotes.
+    # Quoted operator types stay: "unsupported op 'Unique'" and "… 'NonZero'" are two bugs. The
+    # set of every op type onnx knows is kept on the function itself: repro.py embeds this
+    # function's source alone, so it may not call a helper of this module.
+    if not hasattr(normalize_message, "op_types"):
+        try:
+            import onnx.defs
+
+            normalize_message.op_types = frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
+        except Exception:  # no onnx: every quoted name is masked
+            normalize_message.op_types = frozenset()
+    chosen = re.sub(r"(?<!\w)(['\"`])(.*?)\1(?!\w)",
+                    lambda m: m.group(0) if m.group(2) in normalize_message.op_types else "<name>", chosen)
+    chosen = re.sub(r"0x[0-9a-fA-F]+|(?<![A-Za-z])\d+", "N", chosen)
+    return chosen[:200]
+
+
+def _last_lines(text: str, count: int = 3) -> str:
+    return "\n".join([line for line in text.splitlines() if line.strip()][-count:])
+
+
+def quote_message(message: str, limit: int = 300) -> str:
+    """An engine's message on one line, at most ``limit`` characters, cut only between words.
+
+    Engines put the context first and the reason last ("… while running Mul node. Name:'m'
+    Status Message: …"), so a long line keeps its start and its end around an ellipsis; a first
+    line that only introduces ("Exception from core.cpp:117:") is followed by the last line."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = lines[0]
+    if len(lines) > 1 and text.endswith(":"):
+        text = f"{text} … {lines[-1]}"
+    if len(text) <= limit:
+        return text
+    head = text[: limit // 3].rsplit(" ", 1)[0]
+    tail = text[-(limit - len(head) - 3):]
+    tail = tail.split(" ", 1)[1] if " " in tail else tail
+    return f"{head} … {tail}"
+
+
+def feeds_digest(feeds: dict) -> str:
+    """A digest of the feeds' values: any ONNX dtype (ml_dtypes' bfloat16, float8, int4 …),
+    strings by content, sequences (lists) element by element, empty optionals (None)."""
+    digest = hashlib.sha256()
+    for name in sorted(feeds):
+        _digest_value(digest, name, feeds[name])
+    return digest.hexdigest()
+
+
+def _digest_value(digest, name: str, value) -> None:
+    if value is None:
+        digest.update(f"{name}|none|".encode())
+        return
+    if isinstance(value, (list, tuple)):
+        digest.update(f"{name}|sequence {len(value)}|".encode())
+        for index, item in enumerate(value):
+            _digest_value(digest, f"{name}[{index}]", item)
+        return
+    array = np.ascontiguousarray(value)
+    if array.dtype.kind == "O":  # strings (or bytes): by content, never by object address
+        digest.update(f"{name}|object|{array.shape}|".encode())
+        for item in array.flat:
+            data = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogatepass")
+            digest.update(f"{type(item).__name__}:{len(data)}:".encode() + data)
+        return
+    # numpy's own dtypes keep the header they always had (digests saved by --resume still match);
+    # ml_dtypes' types say their name, their str ('<V2', '<i1') being ambiguous
+    label = array.dtype.str if array.dtype.isbuiltin != 2 else f"{array.dtype.str}:{array.dtype.name}"
+    digest.update(f"{name}|{label}|{array.shape}|".encode())
+    digest.update(memoryview(array.reshape(-1).view(np.uint8)))
+
+
+def file_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class CallStats:
+    target: int = 0
+    reference: int = 0
+    cached: int = 0
+    target_seconds: float = 0.0
+    reference_seconds: float = 0.0
+    build_seconds: list = field(default_factory=list)  # per engine build, where the engine says
+
+
+class Oracle:
+    """Judges models: runs the reference and the target in workers and compares their outputs."""
+
+    def __init__(
+        self,
+        reference: str,
+        target: str,
+        criterion: Criterion,
+        *,
+        precision: str,
+        timeout: float = 600.0,
+        policy=None,
+        workdir: str | None = None,
+        target_env: dict[str, str] | None = None,
+    ):
+        self.reference = reference
+        self.target = target
+        self.criterion = criterion
+        self.precision = precision
+        self.timeout = timeout
+        self.policy = policy  # reprokit.standalone.checkpolicy.CheckPolicy of a cmd target, or None
+        self.target_env = target_env
+        self.build_only = False  # shrink sets it while hunting a build error
+        self.weights_dir: str | None = None  # external data of the models judged, if any
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="reprokit-")
+        self.workdir = workdir or self._tmp.name
+        os.makedirs(self.workdir, exist_ok=True)
+        self.stats = CallStats()
+        self._cache: dict[str, Verdict] = {}
+        self._pending: dict[str, threading.Event] = {}  # keys being computed right now
+        self._counter = 0
+        self._lock = threading.Lock()  # shrink --jobs N calls judge() from several threads
+
+    def _job_dir(self, label: str) -> str:
+        with self._lock:
+            self._counter += 1
+            return os.path.join(self.workdir, f"{self._counter:05d}-{label}")
+
+    def _feeds_file(self, job_dir: str, feeds: dict[str, np.ndarray]) -> str:
+        os.makedirs(job_dir, exist_ok=True)
+        path = os.path.join(job_dir, "feeds.npz")
+        save_npz(path, feeds)
+        return path
+
+    def run_reference(self, model_path: str, feeds: dict, output_names=None) -> WorkerResult:
+        """Reference outputs; a failure or non-finite reference raises ReferenceFailure."""
+        job = self._job_dir("reference")
+        result = run_in_worker(
+            self.reference, model_path, self._feeds_file(job, feeds), job,
+            output_names=output_names, timeout=self.timeout, weights_dir=self.weights_dir,
+        )
+        with self._lock:
+            self.stats.reference += 1
+            self.stats.reference_seconds += result.seconds
+        _raise_for_environment(result, "reference")
+        if result.status != "ok":
+            result.discard()
+            text = result.message or ""
+            ir = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", text)
+            if ir:
+                raise ReferenceFailure(
+                    f"the reference ({self.reference}) cannot load the model: IR version {ir.group(1)} is newer "
+                    f"than this onnxruntime reads ({ir.group(2)})",
+                    hint=f"re-save it with an older IR: m = onnx.load(p); m.ir_version = {ir.group(2)}; onnx.save(m, p2) "
+                         "(or upgrade onnxruntime)")
+            raise ReferenceFailure(
+                f"the reference ({self.reference}) fails on this model: {result.status}: "
+                f"{quote_message(text)}",
+                hint=_old_opset_hint(model_path)
+                or "reprokit needs a working reference; check the model with `polygraphy run MODEL --onnxrt`",
+            )
+        return result
+
+    def run_target(self, model_path: str, feeds: dict, output_names=None) -> WorkerResult:
+        job = self._job_dir("target")
+        result = run_in_worker(
+            self.target, model_path, self._feeds_file(job, feeds), job, output_names=output_names,
+            timeout=self.timeout, policy=self.policy.to_json() if self.policy else None, env=self.target_env,
+            build_only=self.build_only, weights_dir=self.weights_dir,
+        )
+        with self._lock:
+            self.stats.target += 1
+            self.stats.target_seconds += result.seconds
+            if "build_seconds" in result.meta:
+                self.stats.build_seconds.append(float(result.meta["build_seconds"]))
+        _raise_for_environment(result, "target")
+        return result
+
+    def cache_key(self, model_path: str, feeds: dict, output_names=None) -> str:
+        parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
+                 repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only)]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+    def judge(
+        self,
+        model_path: str,
+        feeds: dict[str, np.ndarray],
+        *,
+        reference_outputs: dict[str, np.ndarray] | None = None,
+        output_names: list[str] | None = None,
+    ) -> Verdict:
+        """Verdict for one model and feeds. Cached: an identical call is never run twice."""
+        key = self.cache_key(model_path, feeds, output_names)
+        # One computation per key, even under --jobs: a second thread asking for the same model
+        # waits for the first one's verdict instead of building the engine again.
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is None:
+                owner = key not in self._pending
+                pending = self._pending.setdefault(key, threading.Event())
+            else:
+                self.stats.cached += 1
+        if hit is not None:
+            return Verdict(**{**hit.__dict__, "cached": True})
+        if not owner:
+            pending.wait()
+            return self.judge(model_path, feeds, reference_outputs=reference_outputs, output_names=output_names)
+        try:
+            verdict = self._judge_uncached(model_path, feeds, reference_outputs, output_names)
+            with self._lock:
+                self._cache[key] = verdict
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+            pending.set()
+        return verdict
+
+    def _judge_uncached(self, model_path, feeds, reference_outputs, output_names) -> Verdict:
+        reference_run = result = None
+        try:  # every call's folder goes, whatever the outcome: crash hunts leave no feeds behind
+            if reference_outputs is None:
+                reference_run = self.run_reference(model_path, feeds, output_names)
+                reference_outputs = reference_run.outputs
+                check_reference_finite(reference_outputs, self.reference)
+            result = self.run_target(model_path, feeds, output_names)
+            verdict = self.verdict_from(result, reference_outputs)
+        finally:
+            for run in (result, reference_run):
+                if run is not None:
+                    run.discard()
+        return verdict
+
+    def run_again(self, model_path: str, feeds: dict, reference_outputs: dict) -> Verdict:
+        """A fresh target run of a model judged before (a replay: never the verdict cache)."""
+        result = self.run_target(model_path, feeds)
+        try:
+            return self.verdict_from(result, reference_outputs)
+        finally:
+            result.discard()
+
+    def verdict_from(self, result: WorkerResult, reference_outputs: dict) -> Verdict:
+        base = dict(criterion=self.criterion, reference=self.reference, target=self.target,
+                    precision=self.precision, target_meta=result.meta, seconds=result.seconds)
+        if result.status == "timeout":
+            return Verdict(Signature(Kind.TIMEOUT, detail="timeout"), (), message=result.message, **base)
+        if result.status == "crash":
+            # A death by signal is that signal; any other death is its exit code and the last
+            # words of the engine, so two different aborts are two different findings.
+            code = re.search(r"code (-?\d+)", result.message)
+            detail = result.meta.get("signal") or " | ".join(
+                filter(None, [f"exit code {code.group(1)}" if code else "",
+                              normalize_message(_last_lines(result.log))]))
+            return Verdict(Signature(Kind.CRASH, detail=detail), (),
+                           message=f"{result.message}\n{result.log}".strip(), **base)
+        if result.status == "build-error":
+            detail = result.meta.get("detail") or normalize_message(result.message)
+            return Verdict(Signature(Kind.BUILD_ERROR, detail=detail), (), message=result.message, **base)
+        errors = []
+        missing = [n for n in reference_outputs if result.outputs and n not in result.outputs]
+        if missing:
+            return Verdict(Signature(Kind.BUILD_ERROR, tuple(missing), "target output missing"), (),
+                           message=f"the target produced no output named {missing[0]!r}", **base)
+        for name, ref in reference_outputs.items():
+            if name in result.outputs:
+                errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion))
+        reshaped = [e for e in errors if e.shape_mismatch]
+        if reshaped:  # an error of inf between arrays of other shapes says nothing: name the shapes
+            shapes = "; ".join(f"{e.name!r}: target {list(e.target_shape)} vs reference {list(e.shape)}"
+                               for e in reshaped[:4])
+            return Verdict(Signature(Kind.MISMATCH, tuple(e.name for e in reshaped), "shape"), tuple(errors),
+                           message=f"output shapes differ: {shapes}", **base)
+        nonfinite = [e for e in errors if e.nonfinite_in_target_only]
+        if nonfinite:
+            nan = any(e.target_nan > e.reference_nan for e in nonfinite)
+            inf = any(e.target_inf > e.reference_inf for e in nonfinite)
+            detail = "nan+inf" if nan and inf else ("nan" if nan else "inf")
+            signature = Signature(Kind.NONFINITE, tuple(e.name for e in nonfinite), detail)
+        elif any(e.exceeds for e in errors):
+            signature = Signature(Kind.MISMATCH, tuple(e.name for e in errors if e.exceeds))
+        else:
+            signature = Signature(Kind.AGREE)
+        return Verdict(signature, tuple(errors), message="", **base)
+
+
+OLDEST_OPSET = 7  # onnxruntime has no kernels for ai.onnx opsets before 7 (Add-6, BatchNormalization-6 ...)
+UPGRADE_OPSET = 13
+
+
+def _old_opset_hint(model_path: str) -> str | None:
+    """How to upgrade a model whose ai.onnx opset onnxruntime no longer runs; None otherwise."""
+    import onnx
+
+    try:
+        model = onnx.load(model_path, load_external_data=False)
+    except Exception:  # the engine's own message says what is wrong with the file
+        return None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= OLDEST_OPSET:
+        return None
+    copy = os.path.splitext(model_path)[0] + f".opset{UPGRADE_OPSET}.onnx"
+    return (f"the model uses opset {opset}, older than onnxruntime runs ({OLDEST_OPSET}); convert a copy and check "
+            f"that: python -c \"import onnx; from onnx import version_converter; onnx.save(version_converter."
+            f"convert_version(onnx.load({model_path!r}), {UPGRADE_OPSET}), {copy!r})\"")
+
+
+def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> None:
+    for name, value in outputs.items():
+        array = widen(value) if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise ReferenceFailure(
+                f"the reference ({reference}) itself gives {bad} NaN/Inf values in output {name!r}",
+                hint="that is not a target divergence: check the inputs (--inputs, --val-range) or the model",
+            )
+
+
+def _raise_for_environment(result: WorkerResult, role: str) -> None:
+    if result.status in ("unavailable", "error"):
+        result.discard()  # the run stops here: nobody else will free the call's folder
+    if result.status == "unavailable":
+        raise EngineUnavailable(f"{role} engine unavailable: {result.message}", hint=result.hint)
+    if result.status == "error":
+        error = ReprokitError(result.message, hint=result.hint,
+                              exit_code=ExitCode(result.exit_code or ExitCode.INPUT))
+        if error.exit_code is ExitCode.INTERNAL and result.log:
+            # The worker's traceback, chained so that --debug prints it and the Hint line does not.
+            raise error from RuntimeError(f"engine worker traceback:\n{result.log}")
+        raise error

@@ -1,0 +1,297 @@
+"""Run one backend call in a child process: timeout, process-group kill, crash → result.
+
+The parent side (:func:`run_in_worker`) never imports an engine. The child side
+(``python -m reprokit.engine.worker JOB_DIR``) builds the backend, runs it and writes ``result.json``
+plus one ``.npy`` per output, so big outputs cross the process boundary through the disk and are
+read back memory-mapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit.engine import enginelog
+
+_STDERR_TAIL = 4000
+_RUNNING: set = set()  # live engine processes, so an interrupt can kill them from any thread
+_RUNNING_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    """Kill the process group of every engine call in flight (used on interrupts)."""
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def load_npy(path: str, note: str | None = None) -> np.ndarray:
+    """A .npy written by an engine call, memory-mapped; ``note`` is the dtype note
+    ``arrays.storable`` gave it (an ml_dtype saved as raw bits, strings)."""
+    from reprokit.standalone.arrays import restored
+
+    return restored(np.load(path, mmap_mode="r", allow_pickle=False), note)
+
+
+class OutputFiles(Mapping):
+    """An engine call's outputs, one .npy file each, opened (memory-mapped) only when read:
+    a capture of thousands of tensors moves files without opening them."""
+
+    def __init__(self, paths: dict[str, str], dtypes: dict[str, str] | None = None):
+        self.paths = paths
+        self.dtypes = dtypes or {}  # name -> dtype note (arrays.storable), for outputs .npy cannot name
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return load_npy(self.paths[name], self.dtypes.get(name))
+
+    def __iter__(self):
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclass
+class WorkerResult:
+    """What one engine call produced. ``status``: ok, build-error, unavailable, crash, timeout,
+    error (an input/usage problem found inside the worker)."""
+
+    status: str
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    message: str = ""
+    hint: str | None = None
+    log: str = ""
+    seconds: float = 0.0
+    exit_code: int | None = None  # ReprokitError exit code for status "error"/"unavailable"
+    job_dir: str = ""  # the call's folder (feeds, outputs, logs), set for every status: discard() frees it
+
+    def discard(self) -> None:
+        """Free the disk the call used, once its outputs are no longer needed."""
+        self.outputs = {}
+        if self.job_dir:
+            shutil.rmtree(self.job_dir, ignore_errors=True)
+
+
+def run_in_worker(
+    spec: str,
+    model_path: str,
+    feeds_path: str,
+    job_dir: str,
+    *,
+    output_names: list[str] | None = None,
+    timeout: float = 600.0,
+    policy: dict | None = None,
+    env: dict[str, str] | None = None,
+    build_only: bool = False,
+    weights_dir: str | None = None,
+) -> WorkerResult:
+    """Run ``spec`` on a model in a fresh process; never raises for engine failures."""
+    os.makedirs(job_dir, exist_ok=True)
+    job = {
+        "spec": spec,
+        "model": os.path.abspath(model_path),
+        "feeds": os.path.abspath(feeds_path),
+        "outputs": output_names,
+        "check_policy": policy,
+        "build_only": build_only,
+        "weights_dir": os.path.abspath(weights_dir) if weights_dir else None,
+    }
+    with open(os.path.join(job_dir, "job.json"), "w") as handle:
+        json.dump(job, handle)
+    stderr_path = os.path.join(job_dir, "stderr.log")
+    start = time.monotonic()
+    child_env = dict(os.environ, **(env or {}))
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reprokit.engine.worker", job_dir],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill takes its children too
+            env=child_env,
+        )
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return WorkerResult(
+                "timeout",
+                message=f"no answer within {timeout:g} s; the process group was killed",
+                log=_tail(stderr_path),
+                seconds=time.monotonic() - start,
+                job_dir=job_dir,
+            )
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
+            # The engine's own lines (onnxruntime, OpenVINO, polygraphy) go to the run's log,
+            # never to the console (reprokit.engine.enginelog).
+            enginelog.record_file(f"{spec} on {os.path.basename(model_path)} ({os.path.basename(job_dir)})",
+                                  stderr_path)
+    seconds = time.monotonic() - start
+    result_path = os.path.join(job_dir, "result.json")
+    if code != 0 or not os.path.exists(result_path):
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = " (out of memory?)" if name == "SIGKILL" else ""
+            message = f"engine process killed by {name}{hint}"
+        else:
+            message = f"engine process exited with code {code} without a result"
+        return WorkerResult("crash", message=message, log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
+    with open(result_path) as handle:
+        result = json.load(handle)
+    outputs = OutputFiles({entry["name"]: os.path.join(job_dir, entry["file"])
+                           for entry in result.get("outputs", [])},
+                          {entry["name"]: entry["dtype"] for entry in result.get("outputs", []) if entry.get("dtype")})
+    return WorkerResult(
+        result["status"],
+        outputs=outputs,
+        meta=result.get("meta", {}),
+        message=result.get("message", ""),
+        hint=result.get("hint"),
+        log=result.get("log", "") or _tail(stderr_path),
+        seconds=seconds,
+        exit_code=result.get("exit_code"),
+        job_dir=job_dir,
+    )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - _STDERR_TAIL))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return _whole_lines(tail) if size > _STDERR_TAIL else tail
+
+
+def _whole_lines(tail: str) -> str:
+    """A log's tail without its first, cut line, so that no quote of it starts mid-word."""
+    return tail.split("\n", 1)[1] if "\n" in tail else tail
+
+
+def _child(job_dir: str) -> int:
+    """Child side: run the job, write result.json. Engine crashes kill this process, by design."""
+    from reprokit.engine.backends import create_backend
+    from reprokit.engine.backends.base import BuildError
+    from reprokit.engine.backends.cmd import CmdBackend, CommandCrash
+    from reprokit.errors import EngineUnavailable, ReprokitError
+    from reprokit.spec import parse_target
+    from reprokit.standalone.arrays import load_npz, storable
+    from reprokit.standalone.checkpolicy import CheckPolicy
+
+    with open(os.path.join(job_dir, "job.json")) as handle:
+        job = json.load(handle)
+    result: dict = {"status": "ok"}
+    try:
+        spec = parse_target(job["spec"])
+        backend = (CmdBackend(spec, CheckPolicy.from_json(job.get("check_policy"))) if spec.engine == "cmd"
+                   else create_backend(spec))
+        backend.build_only = bool(job.get("build_only"))
+        model_path = _place_weights(backend, job["model"], job.get("weights_dir"), job_dir)
+        feeds = load_npz(job["feeds"])
+        try:
+            run = backend.run(model_path, feeds, job["outputs"])
+        finally:
+            shutil.rmtree(os.path.join(job_dir, "staged"), ignore_errors=True)
+        entries = []
+        for index, (name, value) in enumerate(_tensors(run.outputs).items()):
+            file = f"out{index:05d}.npy"
+            array, note = storable(np.asarray(value))  # the same rule as every .npz reprokit writes
+            entry = {"name": name, "file": file}
+            if note:
+                entry["dtype"] = note
+            np.save(os.path.join(job_dir, file), array, allow_pickle=False)
+            entries.append(entry)
+        result.update(outputs=entries, meta=run.meta, log=run.log if len(run.log) <= _STDERR_TAIL else _whole_lines(run.log[-_STDERR_TAIL:]))
+    except CommandCrash as exc:
+        result = {"status": "crash", "message": exc.message, "meta": {"signal": exc.signal_name}}
+    except BuildError as exc:
+        result = {"status": "build-error", "message": exc.message, "meta": {"detail": exc.detail}}
+    except EngineUnavailable as exc:
+        result = {"status": "unavailable", "message": exc.message, "hint": exc.hint, "exit_code": int(exc.exit_code)}
+    except ReprokitError as exc:
+        result = {"status": "error", "message": exc.message, "hint": exc.hint, "exit_code": int(exc.exit_code)}
+    except Exception as exc:  # a Python error in reprokit's worker code is not the engine's fault
+        import traceback
+
+        # The traceback travels as the log: the parent chains it to its error for --debug only.
+        result = {"status": "error", "message": f"internal error in the engine worker: {exc.__class__.__name__}: {exc}",
+                  "hint": "rerun with --debug and report the traceback", "log": traceback.format_exc(),
+                  "exit_code": 70}
+    tmp = os.path.join(job_dir, "result.json.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(result, handle, default=str)
+    os.replace(tmp, os.path.join(job_dir, "result.json"))
+    return 0
+
+
+def _tensors(outputs: dict) -> dict:
+    """Outputs as tensors: a sequence output (onnxruntime returns a list) becomes one output per
+    element, ``name[i]``, since its tensors may differ in shape and cannot form one array."""
+    flat = {}
+    for name, value in outputs.items():
+        if isinstance(value, (list, tuple)):
+            flat.update({f"{name}[{i}]": item for i, item in enumerate(value)})
+        else:
+            flat[name] = value
+    return flat
+
+
+def _place_weights(backend, model_path: str, weights_dir: str | None, job_dir: str) -> str:
+    """Tell the backend where external weights are, or stage links beside a copy of the model
+    file for engines that look only next to it. Returns the model path to run."""
+    here = os.path.dirname(os.path.abspath(model_path))
+    if not weights_dir or os.path.abspath(weights_dir) == here:
+        return model_path
+    import onnx
+
+    from reprokit.graph.model import external_locations, stage_external_data
+
+    model = onnx.load(model_path, load_external_data=False)
+    locations = external_locations(model)
+    if not locations or all(os.path.exists(os.path.join(here, loc)) for loc in locations):
+        return model_path  # no external data, or its own beside it (a self-contained save past 2 GB)
+    if backend.reads_weights_dir:
+        backend.weights_dir = weights_dir
+        return model_path
+    staged = os.path.join(job_dir, "staged")
+    os.makedirs(staged, exist_ok=True)
+    stage_external_data(model, weights_dir, staged)
+    target = os.path.join(staged, os.path.basename(model_path))
+    shutil.copyfile(model_path, target)
+    return target
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,156 @@
+"""Checked constant folding: a folded model is used only when it loads and computes what the
+unfolded one computes on the feeds.
+
+onnx-graphsurgeon's folding (:func:`reprokit.graph.model.fold_constants`) is an optimization, and on
+some valid models (expanded attention and group-norm function bodies) it folds shapes from
+wrong inferred shapes: onnxruntime then rejects the folded model (Reshape, Squeeze, Expand) or
+computes something else. Blaming the reference for a model reprokit built is wrong, so every
+folded model is run once on the reference and compared with the unfolded model's outputs;
+when it fails or differs it is dropped and the caller says folding was skipped.
+Runs engines only through the ``run`` callable it is given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from reprokit.errors import ReprokitError
+
+SKIPPED = "constant folding skipped"
+
+
+@dataclass
+class Folded:
+    model: object  # the folded model when it passed the check, else the model as it was
+    folded: bool
+    note: str = ""  # why folding was skipped (empty when it was used or there was nothing to fold)
+
+
+def folding_changed(before, after) -> bool:
+    """Did folding remove or replace anything? (Shape inference alone changes nothing.)"""
+    if after is before:
+        return False
+    ops = [(n.op_type, tuple(n.input), tuple(n.output)) for n in before.graph.node]
+    new_ops = [(n.op_type, tuple(n.input), tuple(n.output)) for n in after.graph.node]
+    inits = sorted(t.name for t in before.graph.initializer)
+    return ops != new_ops or inits != sorted(t.name for t in after.graph.initializer)
+
+
+def disagreement(expected: dict, got: dict) -> str | None:
+    """Why ``got`` (outputs of the folded model) is not ``expected`` (the unfolded model's), or
+    None when they agree: same outputs, shapes and non-finite positions; floats within fp32
+    reordering noise, everything else exactly equal."""
+    for name, want in expected.items():
+        if name not in got:
+            return f"output {name!r} is missing"
+        a, b = np.asarray(want), np.asarray(got[name])
+        if a.shape != b.shape:
+            return f"output {name!r} has shape {list(b.shape)} instead of {list(a.shape)}"
+        if a.dtype.kind in "fc" and b.dtype.kind in "fc":
+            a64, b64 = a.astype(np.complex128 if "c" in a.dtype.kind + b.dtype.kind else np.float64), b.astype(
+                np.complex128 if "c" in a.dtype.kind + b.dtype.kind else np.float64)
+            if not np.array_equal(np.isnan(a64), np.isnan(b64)) or not np.array_equal(a64[np.isinf(a64)],
+                                                                                        b64[np.isinf(a64)]):
+                return f"output {name!r} has NaN/Inf in other places"
+            finite = np.isfinite(a64)
+            scale = float(np.max(np.abs(a64[finite]))) if finite.any() else 0.0
+            if not np.allclose(a64[finite], b64[finite], rtol=1e-4, atol=1e-6 * max(scale, 1e-30)):
+                worst = float(np.max(np.abs(a64[finite] - b64[finite])))
+                return f"output {name!r} differs (max abs difference {worst:.3g}, largest value {scale:.3g})"
+        elif a.dtype.kind in "OSU" or b.dtype.kind in "OSU":
+            if not np.array_equal(a.astype(str), b.astype(str)):
+                return f"output {name!r} differs"
+        elif not np.array_equal(a, b):
+            return f"output {name!r} differs"
+    return None
+
+
+def failure_words(exc: ReprokitError) -> str:
+    """The engine's own words of a reference failure, without "the reference fails on this
+    model" (said of the user's model, it would be wrong for the folded copy)."""
+    import re
+
+    text = exc.message.splitlines()[0] if exc.message else ""
+    return re.sub(r"^the reference \([^)]*\) fails on this model: ", "", text)[:300]
+
+
+def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: str, *,
+                 reference_outputs: dict | None = None, base_dir: str | None = None) -> Folded:
+    """Fold ``model``'s constants and keep the result only when it agrees with ``model`` on
+    ``feeds``. ``run(path, feeds)`` runs the reference and returns its outputs (raising a
+    ReprokitError when the engine fails). ``reference_outputs``: the unfolded model's, when the
+    caller has them already; otherwise the unfolded model is run first (when that fails, the
+    model is returned unfolded and the caller's own reference run reports the user's model,
+    never the folded copy)."""
+    from reprokit.graph.model import fold_constants, save_model
+
+    folded = fold_constants(model)
+    if not folding_changed(model, folded):
+        return Folded(model, False)
+    os.makedirs(workdir, exist_ok=True)
+    if reference_outputs is None:
+        unfolded_path = save_model(model, os.path.join(workdir, "unfolded.onnx"), base_dir=base_dir)
+        try:
+            reference_outputs = run(unfolded_path, feeds)
+        except ReprokitError:
+            return Folded(model, False)  # the model itself fails: the caller's own run says so
+    path = save_model(folded, os.path.join(workdir, "folded.onnx"), base_dir=base_dir)
+    try:
+        outputs = run(path, feeds)
+    except ReprokitError as exc:
+        return Folded(model, False, f"{SKIPPED}: the folded model fails on the reference "
+                                    f"({failure_words(exc)}); the model runs unfolded")
+    why = disagreement(reference_outputs, outputs)
+    if why:
+        return Folded(model, False, f"{SKIPPED}: the folded model computes something else ({why}); "
+                                    "the model runs unfolded")
+    return Folded(folded, True)
+
+
+def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights_dir: str | None = None):
+    """``run(path, feeds) -> outputs`` on the reference ``spec`` through a worker process; an
+    engine failure raises ReferenceFailure (the caller decides whom it concerns)."""
+    from reprokit.engine.worker import run_in_worker
+    from reprokit.errors import ReferenceFailure
+    from reprokit.standalone.arrays import save_npz
+
+    counter = [0]
+
+    def run(path: str, feeds: dict) -> dict:
+        counter[0] += 1
+        job = os.path.join(workdir, f"fold-check-{counter[0]}")
+        os.makedirs(job, exist_ok=True)
+        feeds_path = save_npz(os.path.join(job, "feeds.npz"), feeds)
+        result = run_in_worker(spec, path, feeds_path, job, timeout=timeout, weights_dir=weights_dir)
+        if result.status != "ok":
+            result.discard()
+            raise ReferenceFailure(f"{result.status}: {result.message}")
+        outputs = {k: np.array(v) for k, v in result.outputs.items()}
+        result.discard()
+        return outputs
+
+    return run
+
+
+def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir: str, notes: list[str]):
+    """``--input-shapes``: fold the frozen model when the folded one agrees with it on the
+    reference (``session.prepare``). Returns the model and the file engines load; says in
+    ``notes`` what was done."""
+    from reprokit.graph.model import external_locations, save_model
+
+    frozen = f"froze input shapes {options.input_shapes}"
+    if external_locations(model):
+        notes.append(frozen)
+        return model, path
+    run = reference_runner(options.reference, os.path.join(workdir, "fold-check"), timeout=options.timeout,
+                           weights_dir=base_dir)
+    result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir)
+    if result.folded:
+        notes.append(frozen + " and folded constants")
+        return result.model, save_model(result.model, path)
+    notes.append(frozen + (f"; {result.note}" if result.note else ""))
+    return model, path

@@ -1,0 +1,214 @@
+"""Report archives on disk: MANIFEST.json with SHA-256 of every file, deterministic .tar.gz /
+.zip writing, and extraction that treats the archive as untrusted (one top folder, no absolute
+paths, no '..', no links or devices, a size cap, manifest check).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import tarfile
+import zipfile
+
+from reprokit.engine.oracle import file_digest as sha256
+from reprokit.errors import InputError
+
+MANIFEST = "MANIFEST.json"
+MAX_TOTAL_BYTES = 4 * 2**30  # unpacked size cap: a decompression bomb stops here
+MAX_MEMBERS = 10_000
+
+
+def files_under(root: str) -> list[str]:
+    out = []
+    for base, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            out.append(os.path.relpath(os.path.join(base, name), root).replace(os.sep, "/"))
+    return out
+
+
+def write_manifest(root: str, extra: dict | None = None) -> dict:
+    entries = {rel: {"sha256": sha256(os.path.join(root, rel)), "bytes": os.path.getsize(os.path.join(root, rel))}
+               for rel in files_under(root) if rel != MANIFEST}
+    manifest = {"schema": "reprokit.manifest/1", "files": entries, **(extra or {})}
+    with open(os.path.join(root, MANIFEST), "w") as handle:
+        json.dump(manifest, handle, indent=2, sort_keys=True)
+    return manifest
+
+
+def check_manifest(root: str) -> list[str]:
+    """Problems found: files changed, missing or not listed. Empty when all is well."""
+    path = os.path.join(root, MANIFEST)
+    if not os.path.exists(path):
+        return [f"{MANIFEST} is missing"]
+    try:
+        with open(path) as handle:
+            manifest = json.load(handle)
+        listed = manifest["files"]
+    except (ValueError, KeyError, TypeError):
+        return [f"{MANIFEST} is not a reprokit manifest"]
+    problems = []
+    present = set(files_under(root)) - {MANIFEST}
+    for rel, entry in sorted(listed.items()):
+        if rel not in present:
+            problems.append(f"{rel} is listed but missing")
+        elif sha256(os.path.join(root, rel)) != entry.get("sha256"):
+            problems.append(f"{rel} does not match its SHA-256 in the manifest")
+    problems += [f"{rel} is not in the manifest" for rel in sorted(present - set(listed))]
+    return problems
+
+
+def write_archive(root: str, out_path: str, fmt: str) -> str:
+    """Archive ``root`` as one top folder; byte-identical for identical content."""
+    top = os.path.basename(os.path.normpath(root))
+    tmp = out_path + ".tmp"
+    try:
+        _write(root, top, tmp, fmt)
+    except BaseException:
+        if os.path.exists(tmp):  # a full disk or an interrupt leaves no half archive behind
+            os.remove(tmp)
+        raise
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def _write(root: str, top: str, tmp: str, fmt: str) -> None:
+    if fmt == "zip":
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+            for rel in files_under(root):
+                info = zipfile.ZipInfo(f"{top}/{rel}", date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = 0o644 << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with open(os.path.join(root, rel), "rb") as handle:
+                    archive.writestr(info, handle.read())
+    else:
+        import gzip
+
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as archive:
+                for rel in files_under(root):
+                    path = os.path.join(root, rel)
+                    info = tarfile.TarInfo(f"{top}/{rel}")
+                    info.size = os.path.getsize(path)
+                    info.mode = 0o755 if rel.endswith((".py", ".sh")) else 0o644
+                    info.mtime = 0
+                    with open(path, "rb") as handle:
+                        archive.addfile(info, handle)
+
+
+def _refuse(archive_path: str, why: str):
+    raise InputError(f"refusing archive {archive_path}: {why}",
+                     hint="only archives written by `reprokit pack`, unmodified, are accepted")
+
+
+class _Layout:
+    """Names seen so far, so that no file is also a folder (``top/a`` and ``top/a/b``) and no
+    file comes twice: extraction would fail half-way, or a later member overwrite an earlier one."""
+
+    def __init__(self, archive_path: str):
+        self.archive_path = archive_path
+        self.files: set[str] = set()
+        self.folders: set[str] = set()
+
+    def add(self, name: str, is_dir: bool) -> None:
+        parts = name.split("/")
+        parents = {"/".join(parts[:i]) for i in range(1, len(parts))}
+        if name in self.files or (not is_dir and name in self.folders) or parents & self.files:
+            _refuse(self.archive_path, f"member {name!r} clashes with an earlier member "
+                                       "(one path both a file and a folder, or a file listed twice)")
+        self.folders |= parents
+        (self.folders if is_dir else self.files).add(name)
+
+
+def _check_name(archive_path: str, name: str, tops: set[str]) -> str:
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        _refuse(archive_path, f"absolute path {name!r}")
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        _refuse(archive_path, f"member {name!r} points outside the top folder")
+    tops.add(parts[0])
+    if len(tops) > 1:
+        _refuse(archive_path, f"more than one top folder ({', '.join(sorted(tops))})")
+    return "/".join(parts)
+
+
+def safe_extract(archive_path: str, dest: str, max_bytes: int = MAX_TOTAL_BYTES) -> str:
+    """Extract into ``dest`` after checking every member; return the top folder's path.
+    A corrupt or truncated archive is refused like a hostile one."""
+    import zlib
+
+    try:
+        return _safe_extract(archive_path, dest, max_bytes)
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # a real I/O error on our side (disk full ...), not the archive's
+        _refuse(archive_path, f"it is corrupt or truncated ({exc.__class__.__name__}: {exc})")
+
+
+def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
+    if not os.path.isfile(archive_path):
+        raise InputError(f"archive not found: {archive_path}", hint="check the path")
+    tops: set[str] = set()
+    layout = _Layout(archive_path)
+    total = 0
+    members = []
+    if zipfile.is_zipfile(archive_path):
+        with zipfile.ZipFile(archive_path) as archive:
+            infos = archive.infolist()
+            if len(infos) > MAX_MEMBERS:
+                _refuse(archive_path, f"{len(infos)} members")
+            for info in infos:
+                name = _check_name(archive_path, info.filename, tops)
+                mode = info.external_attr >> 16
+                if stat.S_ISLNK(mode):
+                    _refuse(archive_path, f"member {info.filename!r} is a link")
+                total += info.file_size
+                if total > max_bytes:
+                    _refuse(archive_path, f"unpacks to more than {max_bytes} bytes (decompression bomb?)")
+                layout.add(name, info.is_dir())
+                if not info.is_dir():
+                    members.append((name, info))
+            for name, info in members:
+                _write_member(dest, name, archive.open(info), info.file_size, max_bytes)
+    else:
+        try:
+            archive = tarfile.open(archive_path, "r:*")
+        except (tarfile.TarError, OSError) as exc:
+            _refuse(archive_path, f"not a .tar.gz or .zip ({exc})")
+        with archive:
+            count = 0
+            for info in archive:
+                count += 1
+                if count > MAX_MEMBERS:
+                    _refuse(archive_path, "too many members")
+                name = _check_name(archive_path, info.name, tops)
+                if info.issym() or info.islnk():
+                    _refuse(archive_path, f"member {info.name!r} is a link")
+                if info.isdir():
+                    layout.add(name, True)
+                    continue
+                if not info.isfile():
+                    _refuse(archive_path, f"member {info.name!r} is not a regular file")
+                total += info.size
+                if total > max_bytes:
+                    _refuse(archive_path, f"unpacks to more than {max_bytes} bytes (decompression bomb?)")
+                layout.add(name, False)
+                _write_member(dest, name, archive.extractfile(info), info.size, max_bytes)
+    if not tops:
+        _refuse(archive_path, "it is empty")
+    return os.path.join(dest, tops.pop())
+
+
+def _write_member(dest: str, name: str, source: io.BufferedIOBase, declared: int, max_bytes: int) -> None:
+    path = os.path.join(dest, *name.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    written = 0
+    with source, open(path, "wb") as out:
+        while chunk := source.read(1 << 20):
+            written += len(chunk)
+            if written > declared or written > max_bytes:
+                raise InputError(f"archive member {name!r} is larger than it declares",
+                                 hint="the archive is corrupt or hostile; do not use it")
+            out.write(chunk)

@@ -1,0 +1,529 @@
+"""The report archive: bundle a small diverging model with its inputs, both engines' outputs,
+the verdict, an environment fingerprint, polygraphy commands and logs, a standalone repro.py, a
+ready-to-file ISSUE.md, a README and a manifest; and ``verify`` an archive someone sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit import __version__
+from reprokit.api import RunOptions, check
+from reprokit.errors import InputError, NothingToReduce
+from reprokit.report.archive import check_manifest, safe_extract, write_archive, write_manifest
+from reprokit.report.envinfo import fingerprint
+from reprokit.report.envinfo import redact as redact_env
+from reprokit.report.render import render
+from reprokit.spec import parse_target
+from reprokit.standalone.arrays import save_npz
+from reprokit.standalone.checkpolicy import CheckPolicy
+
+# What `pip install numpy onnx onnxruntime …` needs on top for each engine, and in words.
+ENGINE_PACKAGES = {"ort": "", "emulate": "", "openvino": "openvino", "trt": "tensorrt polygraphy", "cmd": ""}
+ENGINE_REQUIREMENT = {"ort": "nothing more", "emulate": "nothing more (the emulator is inside repro.py)",
+                      "openvino": "openvino", "trt": "tensorrt and polygraphy, on an NVIDIA GPU",
+                      "cmd": "the check command"}
+ALTERNATIVE = {"emulate": "ort", "openvino": "openvino:f32", "trt": "trt:no-tf32", "ort": "ort:opt", "cmd": "ort"}
+
+
+@dataclass
+class PackResult:
+    archive: str
+    verdict: object
+    reproduces: bool  # repro.py, run here, exited 1
+    notes: list[str] = field(default_factory=list)
+    redaction: dict | None = None
+
+
+def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | None = None,
+         fmt: str | None = None, redact: bool = False, context: dict | None = None, on_event=None,
+         audit_dir: str | None = None) -> PackResult:
+    """Check the model once more, then write the archive ``out_path`` (.tar.gz or .zip).
+    ``audit_dir`` (a ``reprokit audit`` output folder) goes into the archive as audit/."""
+    options = options or RunOptions()
+    event = on_event or (lambda text: None)
+    fmt = fmt or ("zip" if out_path.endswith(".zip") else "tar.gz")
+    name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path)) or "report"
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="reprokit-pack-") as tmp:
+        event(f"checking {model_path} under {target}")
+        result = check(model_path, target, options=options, workdir=os.path.join(tmp, "check"))
+        if not result.verdict.diverges:
+            raise NothingToReduce(
+                f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): nothing to pack",
+                hint="pack a model that `reprokit check` reports as diverging")
+        notes.extend(f"WARNING: {w}" for w in result.verdict.warnings)  # a degenerate reference
+        redaction = None
+        if redact:
+            event("redacting and checking that the redacted model still diverges")
+            result, redaction = _redacted(result, target, options, tmp, notes)
+        stage = os.path.join(tmp, name)
+        os.makedirs(os.path.join(stage, "logs"))
+        event("writing the bundle and running repro.py")
+        reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes)
+        if audit_dir and redact:
+            notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
+        elif audit_dir:
+            shutil.copytree(audit_dir, os.path.join(stage, "audit"))
+        extra = {"reprokit": __version__, "target": str(parse_target(target))}
+        if context and context.get("torch"):  # --torch: the export settings and the exporter column
+            with open(os.path.join(stage, "torch.json"), "w") as handle:
+                json.dump(context["torch"], handle, indent=2, default=str)
+            extra["torch"] = {k: context["torch"]["export"].get(k) for k in ("torch", "exporter", "dynamo", "opset")}
+        write_manifest(stage, extra)
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        write_archive(stage, out_path, fmt)
+    return PackResult(out_path, result.verdict, reproduces, notes, redaction)
+
+
+def _redacted(result, target, options, tmp, notes):
+    from reprokit.graph.model import inline_external_data, save_model
+    from reprokit.report.redact import redact
+
+    feeds = result.prepared.feeds.arrays
+    model = result.prepared.model
+    model = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
+    for randomize in (True, False):
+        red = redact(model, feeds, randomize_weights=randomize)
+        path = save_model(red.model, os.path.join(tmp, f"redacted-{randomize}.onnx"))
+        inputs = os.path.join(tmp, f"redacted-{randomize}.npz")
+        save_npz(inputs, red.feeds)
+        again = check(path, target, options=_with_inputs(options, inputs), workdir=os.path.join(tmp, f"red-{randomize}"))
+        if again.verdict.diverges and again.verdict.signature.same_bug(result.verdict.signature):
+            info = {"renamed_tensors": len(red.names), "randomized_weights": len(red.randomized),
+                    "weights": "replaced by random values (same shape, mean, std)" if randomize else "KEPT",
+                    # kind and detail only: output names would leak the real tensor names
+                    "verdict_before": _kind_words(result.verdict.signature),
+                    "verdict_after": _kind_words(again.verdict.signature)}
+            if not randomize:
+                notes.append("WARNING: with random weights the divergence does NOT reproduce; the real "
+                             "weights were KEPT in the archive (names, doc strings and metadata are redacted)")
+            return again, info
+    raise InputError("the redacted model no longer diverges, even with the real weights kept",
+                     hint="pack without --redact, or share the model another way")
+
+
+def _kind_words(signature) -> str:
+    return signature.kind.value + (f" ({signature.detail})" if signature.detail else "")
+
+
+def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
+    from dataclasses import replace
+
+    return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={})  # one sample now
+
+
+def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes) -> bool:
+    from reprokit.graph.model import save_model
+
+    verdict = result.verdict
+    spec = parse_target(target)
+    feeds = result.prepared.feeds.arrays
+    model = result.prepared.model
+    save_model(model, os.path.join(stage, "model.onnx"), base_dir=result.prepared.base_dir, self_contained=True)
+    save_npz(os.path.join(stage, "inputs.npz"), feeds)
+    save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
+    save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
+    bins = _write_inputs_for_tools(stage, feeds)
+    spec, bundled, needed = _bundle_check_files(stage, spec)
+    converted_by_reprokit = spec.engine == "trt" or (spec.engine == "ort" and spec.has("cuda"))
+    if converted_by_reprokit and (spec.has("fp16") or spec.has("bf16")):
+        from reprokit.convert import convert_float_model
+        from reprokit.graph.model import inline_external_data, name_unnamed_nodes
+
+        narrow = "fp16" if spec.has("fp16") else "bf16"
+        keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
+        inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
+        if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
+            name_unnamed_nodes(inline)
+        save_model(convert_float_model(inline, narrow, keep), os.path.join(stage, f"model.{narrow}.onnx"))
+    with open(os.path.join(stage, "verdict.json"), "w") as handle:
+        json.dump({**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
+                   "redaction": redaction}, handle, indent=2, default=str)
+    env = fingerprint()
+    if redaction:
+        env = redact_env(env)
+    with open(os.path.join(stage, "env.json"), "w") as handle:
+        json.dump(env, handle, indent=2)
+    archive_name = f"{name}.{fmt}"
+    values = _template_values(result, spec, env, context, archive_name, model, bins, options)
+    values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
+                              expected_detail=verdict.signature.detail)
+    if spec.engine == "cmd":
+        values["command_heading"] = "The check command on the bundled files (also in `commands.sh`):"
+        values["check_note"] = _check_note(bundled, needed)
+    with open(os.path.join(stage, "repro.py"), "w") as handle:
+        handle.write(render("repro.py.j2", **values))
+    os.chmod(os.path.join(stage, "repro.py"), 0o755)
+    repro = _run([sys.executable, "repro.py"], stage, timeout=max(60.0, options.timeout))
+    reproduces = repro.returncode == 1 and "REPRODUCES" in repro.stdout
+    if not reproduces:
+        notes.append(f"WARNING: repro.py did not reproduce here (exit {repro.returncode}); see logs/repro.log")
+    with open(os.path.join(stage, "logs", "repro.log"), "w") as handle:
+        handle.write(f"$ python repro.py\n{repro.stdout}{repro.stderr}\n[exit code {repro.returncode}]\n")
+    with open(os.path.join(stage, "commands.sh"), "w") as handle:
+        handle.write(render("commands.sh.j2", **values))
+    os.chmod(os.path.join(stage, "commands.sh"), 0o755)
+    _write_logs(stage, result, spec, values)
+    values["repro_output"] = repro.stdout.strip() + f"\n[exit code {repro.returncode}]"
+    with open(os.path.join(stage, "ISSUE.md"), "w") as handle:
+        handle.write(render("ISSUE.md.j2", **values))
+    with open(os.path.join(stage, "README.md"), "w") as handle:
+        handle.write(render("README.md.j2", **values))
+    return reproduces
+
+
+CHECK_DIR = "check"  # where a cmd target's own script goes in the archive
+_MAX_CHECK_FILE = 1 << 20
+
+
+def _bundle_check_files(stage: str, spec):
+    """cmd targets: copy the files the check command names that live under the working
+    directory (small text files: scripts, configs) into check/ and point the command at the
+    copies; list the other files it names, which the archive cannot carry. Returns (spec with
+    the rewritten command, bundled paths, needed paths)."""
+    if spec.engine != "cmd":
+        return spec, [], []
+    argv = shlex.split(spec.command)
+    cwd = os.getcwd()
+    bundled: list[str] = []
+    needed: list[str] = []
+    for index, token in enumerate(argv):
+        if "{" in token or token.startswith("-") or not os.path.isfile(token):
+            continue
+        if index == 0 and os.sep not in token:
+            continue  # a program found on PATH
+        path = os.path.abspath(token)
+        if os.path.commonpath([cwd, path]) == cwd and _small_text_file(path):
+            rel = os.path.join(CHECK_DIR, os.path.relpath(path, cwd))
+            os.makedirs(os.path.dirname(os.path.join(stage, rel)), exist_ok=True)
+            shutil.copy2(path, os.path.join(stage, rel))
+            argv[index] = rel
+            bundled.append(rel)
+        elif index > 0:  # an interpreter given by path (argv[0]) is a tool, not the check's file
+            needed.append(path)
+    from reprokit.spec import TargetSpec
+
+    # Not parse_target: the rewritten paths exist in the archive, not in this directory.
+    return TargetSpec(engine="cmd", options=spec.options, command=_shell_join(argv)), bundled, needed
+
+
+def _small_text_file(path: str) -> bool:
+    if os.path.getsize(path) > _MAX_CHECK_FILE:
+        return False
+    with open(path, "rb") as handle:
+        return b"\0" not in handle.read(8192)
+
+
+def _shell_join(argv: list[str]) -> str:
+    """shlex.join that leaves {model} {inputs} {outputs} unquoted, for people to read."""
+    return " ".join(t if re.fullmatch(r"[\w@%+=:,./{}-]+", t) else shlex.quote(t) for t in argv)
+
+
+def _check_note(bundled: list[str], needed: list[str]) -> str:
+    parts = []
+    if bundled:
+        parts.append("The check command's own files are bundled: " + ", ".join(f"`{p}`" for p in bundled) + ".")
+    if needed:
+        parts.append("The check command also needs these files, which are NOT in this archive: "
+                     + ", ".join(f"`{p}`" for p in needed) + "; `repro.py` says so (exit 4) where they are missing.")
+    return " ".join(parts)
+
+
+def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
+    """inputs.json for polygraphy, inputs/<i>.bin (raw, C order) for trtexec: numeric tensors only
+    (string, sequence and optional feeds are in inputs.npz alone; neither tool takes them)."""
+    from polygraphy.json import save_json
+
+    numeric = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
+    if len(numeric) < len(feeds):
+        return {}
+    save_json([numeric], os.path.join(stage, "inputs.json"))
+    os.makedirs(os.path.join(stage, "inputs"), exist_ok=True)
+    bins = {}
+    for index, (name, value) in enumerate(numeric.items()):
+        rel = f"inputs/input_{index}.bin"
+        np.ascontiguousarray(value).tofile(os.path.join(stage, rel))
+        bins[name] = rel
+    return bins
+
+
+def _template_values(result, spec, env, context, archive_name, model, bins, options) -> dict:
+    from reprokit.report.describe import (
+        describe,
+        environment_lines,
+        polygraphy_command,
+        title,
+        trtexec_command,
+    )
+
+    verdict = result.verdict
+    nodes = [n for n in model.graph.node]
+    ops = sorted({n.op_type for n in nodes})
+    from inspect import getsource
+
+    from reprokit.engine.oracle import normalize_message
+
+    compare_source = _module_source("compare.py")
+    emulation_source = _module_source("names.py") + "\n\n" + _module_source("emulation.py")
+    arrays_source = _module_source("arrays.py")
+    policy_source = _module_source("checkpolicy.py")
+    settings = {
+        "target": verdict.target, "reference": verdict.reference, "metric": verdict.criterion.metric.value,
+        "tolerance": verdict.criterion.tolerance, "atol": verdict.criterion.atol, "rtol": verdict.criterion.rtol,
+        "expected_kind": verdict.kind.value, "summary": verdict.signature.describe(),
+        "check_policy": options.policy().to_json(),
+    }
+    return {
+        "version": __version__, "title": title(verdict, spec, env, ops), "verdict": verdict,
+        "description": describe(verdict, spec, model, context), "context": context,
+        "mode": verdict.target_meta.get("mode", spec.engine), "sweep": (context or {}).get("sweep"),
+        "env_lines": environment_lines(env, verdict.target_meta), "archive_name": archive_name, "nodes": len(nodes), "ops": ops,
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), "?"),
+        "engine_requirement": ENGINE_REQUIREMENT[spec.engine], "engine_packages": ENGINE_PACKAGES[spec.engine],
+        "alternative": ALTERNATIVE[spec.engine],
+        "reference": verdict.reference, "target": verdict.target, "criterion": verdict.criterion.describe(),
+        "settings": settings, "compare_source": compare_source, "emulation_source": emulation_source,
+        "arrays_source": arrays_source, "policy_source": policy_source, "normalize_source": getsource(normalize_message),
+        "polygraphy_command": polygraphy_command(spec, verdict, model), "trtexec_command": trtexec_command(spec, bins),
+        "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env),
+        "repro_output": "",
+    }
+
+
+def _module_source(name: str) -> str:
+    """A standalone reprokit module's source, without its __future__ import (repro.py has one) and
+    without its imports of modules embedded above it (lines marked "# repro.py: embedded above")."""
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(package_dir, "standalone", name)) as handle:
+        text = handle.read()
+    text = text.replace("from __future__ import annotations\n", "")
+    return "\n".join(line for line in text.split("\n") if not line.endswith("# repro.py: embedded above"))
+
+
+def _latest_release(spec, env) -> str:
+    version = env["tensorrt"]["version"]
+    if spec.engine == "trt" and version:
+        return f"Reproduced with TensorRT {version} (see Environment). Not yet tried with a newer release."
+    return ("Not run on TensorRT: this archive was made on a machine without it, with the target "
+            f"`{spec}`. `commands.sh` has the TensorRT command to run with the latest release.")
+
+
+def _other_frameworks(env) -> str:
+    version = env["packages"].get("onnxruntime") or "?"
+    return (f"Yes. ONNX Runtime {version} (CPU, fp32, graph optimizations off) runs the model with finite "
+            "outputs: `reference_outputs.npz`, and `logs/polygraphy_run_onnxrt.log` for polygraphy's own run.")
+
+
+def _polygraphy() -> list[str] | None:
+    beside = os.path.join(os.path.dirname(sys.executable), "polygraphy")
+    found = beside if os.path.exists(beside) else shutil.which("polygraphy")
+    return [found] if found else None
+
+
+def _run(argv, cwd, timeout=300.0):
+    try:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(argv, 124, exc.stdout or "", f"timed out after {timeout} s")
+
+
+def _write_logs(stage, result, spec, values) -> None:
+    logs = os.path.join(stage, "logs")
+    tool = _polygraphy()
+    runs = {
+        "polygraphy_inspect_model.log": ["inspect", "model", "model.onnx", "--show", "layers"],
+        "polygraphy_run_onnxrt.log": ["run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json"],
+    }
+    from reprokit.engine.backends import backend_class
+
+    if spec.engine == "trt" and backend_class("trt").probe().available:
+        runs["polygraphy_run_trt_vs_onnxrt.log"] = shlex.split(values["polygraphy_command"])[1:]
+    for file, args in runs.items():
+        with open(os.path.join(logs, file), "w") as handle:
+            if tool is None:
+                handle.write("polygraphy is not installed here: pip install polygraphy\n")
+                continue
+            if "inputs.json" in args and not os.path.exists(os.path.join(stage, "inputs.json")):
+                handle.write("not run: the feeds hold strings, sequences or optionals, which polygraphy cannot load "
+                             "(they are in inputs.npz)\n")
+                continue
+            done = _run(tool + args, stage)
+            handle.write(f"$ polygraphy {shlex.join(args)}\n{done.stdout}{done.stderr}\n[exit code {done.returncode}]\n")
+    with open(os.path.join(logs, f"target_{spec.engine}.log"), "w") as handle:
+        handle.write(f"target {result.verdict.target}; engine settings: {json.dumps(result.verdict.target_meta, default=str)}\n")
+        handle.write(result.target_log or "(the engine printed nothing)\n")
+
+
+@dataclass
+class VerifyResult:
+    recorded: dict
+    verdict: object
+    reproduces: bool
+    target: str  # what ran here: the user's --target, or the archive's after the trust checks
+    notes: list[str] = field(default_factory=list)
+
+
+# An archive is untrusted input (README: "what verify trusts"): it may name engines and
+# settings, never a command to run, a file for an engine to read or write, or a regex that
+# backtracks for ever. Regexes from archives are bounded by shape, not by a timer: a clear
+# refusal beats a `timeout` verdict that reads like the engine's.
+MAX_ARCHIVE_REGEX = 200
+MAX_ARCHIVE_REGEX_REPEATS = 3
+
+
+def trusted_archive_spec(text: str, role: str, archive_path: str) -> str:
+    """``text`` (a target or reference an archive names) if verify may run it on the archive's
+    word; an InputError when it runs a command or hands an engine a path."""
+    text = str(text or "").strip()
+    engine = text.partition(":")[0].strip().lower()
+    why = None
+    if engine == "cmd":
+        why = "runs a command"
+    else:
+        from reprokit.engine.backends import backend_class
+        from reprokit.errors import ReprokitError
+
+        try:
+            spec = parse_target(text)
+        except ReprokitError as exc:
+            raise InputError(f"archive {archive_path} names the {role} {text!r}, which is not usable here: "
+                             f"{exc.message}", hint="ask for a fresh archive, or pass --target") from exc
+        options = backend_class(spec.engine).OPTIONS
+        paths = [key for key, _ in spec.options if options[key].kind == "path"]
+        if paths:
+            why = f"hands the engine a file path ({', '.join(paths)})"
+    if why is None:
+        return text
+    if role == "target":
+        hint = ("read it; verify runs nothing an archive chose. To run it anyway, name it yourself: "
+                "--target '...', or pick another target, e.g. --target ort")
+    else:
+        hint = "verify runs only built-in references; rerun the check by hand with `reprokit check` on model.onnx"
+    raise InputError(f"archive {archive_path} records the {role} {text!r}, which {why}; verify does not run "
+                     "that on an archive's word", hint=hint)
+
+
+def archive_policy(recorded: dict, archive_path: str) -> CheckPolicy:
+    """The check policy an archive records (``check_policy``, or an older ``fail_regex``), its
+    regexes bounded and its exit codes integers."""
+    try:
+        policy = CheckPolicy.from_json(recorded.get("check_policy"))
+        legacy = CheckPolicy.from_json(recorded.get("fail_regex"))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"archive {archive_path} records a check policy reprokit cannot read",
+                         hint="ask for a fresh archive") from exc
+    regexes = policy.regexes + legacy.regexes
+    return CheckPolicy(tuple(bounded_archive_regex(r, archive_path) for r in regexes),
+                       policy.fail_codes, policy.ignore_codes)
+
+
+def bounded_archive_regex(pattern, archive_path: str) -> str | None:
+    """A ``fail_regex`` from an archive if it cannot backtrack for ever: at most
+    MAX_ARCHIVE_REGEX characters, no repetition inside a repetition, no alternation or
+    backreference under one, at most MAX_ARCHIVE_REGEX_REPEATS unbounded repetitions."""
+    if pattern is None:
+        return None
+    why = None
+    if not isinstance(pattern, str):
+        why = "is not a string"
+    elif len(pattern) > MAX_ARCHIVE_REGEX:
+        why = f"is longer than {MAX_ARCHIVE_REGEX} characters"
+    else:
+        why = _regex_risk(pattern)
+    if why:
+        raise InputError(f"archive {archive_path} records a fail_regex that {why}: {str(pattern)[:80]!r}",
+                         hint="such a regex can backtrack for ever; ask for a fresh archive, or check the "
+                              "model by hand with `reprokit check --fail-regex ...`")
+    return pattern
+
+
+def _regex_risk(pattern: str) -> str | None:
+    try:
+        import re._parser as sre_parse  # Python >= 3.11
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as exc:
+        return f"is not a valid regex ({exc})"
+    constants = sre_parse
+    repeats = (constants.MAX_REPEAT, constants.MIN_REPEAT, getattr(constants, "POSSESSIVE_REPEAT", None))
+    unbounded = 0
+
+    def walk(items, under_repeat: bool) -> str | None:
+        nonlocal unbounded
+        for op, av in items:
+            if op in repeats:
+                low, high, body = av
+                endless = high == constants.MAXREPEAT or high > 100
+                if endless and under_repeat:
+                    return "nests one repetition inside another (like (a+)+)"
+                unbounded += endless
+                found = walk(body, under_repeat or endless)
+            elif op == constants.BRANCH:
+                if under_repeat:
+                    return "repeats an alternation (like (a|aa)*)"
+                found = next(filter(None, (walk(b, under_repeat) for b in av[1])), None)
+            elif op in (constants.GROUPREF, getattr(constants, "GROUPREF_EXISTS", None)):
+                return "uses a backreference"
+            elif op == constants.SUBPATTERN:
+                found = walk(av[-1], under_repeat)
+            elif op in (constants.ASSERT, constants.ASSERT_NOT):
+                found = walk(av[1], under_repeat)
+            elif op == getattr(constants, "ATOMIC_GROUP", None):
+                found = walk(av, under_repeat)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    found = walk(parsed, False)
+    if found:
+        return found
+    if unbounded > MAX_ARCHIVE_REGEX_REPEATS:
+        return f"has more than {MAX_ARCHIVE_REGEX_REPEATS} unbounded repetitions"
+    return None
+
+
+def verify(archive_path: str, target: str | None = None, *, timeout: float = 600.0) -> VerifyResult:
+    """Extract an untrusted archive safely, check its manifest, rerun its check here."""
+    with tempfile.TemporaryDirectory(prefix="reprokit-verify-") as tmp:
+        top = safe_extract(archive_path, tmp)
+        problems = check_manifest(top)
+        if problems:
+            raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}"
+                             + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                             hint="the archive was changed after packing; ask for a fresh one")
+        try:
+            with open(os.path.join(top, "verdict.json")) as handle:
+                recorded = json.load(handle)
+            criterion = recorded["criterion"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"archive {archive_path} has no usable verdict.json ({exc})",
+                             hint="only archives written by `reprokit pack` can be verified") from exc
+        chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
+        reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
+        policy = archive_policy(recorded, archive_path)
+        if not chosen.strip().lower().startswith("cmd:"):
+            policy = CheckPolicy()  # a cmd archive verified under --target ort: nothing to match
+        options = RunOptions(reference=reference, metric=criterion["metric"],
+                             tolerance=criterion["tolerance"], atol=criterion["atol"], rtol=criterion["rtol"],
+                             timeout=timeout, fail_regex=policy.regexes, fail_codes=policy.fail_codes,
+                             ignore_fail_codes=policy.ignore_codes,
+                             inputs=os.path.join(top, "inputs.npz"))
+        result = check(os.path.join(top, "model.onnx"), chosen, options=options, workdir=os.path.join(tmp, "check"))
+        verdict = result.verdict
+        reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
+        return VerifyResult(recorded, verdict, reproduces, chosen)

@@ -1,0 +1,46 @@
+"""Jinja rendering of the templates shipped in ``templates/`` (StrictUndefined: a missing value
+is an error, never an empty string). Values that enter generated Python go through ``pylit``.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+
+def templates_dir() -> str:
+    """Installed wheels carry the templates as ``reprokit/_templates``; a source checkout has
+    them at the top level next to the package."""
+    packaged = resources.files("reprokit").joinpath("_templates")
+    if packaged.is_dir():
+        return str(packaged)
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(os.path.dirname(package_dir), "templates")
+
+
+def render(name: str, **values) -> str:
+    import jinja2
+
+    from reprokit.console import fmt
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.globals["fmt"] = fmt
+    env.filters["pylit"] = pylit
+    return env.get_template(name).render(**values)
+
+
+def pylit(value) -> str:
+    """A Python literal for ``value`` (repr of plain data only), safe to embed in generated code."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(pylit(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{pylit(k)}: {pylit(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"refusing to embed {type(value).__name__} in generated code")

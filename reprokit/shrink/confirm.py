@@ -1,0 +1,96 @@
+"""The confirming step of a shrink run: the original must diverge, every replay alike (a flaky
+target is diagnosed with a tally, never reduced), and a check command that fails like a broken
+check fails a one-node probe too before anything is reduced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from reprokit.engine.oracle import Kind, quote_message
+from reprokit.errors import EngineUnavailable, NothingToReduce
+from reprokit.graph.model import save_model
+from reprokit.shrink.runstate import rerun_command
+from reprokit.spec import parse_target
+
+
+def confirm(run, graph_outputs: dict, replays: int):
+    """The original must diverge (and every replay the user asked for, with the same signature)."""
+    oracle = run.oracle
+    model_file = save_model(run.given if run.given is not None else run.model,
+                            os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
+    run.event(f"confirming the divergence ({1 + replays} target run{'s' if replays else ''})")
+    verdict = oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
+    signature = verdict.signature
+    rerun = rerun_command(run.model_path, run.target, run.options)
+    if not verdict.diverges and replays:  # a flaky target that happened to pass: say so
+        again = oracle.run_again(model_file, run.feeds, graph_outputs)
+        if again.diverges:
+            raise _flaky_original([verdict, again], again.signature, rerun)
+    if not verdict.diverges:
+        worst = verdict.worst()
+        numbers = f"worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}" if worst else ""
+        raise NothingToReduce(
+            f"the original model does not diverge under {run.target} ({verdict.criterion.describe()}; {numbers})",
+            hint=f"nothing to reduce; rerun the check by hand: {rerun}")
+    _refuse_broken_check(run, verdict)
+    seen = [verdict]
+    for _ in range(replays):
+        seen.append(oracle.run_again(model_file, run.feeds, graph_outputs))
+        if not signature.same_bug(seen[-1].signature):
+            raise _flaky_original(seen, signature, rerun)
+    run.event(f"diverges: {signature.describe()}")
+    return verdict
+
+
+def _flaky_original(verdicts: list, signature, rerun: str) -> NothingToReduce:
+    return NothingToReduce(f"the target is flaky on the unchanged model: {flaky_tally(verdicts, signature)}",
+                           hint="stabilize the target first (fixed tactics, timing cache, a check that gives one "
+                                f"answer per model); rerun: {rerun}")
+
+
+# What a check command prints when it did not get as far as looking at the model.
+_BROKEN_CHECK = re.compile(
+    r"Traceback \(most recent call last\)|ModuleNotFoundError|ImportError|No module named|command not found|"
+    r"No such file or directory|Permission denied|SyntaxError|IndentationError|NameError|"
+    r"cannot open shared object|error while loading shared libraries|is not recognized as")
+
+
+def _refuse_broken_check(run, verdict) -> None:
+    """A check command that fails whatever the model is broken, not a bug to reduce. When the
+    failure's words look like the check itself broke (a traceback, a missing module or file),
+    one more call runs it on a one-node model that holds nothing of the user's; the same
+    failure there stops the run with the check's own message."""
+    if parse_target(run.target).engine != "cmd" or verdict.kind not in (Kind.BUILD_ERROR, Kind.CRASH):
+        return
+    if not _BROKEN_CHECK.search(verdict.message or ""):
+        return
+    from onnx import TensorProto, helper
+
+    probe = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="reprokit_probe")], "reprokit_probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    path = save_model(probe, os.path.join(run.models_dir, "probe.onnx"))
+    feeds = {"x": np.ones((1,), np.float32)}
+    seen = run.oracle.run_again(path, feeds, {"y": feeds["x"]})
+    if seen.diverges and verdict.signature.same_bug(seen.signature):
+        raise EngineUnavailable(
+            f"the check command fails the same way on a one-node Identity model that holds nothing of "
+            f"yours, so it is broken, not your model: {quote_message(verdict.message, 240)}",
+            hint="run the check by hand on your model and fix it (its interpreter, imports, paths); "
+                 "a check must pass on a model without the bug")
+
+
+def flaky_tally(verdicts: list, signature) -> str:
+    """How often runs of one model showed the signature, and what the others showed."""
+    counts: dict[str, int] = {}
+    for verdict in verdicts:
+        counts[verdict.signature.describe()] = counts.get(verdict.signature.describe(), 0) + 1
+    said = next((quote_message(v.message, 160) for v in verdicts if v.message and signature.same_bug(v.signature)), "")
+    return (f"{len(verdicts)} runs: " + ", ".join(f"{text} ×{n}" for text, n in counts.items())
+            + (f"; its message: {said}" if said else ""))

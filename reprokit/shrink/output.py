@@ -1,0 +1,212 @@
+"""What a shrink run writes: minimal.onnx, inputs.npz and summary.json after every accepted step
+(as one all-or-nothing step), summary.json alone for an accumulated error, and the report archive
+of a finished run. No engine runs here, except the archive's own checks (report.pack).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reprokit.api import RunOptions
+from reprokit.graph.controlflow import count_nodes
+from reprokit.graph.model import save_model, staged_data
+from reprokit.shrink.runstate import _atomic_json, _atomic_npz, rerun_command
+
+
+def _resources(stats, wall: float) -> dict:
+    """Where time and memory went: engine calls (in worker processes) versus reprokit's own
+    bookkeeping (graph surgery, extraction, comparison), and each side's peak resident memory."""
+    import resource
+
+    engine = stats.target_seconds + stats.reference_seconds
+    return {
+        "reprokit_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "largest_engine_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+        "engine_seconds": round(engine, 3),
+        "bookkeeping_seconds": round(max(0.0, wall - engine), 3),
+        "bookkeeping_share": round(max(0.0, wall - engine) / wall, 3) if wall > 0 else 0.0,
+    }
+
+
+@dataclass
+class _BestWriter:
+    """Rewrites minimal.onnx, inputs.npz and summary.json after every accepted step."""
+
+    out_dir: str
+    model_path: str
+    target: str  # the user's target (a TensorRT run's private timing cache left out)
+    options: RunOptions
+    original_nodes: int
+    started: float
+    max_calls: int | None = None
+    earlier_calls: int = 0  # a resumed run's calls before this process
+    file_nodes: int | None = None
+    warnings: list = field(default_factory=list)  # the original's degenerate reference outputs
+    given_nodes: int | None = None  # the model as given, nodes inside If/Loop bodies counted
+    shapes: dict | None = None  # what shape shrinking did (input elements before/after, steps)
+    samples: list | None = None  # per input sample: diverged originally, reproduces on the minimal
+    summary: dict = field(default_factory=dict)
+
+    def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
+              note: str = ""):
+        """Write the best so far as ONE step: every file goes to a temporary name first and
+        the renames follow only when all were written, so a full disk or an interrupt never
+        leaves a minimal.onnx beside the inputs.npz of another model."""
+        if minimal_model is None:
+            extraction = reducer.extraction(reducer.best)
+            minimal_model, feeds = extraction.model, extraction.feeds
+        staged: list[tuple[str, str]] = []
+        try:
+            def stage(name: str, write) -> None:
+                final = os.path.join(self.out_dir, name)
+                tmp = os.path.join(self.out_dir, f".{name}.writing")
+                write(tmp)
+                staged.extend(staged_data(tmp, final))  # a model's external data file moves with it
+
+            minimal_path = os.path.join(self.out_dir, "minimal.onnx")
+            stage("minimal.onnx", lambda tmp: save_model(minimal_model, tmp, base_dir=reducer.oracle.weights_dir,
+                                                         self_contained=True, final_path=minimal_path))
+            stage("inputs.npz", lambda tmp: _atomic_npz(tmp, feeds))
+            if reference is not None:
+                stage("reference_outputs.npz", lambda tmp: _atomic_npz(tmp, reference))
+            self.summary = self._summary(reducer, status, minimal_model, feeds, final_verdict, note)
+            stage("summary.json", lambda tmp: _atomic_json(tmp, self.summary))
+        except BaseException:
+            for tmp, _ in staged:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            raise
+        for tmp, final in staged:  # summary.json last: it vouches for the files before it
+            os.replace(tmp, final)
+        stale = minimal_path + ".data"
+        if os.path.exists(stale) and stale not in {final for _, final in staged}:
+            os.remove(stale)  # the previous best needed external weights; this one holds its own
+
+    def _original(self) -> dict:
+        found = {"nodes": self.original_nodes}
+        if self.given_nodes is not None:
+            found["nodes_with_subgraphs"] = self.given_nodes
+        if self.file_nodes is not None and self.file_nodes != self.original_nodes:
+            found["file_nodes"] = self.file_nodes
+            found["why"] = ("control flow opened (If nodes inlined, Loops unrolled, as the feeds run them): "
+                            "shrink counts the nodes that were inside" if self.given_nodes is not None else
+                            "--input-shapes froze the dynamic dims and folded the constants that depended on "
+                            "them: shrink starts from the folded model")
+        return found
+
+    def write_summary(self, reducer, status, *, final_verdict=None, note: str = "", attribution=None):
+        """summary.json alone: an outcome with no model to call minimal (accumulated error)."""
+        self.summary = self._summary(reducer, status, None, {}, final_verdict, note)
+        self.summary["attribution"] = attribution
+        _atomic_json(os.path.join(self.out_dir, "summary.json"), self.summary)
+
+    def _summary(self, reducer, status, minimal_model, feeds, final_verdict, note) -> dict:
+        stats = reducer.oracle.stats
+        nodes = list(minimal_model.graph.node) if minimal_model is not None else []
+        built = sum(s.nodes_built for s in reducer.stats.values())
+        summary = {
+            "schema": "reprokit.shrink/1",
+            "status": status,
+            "model": self.model_path,
+            "target": self.target,
+            "reference": reducer.oracle.reference,
+            "criterion": reducer.oracle.criterion.describe(),
+            "check_policy": self.options.policy().to_json(),
+            "signature": reducer.signature.to_json(),
+            "original": self._original(),
+            "minimal": {
+                "nodes": len(nodes),
+                "nodes_with_subgraphs": count_nodes(minimal_model.graph) if nodes else 0,
+                "ops": sorted(n.op_type for n in nodes),
+                "node_names": [n.name or f"{n.op_type}_{i}" for i, n in enumerate(nodes)],
+                "inputs": [{"name": i.name, "shape": list(np.asarray(feeds[i.name]).shape)}
+                           for i in (minimal_model.graph.input if nodes else []) if i.name in feeds],
+                "outputs": [{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim]}
+                            for o in (minimal_model.graph.output if nodes else [])],
+            },
+            # One source of truth: every target call of the run, a resumed run's earlier ones too.
+            "calls": {"target": self.earlier_calls + stats.target, "this_process": stats.target,
+                      "reference": stats.reference,
+                      "cached": stats.cached + sum(s.cached for s in reducer.stats.values()),
+                      "target_seconds": round(stats.target_seconds, 3),
+                      "seconds_per_target_call": round(stats.target_seconds / max(1, stats.target), 3),
+                      "build_seconds": [round(b, 3) for b in stats.build_seconds]},
+            # Build work: nodes in the models the target built, over every call (packs count
+            # all their members), the number to set beside polygraphy's.
+            "build_work": {"nodes_built": built, "per_call": round(built / max(1, stats.target), 1),
+                           "candidates_judged": sum(s.candidates for s in reducer.stats.values())},
+            "one_minimal": reducer.one_minimal,
+            "resources": _resources(stats, time.monotonic() - self.started),
+            "budget": {"max_calls": self.max_calls, "target_calls_for_passes": reducer.budget,
+                       "spent": reducer.spent, "stopped": reducer.stopped},
+            "wall_s": round(time.monotonic() - self.started, 3),
+            "steps": [s.to_json(name) for name, s in reducer.stats.items()],
+            "other_findings": reducer.findings,
+            "rerun": rerun_command(self.model_path, self.target, self.options),
+            "warnings": self.warnings,
+            "shapes": self.shapes,
+        }
+        if self.samples is not None:
+            summary["samples"] = self.samples
+        if note:
+            summary["note"] = note
+        if final_verdict is not None:
+            summary["verdict"] = final_verdict.to_json()
+        return summary
+
+
+def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz",
+                redact: bool = False, on_event=None, audit=None):
+    """Pack the minimal model of a finished shrink into OUT/report.<fmt>, with shrink's context.
+    ``audit`` (a reprokit.audit.AuditResult of the original model) adds audit/ and the sweep."""
+    from dataclasses import replace
+
+    from reprokit.report.bundle import pack
+
+    summary = result.summary
+    context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
+               "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
+               "original_model": summary["model"], "original_signature": summary["signature"],
+               "reference_warnings": summary.get("warnings", []), "samples": summary.get("samples")}
+    if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
+        context.update(audit.issue_context())
+    if summary.get("torch"):  # --torch: the archive records the export settings
+        context["torch"] = summary["torch"]
+    packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
+                  options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"), sample=None,
+                                  input_shapes={}, val_ranges={}),
+                  fmt=fmt, redact=redact, context=context, on_event=on_event,
+                  audit_dir=audit.out_dir if audit is not None else None)
+    summary["report"] = packed.archive
+    _atomic_json(os.path.join(result.out_dir, "summary.json"), summary)
+    return packed
+
+
+# An accumulated error has no small repro: the archive carries the whole model, up to this size.
+ACCUMULATED_PACK_LIMIT = 512 << 20
+
+
+def pack_accumulated(result, model_path: str, target: str, options: RunOptions, *, fmt: str = "tar.gz",
+                     redact: bool = False, on_event=None):
+    """Pack the ORIGINAL model of an accumulated-error run, ISSUE.md carrying the attribution;
+    None (with a note) when the model is too big to travel in an archive."""
+    from reprokit.graph.model import external_locations, load_model
+    from reprokit.report.bundle import pack
+
+    folder = os.path.dirname(os.path.abspath(model_path))
+    size = os.path.getsize(model_path) + sum(
+        os.path.getsize(os.path.join(folder, loc)) for loc in external_locations(load_model(model_path, load_weights=False))
+        if os.path.exists(os.path.join(folder, loc)))
+    if size > ACCUMULATED_PACK_LIMIT:
+        result.notes.append(f"no archive: the whole model ({size / 2**20:,.0f} MiB) is the repro of an accumulated "
+                            "error; share it another way, with summary.json's attribution")
+        return None
+    packed = pack(model_path, target, os.path.join(result.out_dir, f"report.{fmt}"), options=options, fmt=fmt,
+                  redact=redact, context={"attribution": result.summary["attribution"]}, on_event=on_event)
+    result.summary["report"] = packed.archive
+    _atomic_json(os.path.join(result.out_dir, "summary.json"), result.summary)
+    return packed

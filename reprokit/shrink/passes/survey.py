@@ -1,0 +1,139 @@
+"""survey: every node alone, then every producer→consumer pair, fed with reference activations.
+
+This is the isolated layerwise view: each node's own error with no accumulation from upstream,
+and in pairs the fusion of two neighbours intact (Conv→Clip, MatMul→Add). Most real faults live
+in one or two nodes, so the earliest single, else the earliest pair, that shows the signature
+alone is the answer — and it is 1-minimal at once, since its parts were judged too.
+
+For numeric oracles the whole survey is one packed call (a few when the pack limits split it)
+and the marked layerwise run (every tensor of the whole model marked, where the signature's kind
+first appears) rides along in the same call. A model whose weights pass half a pack runs the
+marked model alone first and judges nodes nearest its anchor first, stopping at the first pack
+that holds a hit: memory stays that of one run of the model. For pass/fail oracles the same candidates are
+group-tested: singles first, then pairs arranged as matchings so each group is disjoint.
+Each node's isolated outcome is kept for attribution when no small window diverges alone.
+"""
+
+from __future__ import annotations
+
+from reprokit.engine.oracle import Kind
+
+
+def run(reducer, *, layerwise: bool) -> bool:
+    """Accept the earliest single that reproduces alone (for pass/fail oracles, else the earliest
+    pair); True when one was found. Numeric oracles judge pairs later (:func:`pairs`), only when
+    localization finds nothing: a pair costs twice a single in build work."""
+    order = reducer.ordered()
+    if reducer.packing == "group":  # nodes that only produce a constant are the least likely culprits
+        order.sort(key=lambda i: not reducer.index.node_inputs[i])
+    singles = [frozenset([i]) for i in order]
+    saved = reducer.journal.get("layerwise")
+    if layerwise and saved is None:
+        reducer.want_layerwise = True
+    candidates = singles
+    if reducer.packing == "numeric" and reducer.heavy():
+        # Weights too big for one pack: the marked run first (a call of its own), then the nodes
+        # alone nearest the anchor first, in as many packs as it takes to meet the first hit.
+        reducer.verdicts([])
+        if layerwise:
+            _anchors(reducer, saved)
+        anchor = reducer.anchors[0] if reducer.anchors else order[-1]
+        order.sort(key=lambda i: (abs(i - anchor), i))
+        candidates = [frozenset([i]) for i in order]
+        hit = reducer.first_interesting(candidates)
+        reducer.isolated.update({i: o for i in order if (o := reducer.cached(frozenset([i]))) is not None})
+        return _accept(reducer, candidates, hit)
+    if reducer.packing == "numeric":
+        outcomes = reducer.verdicts(singles)
+        reducer.isolated.update({i: o for i, o in zip(order, outcomes)})
+        hit = next((k for k, o in enumerate(outcomes) if o.interesting), None)
+    else:
+        # The singles together hold every node of the confirmed model: their group needs no
+        # call of its own (binary splitting starts at its halves).
+        hit = reducer.first_interesting(singles, together_fail=len(order) == len(reducer.index.node_outputs))
+        if hit is None and not reducer.interactions:
+            candidates = matchings(reducer, order)
+            hit = reducer.first_interesting(candidates) if candidates else None
+    if layerwise:
+        _anchors(reducer, saved)
+    if hit is None and reducer.interactions:
+        together = min(reducer.interactions, key=len)
+        reducer.accept(together, "nodes that fail only together (group testing)")
+        return True
+    return _accept(reducer, candidates, hit)
+
+
+def pairs(reducer) -> bool:
+    """Every producer→consumer pair alone (fusions of two neighbours intact); True when one
+    reproduces."""
+    candidates = matchings(reducer, reducer.ordered())
+    return _accept(reducer, candidates, reducer.first_interesting(candidates) if candidates else None)
+
+
+def _accept(reducer, candidates, hit) -> bool:
+    if hit is None:
+        return False
+    what = "one node" if len(candidates[hit]) == 1 else "a producer→consumer pair"
+    reducer.accept(candidates[hit], f"{what} that diverges alone (isolated survey)")
+    return True
+
+
+def matchings(reducer, order: list[int]) -> list[frozenset]:
+    """Every producer→consumer edge inside the best as a pair, ordered as a sequence of
+    matchings (greedy: each pair joins the first matching where both nodes are free), so a run
+    of consecutive pairs is node-disjoint, as group testing needs."""
+    kept = set(order)
+    groups: list[tuple[set[int], list[frozenset]]] = []
+    seen: set[frozenset] = set()
+    for consumer in order:
+        for tensor in reducer.index.node_inputs[consumer]:
+            producer = reducer.index.producer.get(tensor)
+            if producer is None or producer not in kept or producer == consumer:
+                continue
+            pair = frozenset((producer, consumer))
+            if pair in seen:
+                continue
+            seen.add(pair)
+            for used, members in groups:
+                if producer not in used and consumer not in used:
+                    used.update(pair)
+                    members.append(pair)
+                    break
+            else:
+                groups.append((set(pair), [pair]))
+    return [pair for _, members in groups for pair in sorted(members, key=sorted)]
+
+
+def _anchors(reducer, saved) -> None:
+    """Anchors (where the signature's kind first shows while the node's inputs do not) and
+    origins (first diverging tensors of any kind) from the marked run, journaled for resume;
+    nodes that diverge on their own in the isolated survey are origins too."""
+    if saved is not None:
+        anchors, origins = saved["anchors"], saved.get("origins", [])
+    else:
+        anchors, origins = [], []
+        report = reducer.layerwise_report
+        if report is not None and report.rows:
+            producer = reducer.index.producer
+            status = {r.tensor: row_kind(r) for r in report.rows}
+            wanted = reducer.signature.kind.value
+            for row in report.rows:
+                node = producer[row.tensor]
+                if status[row.tensor] == wanted and not any(
+                        status.get(i) == wanted for i in reducer.index.node_inputs[node]):
+                    anchors.append(node)
+            origins = sorted(dict.fromkeys(producer[r.tensor] for r in report.first))
+            if not anchors:
+                anchors = list(origins)
+            anchors = sorted(dict.fromkeys(anchors))
+        reducer.journal.put("layerwise", {"anchors": anchors, "origins": origins})
+    own = [i for i, o in sorted(reducer.isolated.items()) if o.kind not in ("agree", "invalid", "no-outputs")]
+    reducer.anchors = anchors
+    reducer.origins = sorted(set(origins) | set(own))
+
+
+def row_kind(row) -> str:
+    """The verdict kind one tensor shows on its own: nonfinite, mismatch or agree."""
+    if row.error.nonfinite_in_target_only:
+        return Kind.NONFINITE.value
+    return Kind.MISMATCH.value if row.error.exceeds else Kind.AGREE.value

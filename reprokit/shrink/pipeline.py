@@ -1,0 +1,173 @@
+"""The order of the passes over one current best, and what a search that finds no small
+region says instead (attribution).
+
+1. **named** (pass/fail signatures): the node the engine's message names, alone.
+2. **survey**: every node alone (one packed call for numeric oracles, with the marked
+   layerwise run riding along; group testing for pass/fail ones, then producer→consumer pairs).
+3. **localize** (numeric): regions around the anchor and the origins, one packed call — for a
+   mismatch only when some node diverges on its own (else nothing is "born" anywhere); then
+   every producer→consumer pair alone, one packed call.
+4. A mismatch no region shows on its own is **accumulated** error: the run stops with each
+   node's isolated error, the top contributors and the cumulative curve (``attribution``)
+   instead of calling a large window minimal (``search_accumulated`` searches anyway).
+5. **window** (bisection of the end and the start), **branches** (one output's cone) and
+   **ddmin** (chunk deletion down to single nodes; packed complements for numeric oracles) —
+   ddmin's last sweep proves 1-minimality, usually from answers already cached.
+   **inside** takes ddmin's place when the best still holds If nodes with nodes in their
+   branches: ddmin over every node, those inside the branches included (``passes/inside.py``);
+   the reduced model becomes the run's model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reprokit.engine.oracle import Kind
+from reprokit.shrink.passes import branches, ddmin, inside, localize, named, survey, window
+from reprokit.shrink.reducer import BudgetExhausted
+
+NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)
+GROUPED = (Kind.BUILD_ERROR, Kind.CRASH)  # timeouts are not packed: a bigger model is slower
+
+
+@dataclass(frozen=True)
+class Plan:
+    localize: bool = True  # named, survey and localize before the search
+    pack: bool = True  # several candidates per engine call where the oracle allows
+    search_accumulated: bool = False  # search on when no small region shows a mismatch alone
+
+
+def packing_for(kind: Kind, pack: bool) -> str | None:
+    if not pack:
+        return None
+    if kind in NUMERIC:
+        return "numeric"
+    return "group" if kind in GROUPED else None
+
+
+def reduce(reducer, plan: Plan, message: str = "") -> str:
+    """Run the passes; returns "reduced", "accumulated" or "budget"."""
+    numeric = reducer.signature.kind in NUMERIC
+    try:
+        found = False
+        if plan.localize:
+            if not numeric:
+                reducer.begin("named")
+                found = named.run(reducer, message)
+            if not found:
+                reducer.begin("survey")
+                found = survey.run(reducer, layerwise=numeric)
+            if not found and numeric and _born_somewhere(reducer):
+                reducer.begin("localize")
+                found = localize.run(reducer)
+            if not found and numeric:
+                reducer.begin("pairs")
+                found = survey.pairs(reducer)
+            if not found and reducer.signature.kind is Kind.MISMATCH and not plan.search_accumulated:
+                return "accumulated"
+        if not found:
+            reducer.begin("window")
+            window.run(reducer)
+        reducer.begin("branches")
+        branches.run(reducer)
+        if reducer.reach_inside and inside.holds_if(reducer):
+            # ddmin over every node, those inside the kept If branches included: the top-level
+            # ddmin's candidates are among its own
+            reducer.begin("inside")
+            if inside.run(reducer):
+                return "reduced"
+        reducer.begin("ddmin")
+        ddmin.run(reducer)
+    except BudgetExhausted:
+        return "budget"
+    return "reduced"
+
+
+def _born_somewhere(reducer) -> bool:
+    """Is there a place where the divergence is born, for regions to grow from? A NaN/Inf always
+    is; a mismatch only when some node diverges on its own (an overflow, a cancellation) —
+    otherwise it is every node's small error adding up, and no region is the bug."""
+    if reducer.signature.kind is Kind.NONFINITE:
+        return True
+    return any(o.kind not in ("agree", "invalid", "no-outputs", "empty", "no-anchor")
+               for o in reducer.isolated.values())
+
+
+def attribution(reducer, label, limit: int = 10) -> dict:
+    """Where an accumulated error comes from: each node's own error fed with reference inputs
+    (the isolated survey), the largest contributors, the marked run's error curve along the
+    graph, and the nodes to keep in fp32 (``fp32-nodes=``: untested as a set)."""
+    isolated = [(i, o) for i, o in reducer.isolated.items() if o.error is not None]
+    isolated.sort(key=lambda item: -_finite(item[1].error))
+    top = [{"node": label(i), "op": reducer.model.graph.node[i].op_type, "error": _json(o.error),
+            "kind": o.kind} for i, o in isolated[:limit]]
+    largest = _finite(isolated[0][1].error) if isolated else 0.0
+    keep = [label(i) for i, o in isolated[:limit] if largest > 0 and _finite(o.error) >= 0.1 * largest]
+    curve = []
+    report = reducer.layerwise_report
+    if report is not None:
+        rows = report.rows
+        step = max(1, len(rows) // 200)
+        curve = [{"index": r.index, "tensor": r.tensor, "node": r.node, "error": _json(r.error.error)}
+                 for r in rows[::step]]
+    return {
+        "nodes_judged_alone": len(isolated),
+        "diverging_alone": sum(1 for _, o in isolated if o.kind != "agree"),
+        "tolerance": reducer.oracle.criterion.tolerance,
+        "top": top,
+        "cumulative": curve,
+        "fp32_nodes": ";".join(keep),
+    }
+
+
+def _finite(value) -> float:
+    value = float(value)
+    return value if value == value else float("inf")
+
+
+def _json(value):
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else str(value)
+
+
+class _Captured:
+    """A capture's outputs (name → array, memory-mapped) seen as an activation store."""
+
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.outputs
+
+    def get(self, name: str):
+        import numpy as np
+
+        return np.asarray(self.outputs[name])
+
+    def info(self, name: str):
+        value = self.get(name)
+        return tuple(value.shape), value.dtype
+
+
+def isolated_attribution(model, activations: dict, feeds: dict, oracle, signature, workdir: str,
+                         label) -> dict:
+    """Every node alone, fed with the captured activations, in packed calls (one for most models):
+    the same attribution shrink writes for an accumulated error, for ``audit``. Nodes that read a
+    tensor the capture does not hold (integer shapes) are left out."""
+    import os
+
+    from reprokit.graph.extract import GraphIndex
+    from reprokit.shrink.reducer import Journal, Reducer
+
+    os.makedirs(workdir, exist_ok=True)
+    index = GraphIndex.build(model)
+    known = set(activations) | set(index.initializers) | set(feeds) | set(index.constants)
+    nodes = [i for i in range(len(model.graph.node))
+             if index.node_inputs[i] and all(t in known for t in index.node_inputs[i])]
+    reducer = Reducer(model, index, _Captured(activations), feeds, oracle, signature, workdir=workdir,
+                      journal=Journal(None), best=frozenset(nodes))
+    reducer.packing = "numeric"
+    reducer.isolated = dict(zip(nodes, reducer.verdicts([frozenset([i]) for i in nodes])))
+    found = attribution(reducer, label)
+    found["calls"] = reducer.spent
+    return found

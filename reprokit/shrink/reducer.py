@@ -1,0 +1,403 @@
+"""The Reducer: one mutable current best (a set of node indices), a cache of verdicts, a journal
+on disk for resume, the call budget, and per-pass statistics.
+
+"Smaller" means fewer nodes; a pass accepts a candidate only when it has fewer nodes than the
+best and shows the ORIGINAL signature (no slippage). Passes state the candidates they want judged
+in a fixed order and take the earliest interesting one; how many candidates one engine call
+answers (alone, packed, group-tested) is decided by the evaluation layer (``evaluate.py``), never
+by a pass, so results do not depend on packing or on ``jobs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from reprokit.engine.oracle import Signature
+from reprokit.graph.extract import GraphIndex, extract
+
+TRIVIAL = ("empty", "no-outputs", "invalid", "no-anchor")
+
+
+@dataclass
+class PassStats:
+    calls: int = 0  # engine calls
+    candidates: int = 0  # candidates those calls judged (more than calls when packed)
+    cached: int = 0
+    removed: int = 0
+    seconds: float = 0.0
+    accepted: int = 0
+    invalid: int = 0  # candidates refused before any engine call
+    nodes_built: int = 0  # nodes in the models those calls built ("build work")
+
+    def to_json(self, name: str) -> dict:
+        return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
+                "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
+                "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class Outcome:
+    """What one candidate did: interesting means "shows the original signature"."""
+
+    interesting: bool
+    kind: str
+    detail: str
+    error: float | None
+    from_cache: bool = False
+    packed: bool = False  # judged inside a pack (never the last word on a result)
+
+
+class BudgetExhausted(Exception):
+    """The run's target-call budget is spent: stop reducing, keep the best so far."""
+
+
+class Journal:
+    """Append-only record of candidate outcomes, replayed on --resume."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.entries: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        if path and os.path.exists(path):
+            with open(path) as handle:
+                for line in handle:
+                    line = line.strip()
+                    if line:
+                        try:
+                            entry = json.loads(line)
+                        except json.JSONDecodeError:
+                            continue  # a line cut by a crash: that candidate is simply rerun
+                        self.entries[entry["key"]] = entry
+
+    def get(self, key: str) -> dict | None:
+        with self._lock:
+            return self.entries.get(key)
+
+    def put(self, key: str, value: dict) -> None:
+        with self._lock:
+            self.entries[key] = {"key": key, **value}
+            if self.path:
+                with open(self.path, "a") as handle:
+                    handle.write(json.dumps(self.entries[key]) + "\n")
+                    handle.flush()
+
+
+@dataclass
+class Reducer:
+    model: object
+    index: GraphIndex
+    store: object  # ActivationStore
+    feeds: dict
+    oracle: object
+    signature: Signature
+    workdir: str
+    journal: Journal
+    jobs: int = 1
+    on_accept: Callable[[Reducer, str], None] | None = None
+    on_event: Callable[[str], None] | None = None
+    best: frozenset = frozenset()
+    anchors: list = field(default_factory=list)  # node indices where the signature's kind starts
+    origins: list = field(default_factory=list)  # first diverging nodes of any kind
+    history: list = field(default_factory=list)  # accepted bests, oldest first
+    required: frozenset = frozenset()  # nodes every candidate keeps (the fault's origin, once found)
+    stats: dict[str, PassStats] = field(default_factory=dict)
+    findings: dict[str, int] = field(default_factory=dict)  # other signatures seen, with counts
+    one_minimal: bool = False
+    budget: int | None = None  # engine calls the passes may still make; None = no limit
+    stopped: bool = False  # the passes stopped at the budget
+    spent: int = 0  # engine calls the passes made
+    cancelled: bool = False  # set on interrupt: outcomes of killed calls are not journaled
+    packing: str | None = None  # None (one by one), "numeric" (packed) or "group" (group testing)
+    pack_bytes: int = 1 << 30  # feeds + outputs one packed call may move
+    pack_nodes: int = 4096  # nodes one packed call may build
+    isolated: dict = field(default_factory=dict)  # node index -> Outcome of the node alone
+    severity: float | None = None  # a mismatch candidate's error must reach this (None: the tolerance)
+    message_key: str = ""  # the original failure's normalized message (pass/fail oracles)
+    interactions: list = field(default_factory=list)  # groups that fail only together (group testing)
+    contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
+    want_layerwise: bool = False  # the next packed call also runs the marked whole model
+    layerwise_report: object | None = None  # reprokit.engine.layerwise.LayerwiseReport, once run
+    wrap: Callable | None = None  # puts each candidate back inside its control flow (controlflow.wrap_in_if)
+    names_select_nodes: bool = False  # the target picks nodes by name (fp32-nodes=): packs keep them
+    keep_inputs: bool = False  # --no-reduce-inputs: every candidate reads only the model's own inputs
+    keep_outputs: bool = False  # --no-reduce-outputs: every candidate gives exactly the model's outputs
+    reach_inside: bool = False  # the "inside" step may reduce the nodes inside kept If branches
+    scope: str = ""  # journal keys of candidates over another node numbering (sites inside branches)
+    build: Callable | None = None  # the candidate's model, when node ids are not top-level positions
+    refuse: Callable | None = None  # why a candidate cannot be built (no engine call), or None
+    guard: Callable | None = None  # guard(step, run) runs the reference on a model reprokit built
+    _current: str = "setup"
+
+    def __post_init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
+        self._lock = threading.Lock()
+        self._feed_ok: dict[str, str | None] = {}
+        self._speculative: list[frozenset] = []
+        self._weights: int | None = None
+        self._readers: dict | None = None
+
+    # -- candidates -------------------------------------------------------------------------
+
+    def key(self, nodes: Iterable[int]) -> str:
+        text = self.scope + ",".join(map(str, sorted(nodes)))
+        return "cand:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def extraction(self, nodes, *, check: bool = True):
+        if self.build is not None:
+            return self.build(nodes, check)
+        sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
+        return self.wrap(sub) if self.wrap is not None and sub.outputs else sub
+
+    def cached(self, nodes) -> Outcome | None:
+        """The known outcome of a candidate (journal), or the trivial one; None = needs a call."""
+        nodes = frozenset(nodes)
+        if not nodes:
+            return Outcome(False, "empty", "", None, True)
+        if self.required and not self.required <= nodes:
+            return Outcome(False, "no-anchor", "", None, True)
+        if (self.keep_inputs or self.keep_outputs) and not self.io_kept(nodes):
+            return Outcome(False, "invalid", "changes the model's inputs or outputs", None, True)
+        why = self.refuse(nodes) if self.refuse is not None else None
+        if why:
+            return Outcome(False, "invalid", why, None, True)
+        saved = self.journal.get(self.key(nodes))
+        if saved is not None:
+            return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True,
+                           saved.get("packed", False))
+        return None
+
+    def io_kept(self, nodes: frozenset) -> bool:
+        """Does the candidate keep what --no-reduce-inputs / --no-reduce-outputs hold fixed?
+        Inputs: every tensor it reads is made inside it, a weight, a constant or a graph input
+        (nodes go only from the end). Outputs: it holds every producer of a graph output and
+        every reader of what it makes (nodes go only from the start)."""
+        index = self.index
+        if self.keep_inputs:
+            for i in nodes:
+                for tensor in index.node_inputs[i]:
+                    producer = index.producer.get(tensor)
+                    if producer is not None and producer not in nodes and tensor not in index.constants:
+                        return False
+        if self.keep_outputs:
+            if any(index.producer.get(t) is not None and index.producer[t] not in nodes
+                   for t in index.graph_outputs):
+                return False
+            if self._readers is None:
+                self._readers = {}
+                for reader, inputs in enumerate(index.node_inputs):
+                    for tensor in inputs:
+                        self._readers.setdefault(tensor, []).append(reader)
+            for i in nodes:
+                for tensor in index.node_outputs[i]:
+                    if any(reader not in nodes for reader in self._readers.get(tensor, ())):
+                        return False
+        return True
+
+    def record(self, nodes: frozenset, outcome: Outcome) -> Outcome:
+        """Journal an engine outcome (not after an interrupt: a killed call means nothing)."""
+        if not self.cancelled:
+            self.journal.put(self.key(nodes), {"interesting": outcome.interesting, "kind": outcome.kind,
+                                               "detail": outcome.detail, "error": _jsonable(outcome.error),
+                                               "nodes": len(nodes), "packed": outcome.packed})
+        return outcome
+
+    def _evaluate(self, nodes: frozenset) -> Outcome:
+        """One candidate alone: cache, or one engine call (the evaluation layer)."""
+        from reprokit.shrink.evaluator import judge_alone
+
+        known = self.cached(nodes)
+        return known if known is not None else judge_alone(self, nodes)
+
+    def _evaluate_pack(self, candidates: list[frozenset], *, stop_at_hit: bool = False) -> list[Outcome | None]:
+        """Several candidates in as few engine calls as the pack limits allow."""
+        from reprokit.shrink.evaluator import judge_packed
+
+        return judge_packed(self, candidates, stop_at_hit=stop_at_hit)
+
+    def heavy(self) -> bool:
+        """Are the model's weights more than half of what one pack may hold? (A copy of the whole
+        model beside others would then hold every weight twice.)"""
+        if self._weights is None:
+            from reprokit.graph.model import weight_bytes
+
+            self._weights = weight_bytes(self.model)
+        return self._weights > self.pack_bytes // 2
+
+    def _group_fails(self, candidates: list[frozenset]) -> bool:
+        """Pass/fail: does one call on these disjoint candidates together show the signature?"""
+        from reprokit.shrink.evaluator import group_fails
+
+        return group_fails(self, candidates)
+
+    def unrepresentable_feed(self, feeds: dict) -> str | None:
+        """A cut tensor the target's storage type cannot hold (fp16 overflow, mass underflow)
+        would carry the fault in the data, not in the kept nodes: such candidates are invalid."""
+        from reprokit.standalone.compare import unrepresentable
+
+        for name in feeds:
+            if name in self.index.graph_inputs or name not in self.store:
+                continue  # the user's own data (or a wrapper's condition) stays as it is
+            if name not in self._feed_ok:
+                self._feed_ok[name] = unrepresentable(self.store.get(name), self.oracle.precision)
+            if self._feed_ok[name]:
+                return f"cut tensor {name!r}: {self._feed_ok[name]}"
+        return None
+
+    # -- what passes call ---------------------------------------------------------------------
+
+    def test(self, nodes) -> bool:
+        """Is this node set interesting? Judged alone (or known)."""
+        nodes = frozenset(nodes)
+        return self._count(self._evaluate_checked(nodes)).interesting
+
+    def verdicts(self, candidates: list, *, stop_at_hit: bool = False) -> list[Outcome | None]:
+        """Outcomes of every candidate, in order (packed into few calls where the oracle allows).
+        ``stop_at_hit``: packed calls stop after the first one that holds an interesting
+        candidate; the candidates after it stay unjudged (None)."""
+        candidates = [frozenset(c) for c in candidates]
+        known = {c: self.cached(c) for c in candidates}
+        todo = list(dict.fromkeys(c for c in candidates if known[c] is None))
+        if (todo or self.want_layerwise) and self.packing == "numeric":
+            todo = todo + [c for c in self._take_speculative() if self.cached(c) is None and c not in todo]
+            for cand, outcome in zip(todo, self._evaluate_pack(todo, stop_at_hit=stop_at_hit)):
+                known[cand] = outcome
+        else:
+            self.prefetch(todo)
+            for cand in todo:
+                known[cand] = self._evaluate_checked(cand)
+        return [self._count(known[c]) if known[c] is not None else None for c in candidates]
+
+    def first_interesting(self, candidates: list, *, together_fail: bool = False) -> int | None:
+        """Index of the earliest interesting candidate in order, or None. ``together_fail``: the
+        candidates together are known to fail (they cover the confirmed model), so group testing
+        need not spend a call on all of them at once."""
+        candidates = [frozenset(c) for c in candidates]
+        if self.packing == "numeric":
+            for start, chunk in self._chunks(candidates):
+                for offset, outcome in enumerate(self.verdicts(chunk, stop_at_hit=True)):
+                    if outcome is not None and outcome.interesting:
+                        return start + offset
+            return None
+        if self.packing == "group":
+            from reprokit.shrink.evaluator import first_failing_group
+
+            return first_failing_group(self, candidates, together_fail=together_fail)
+        for start in range(len(candidates)):
+            self.prefetch(candidates[start : start + self.jobs])
+            if self.test(candidates[start]):
+                return start
+        return None
+
+    def also_judge(self, candidates: list) -> None:
+        """Candidates a later step will probably ask about: they ride along in the next packed
+        call (numeric oracles only), so that step finds them cached."""
+        if self.packing == "numeric":
+            self._speculative.extend(frozenset(c) for c in candidates)
+
+    def _take_speculative(self) -> list[frozenset]:
+        taken, self._speculative = self._speculative, []
+        return taken
+
+    def _chunks(self, candidates: list[frozenset]):
+        """Consecutive slices of candidates that one pack can hold (by node count)."""
+        start, size, nodes = 0, 0, 0
+        for position, cand in enumerate(candidates):
+            if size and nodes + len(cand) > self.pack_nodes:
+                yield start, candidates[start:position]
+                start, size, nodes = position, 0, 0
+            size += 1
+            nodes += len(cand)
+        if size:
+            yield start, candidates[start:]
+
+    def _evaluate_checked(self, nodes: frozenset) -> Outcome:
+        known = self.cached(nodes)
+        if known is not None:
+            return known
+        self.charge()
+        return self._evaluate(nodes)
+
+    def charge(self, calls: int = 1) -> None:
+        """Before an engine call: stop at the budget. The call is counted by ``note_call``."""
+        if self.budget is not None and self.spent + calls > self.budget:
+            raise BudgetExhausted
+
+    def note_call(self, nodes_built: int, candidates: int, seconds: float) -> None:
+        with self._lock:
+            self.spent += 1
+            stats = self.stats.setdefault(self._current, PassStats())
+            stats.calls += 1
+            stats.candidates += candidates
+            stats.nodes_built += nodes_built
+            stats.seconds += seconds
+
+    def _count(self, outcome: Outcome) -> Outcome:
+        stats = self.stats.setdefault(self._current, PassStats())
+        with self._lock:
+            if outcome.kind == "invalid":
+                stats.invalid += 1
+            elif outcome.from_cache and outcome.kind not in TRIVIAL:
+                stats.cached += 1
+            if outcome.kind not in ("agree", *TRIVIAL) and not outcome.interesting:
+                label = f"{outcome.kind}: {outcome.detail}" if outcome.detail else outcome.kind
+                self.findings[label] = self.findings.get(label, 0) + 1
+        return outcome
+
+    def prefetch(self, candidates: list) -> None:
+        """Evaluate upcoming candidates in parallel so the sequential order finds them cached.
+        With jobs == 1, packed evaluation or a call budget this does nothing: results never
+        depend on the number of jobs, and the budget counts every call that runs."""
+        if self._pool is None or self.packing == "numeric" or self.budget is not None:
+            return
+        todo = list(dict.fromkeys(frozenset(c) for c in candidates if c and self.cached(c) is None))
+        for future in [self._pool.submit(self._evaluate, c) for c in todo[: self.jobs]]:
+            future.result()
+
+    # -- progress ---------------------------------------------------------------------------
+
+    def begin(self, name: str) -> None:
+        self._current = name
+        self.stats.setdefault(name, PassStats())
+        self.event(f"{name}: {len(self.best)} nodes")
+
+    def accept(self, nodes, why: str = "") -> None:
+        nodes = frozenset(nodes)
+        stats = self.stats.setdefault(self._current, PassStats())
+        stats.removed += len(self.best) - len(nodes)
+        stats.accepted += 1
+        self.best = nodes
+        self.history.append(nodes)
+        self.event(f"{self._current}: kept {len(nodes)} nodes{(' — ' + why) if why else ''}")
+        if self.on_accept:
+            self.on_accept(self, self._current)
+
+    def event(self, text: str) -> None:
+        if self.on_event:
+            self.on_event(text)
+
+    def ordered(self, nodes=None) -> list[int]:
+        return sorted(self.best if nodes is None else nodes)
+
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop the pool. On an interrupt, kill the engine calls in flight first, so Ctrl-C
+        does not wait for a long build, and keep their outcomes out of the journal."""
+        if interrupted:
+            from reprokit.engine.worker import kill_running
+
+            self.cancelled = True
+            kill_running()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=interrupted)
+
+
+def _jsonable(value):
+    if value is None:
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else str(value)

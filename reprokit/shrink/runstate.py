@@ -1,0 +1,148 @@
+"""A shrink run's state on disk and the commands printed for the user: the run fingerprint that
+``--resume`` checks, what ``--resume DIR`` alone needs, the "rerun by hand" and "continue" commands,
+TensorRT's private timing cache, and writes that are all or nothing. No engine runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+from reprokit.api import RunOptions
+from reprokit.errors import InputError
+from reprokit.spec import parse_target
+from reprokit.standalone.arrays import save_npz
+
+STATE_DIR = ".reprokit"
+
+
+def _atomic_json(path: str, payload: dict) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as handle:
+            json.dump(payload, handle, indent=2, default=str)
+
+    _atomic(path, ".tmp", write)
+
+
+def _atomic_npz(path: str, arrays: dict) -> None:
+    _atomic(path, ".tmp.npz", lambda tmp: save_npz(tmp, arrays))
+
+
+def _atomic(path: str, suffix: str, write) -> None:
+    """Write through a temporary file and rename; a failed write leaves nothing behind."""
+    tmp = path + suffix
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def option_args(options: RunOptions) -> list[str]:
+    """The command-line options that give ``options`` back: every one that shapes the feeds or
+    the criterion, so a printed command judges exactly what this run judged."""
+    defaults = RunOptions()
+    parts: list[str] = []
+    if options.reference != defaults.reference:
+        parts += ["--reference", options.reference]
+    if options.inputs:
+        parts += ["--inputs", options.inputs]
+        if options.sample != defaults.sample:
+            parts += ["--sample", str(options.sample)]
+    else:
+        parts += ["--seed", str(options.seed)]
+        for name, (lo, hi) in options.val_ranges.items():
+            parts += ["--val-range", f"{name + ':' if name is not None else ''}[{lo!r},{hi!r}]"]
+    for name, dims in options.input_shapes.items():
+        parts += ["--input-shapes", f"{name}:{'x'.join(map(str, dims))}"]
+    if options.metric != defaults.metric:
+        parts += ["--metric", options.metric]
+    for flag, value in (("--tol", options.tolerance), ("--atol", options.atol), ("--rtol", options.rtol)):
+        if value is not None:
+            parts += [flag, repr(float(value))]
+    if options.timeout != defaults.timeout:
+        parts += ["--timeout", repr(float(options.timeout))]
+    parts += options.policy().argv()
+    return parts
+
+
+def rerun_command(model_path: str, target: str, options: RunOptions) -> str:
+    """The check to rerun by hand, under the user's own target: the timing cache a shrink run
+    adds for itself (:func:`_with_timing_cache`) is private to the run and left out."""
+    parts = ["reprokit", "check", model_path, "--target", _without_private_timing_cache(target),
+             *option_args(options)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def saved_run(out_dir: str) -> dict:
+    """What ``--resume OUT`` needs to continue a run with no other argument: the model, the
+    target and the run options (as command-line options), from OUT/.reprokit/run.json."""
+    path = os.path.join(out_dir, STATE_DIR, "run.json")
+    try:
+        with open(path) as handle:
+            saved = json.load(handle)["resume"]
+        return {"model": saved["model"], "target": saved["target"], "args": list(saved["args"])}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"--resume {out_dir}: no shrink run to continue there ({path} is missing or unreadable)",
+                         hint="give the directory a shrink wrote with -o, or start over: "
+                              "reprokit shrink MODEL --target SPEC -o DIR") from exc
+
+
+def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
+    """The command that continues an interrupted run in ``out_dir``, or why there is none."""
+    if not os.path.exists(os.path.join(out_dir, STATE_DIR, "run.json")):
+        return "nothing was saved yet; run the same command again"
+    command = " ".join(shlex.quote(p) for p in ["reprokit", "shrink", "--resume", out_dir, *extra])
+    return f"the best so far is kept in {out_dir}; continue with: {command}"
+
+
+def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume) -> None:
+    """--resume continues only the run that was started: same model, feeds, target, criterion."""
+    from reprokit.engine.oracle import feeds_digest, file_digest
+
+    fingerprint = {
+        "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
+        "reference": oracle.reference, "criterion": oracle.criterion.describe(),
+        "check_policy": options.policy().to_json(),
+        "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
+    }
+    path = os.path.join(state_dir, "run.json")
+    if resume and os.path.exists(path):
+        with open(path) as handle:
+            before = json.load(handle)
+        changed = [k for k in fingerprint if before.get(k) != fingerprint[k]]
+        if changed:
+            raise InputError(
+                f"--resume: this run differs from the one in {os.path.dirname(state_dir)} in {', '.join(changed)}",
+                hint="resume with the same model, inputs/seed, target and tolerances, or use a new -o directory")
+    # Absolute paths: `reprokit shrink --resume OUT` works from any directory (saved_run).
+    absolute = options.inputs and os.path.abspath(options.inputs)
+    from dataclasses import replace
+
+    resume_with = {"model": os.path.abspath(model_path), "target": target,
+                   "args": option_args(replace(options, inputs=absolute or None))}
+    _atomic_json(path, {**fingerprint, "resume": resume_with})
+
+
+def _with_timing_cache(target: str, state_dir: str) -> str:
+    """TensorRT targets share one timing cache across every build of a shrink run."""
+    spec = parse_target(target)
+    if spec.engine != "trt" or spec.has("timing-cache"):
+        return target
+    return str(spec.with_options(f"timing-cache={os.path.abspath(os.path.join(state_dir, 'timing.cache'))}"))
+
+
+def _without_private_timing_cache(target: str) -> str:
+    """``target`` less the timing cache :func:`_with_timing_cache` put in a run's state folder."""
+    from reprokit.spec import TargetSpec
+
+    spec = parse_target(target)
+    private = os.path.join(STATE_DIR, "timing.cache")
+    options = tuple((k, v) for k, v in spec.options
+                    if not (k == "timing-cache" and str(v).endswith(os.sep + private)))
+    return target if options == spec.options else str(TargetSpec(spec.engine, options, spec.command))
+
+

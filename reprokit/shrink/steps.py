@@ -1,0 +1,384 @@
+"""shrink, as named steps: open the run (control flow opened: ``opening.py``), capture the
+reference activations, confirm the divergence (``confirm.py``), reduce (``reduce/pipeline.py``),
+finish with the result judged alone. Best-so-far
+results are rewritten after every accepted step (``shrink_output.py``); ``resume`` replays the
+journal of candidate outcomes and continues (``runstate.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+from reprokit.api import RunOptions, make_oracle, prepare
+from reprokit.engine.activations import ActivationStore
+from reprokit.engine.backends import backend_class
+from reprokit.engine.oracle import Kind, check_reference_finite
+from reprokit.errors import InputError, NotReproduced
+from reprokit.graph.controlflow import count_nodes
+from reprokit.graph.extract import GraphIndex
+from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes, save_model
+from reprokit.shrink import pipeline
+from reprokit.shrink.confirm import confirm, flaky_tally
+from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
+from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
+from reprokit.shrink.reducer import Journal, Reducer
+from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
+    STATE_DIR,
+    _check_same_run,
+    _with_timing_cache,
+    option_args,
+    rerun_command,
+    resume_hint,
+    saved_run,
+)
+from reprokit.shrink.samples import choose_sample, judge_minimal, sample_calls, samples_summary
+from reprokit.spec import parse_target
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource bounds of a shrink run."""
+
+    capture_chunk_bytes: int = 1 << 30  # activations one reference run may return at once
+    max_activation_disk_bytes: int | None = None  # --max-activation-disk
+    max_calls: int | None = -1  # target calls in all; -1 = auto (polygraphy parity), None = no limit
+
+
+def severity_floor(verdict) -> float | None:
+    """The error a mismatch candidate must reach: a tenth of the original's worst error, at least
+    the tolerance and at most ten times it — so a 1.0 divergence never shrinks to a 0.0104 one
+    (tolerance 0.01) a maintainer would dismiss, while a divergence near the tolerance keeps it."""
+    from reprokit.standalone.compare import Metric
+
+    if verdict.kind is not Kind.MISMATCH or verdict.criterion.metric is Metric.ALLCLOSE:
+        return None
+    tolerance = verdict.criterion.tolerance
+    worst = max((o.error for o in verdict.outputs if o.exceeds), default=tolerance)
+    return max(tolerance, min(worst / 10, 10 * tolerance))
+
+
+def default_replays(target: str) -> tuple[int, int]:
+    """Extra runs of (the original, the result) when the user gives no --replays: none for a
+    deterministic engine; for others the original once (a flaky target is caught before any
+    reduction) and the result once, twice for a check command (a result is "done" only after
+    three runs of it failed alike: judged alone, then replayed)."""
+    spec = parse_target(target)
+    engine = spec.engine
+    if backend_class(engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
+        return 0, 0
+    return 1, 2 if engine == "cmd" else 1
+
+
+SHAPE_CALLS = 3  # what the auto budget adds for shape shrinking: two halving rounds and the result alone
+
+
+def auto_call_budget(nodes: int, replays: int = 0) -> int:
+    """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for each
+    end), plus what reprokit spends on its promises: the confirming call, the final judgement of
+    the result alone and the ``replays`` of both. Every target call counts against it."""
+    return 2 * math.ceil(math.log2(nodes + 1)) + 2 + replays
+
+
+def inside_allowance(inner: int) -> int:
+    """What the auto budget adds for reducing inside If branches (the inside step) when the model
+    reduced still has ``inner`` nodes inside control flow: a bisection's worth of them."""
+    return 2 * math.ceil(math.log2(inner + 1)) if inner > 0 else 0
+
+
+@dataclass
+class ShrinkResult:
+    summary: dict
+    out_dir: str
+    minimal_path: str
+    verdict: object
+    notes: list[str] = field(default_factory=list)
+
+
+def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
+           jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
+           on_event=None, limits: Limits | None = None, pack_candidates: bool = True,
+           search_accumulated: bool = False, accept_milder: bool = False, keep_inputs: bool = False,
+           keep_outputs: bool = False, shrink_shapes: bool = True) -> ShrinkResult:
+    """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``.
+    The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish."""
+    options = options or RunOptions()
+    limits = limits or Limits()
+    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None))
+    run.shrink_shapes = shrink_shapes
+    store = reprokit_built(
+        "capturing reference activations (every tensor marked as an output)",
+        lambda: _capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
+                         run.state_dir, run.models_dir, resume, limits, run.event),
+        run.oracle, run.prepared.path, run.feeds)
+    run.event("capturing reference activations: done")
+    graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
+    check_reference_finite(graph_outputs, run.oracle.reference)
+    original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
+    verdict = confirm(run, graph_outputs, original_replays)
+    confirmed_calls = run.oracle.stats.target
+    wrap = keep_opening(run, store, graph_outputs, verdict)
+    opening_calls = run.oracle.stats.target - confirmed_calls
+    signature = verdict.signature
+    # A build error needs no run: engines that can stop after building (TensorRT) do so.
+    run.oracle.build_only = signature.kind is Kind.BUILD_ERROR
+
+    original_nodes = len(run.model.graph.node)
+    reducer = Reducer(run.model, run.index, store, run.feeds, run.oracle, signature,
+                      workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
+                      best=frozenset(range(original_nodes)))
+    reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
+    reducer.wrap = wrap
+    reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
+    # the inside step replaces the run's model: only where nothing else reads the old numbering
+    reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)
+    reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
+    reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
+    if not accept_milder:
+        reducer.severity = severity_floor(verdict)
+    if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
+        from reprokit.engine.oracle import normalize_message
+
+        reducer.message_key = normalize_message(verdict.message)
+    reducer.pack_bytes = limits.capture_chunk_bytes
+    reducer.pack_nodes = max(512, 6 * original_nodes)
+    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
+    samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
+    max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) + opening_calls
+                 + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0)
+                 + (inside_allowance(count_nodes(run.model.graph) - original_nodes + (original_nodes if wrap else 0))
+                    if reducer.reach_inside else 0)
+                 if limits.max_calls == -1 else limits.max_calls)
+    earlier = _earlier_calls(out_dir) if resume else 0
+    writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
+                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings,
+                         given_nodes=count_nodes(run.given.graph) if run.levels else None)
+    run.prepared.notes.extend(f"warning: {w}" for w in verdict.warnings)  # a degenerate reference
+    writer.samples = samples_summary(run.prepared)
+    reducer.on_accept = lambda r, step: writer.write(r, "running")
+    if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
+        reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays - samples_reserved)
+    try:
+        outcome = pipeline.reduce(reducer, pipeline.Plan(localize=localize_first, pack=pack_candidates,
+                                                         search_accumulated=search_accumulated),
+                                  message=verdict.message)
+        reducer.close()
+        if outcome == "accumulated":
+            return _accumulated(run, reducer, writer, verdict)
+        note = ""
+        if outcome == "budget":
+            reducer.stopped = True
+            note = (f"stopped at the call budget ({max_calls} target calls, --max-calls); the model is the "
+                    "smallest found so far. `--resume` with a larger --max-calls (0: no limit) continues")
+            run.event(note)
+        if reducer.contradictions and minimal_replays:
+            # groups that failed with no member failing alone: a flaky check, or members that
+            # fail only together; either way the result earns two more runs before "done"
+            minimal_replays += 2
+        return _finish(run, reducer, writer, store, minimal_replays, note)
+    except BaseException as exc:
+        reducer.close(interrupted=True)
+        if isinstance(exc, NotReproduced):
+            raise
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        try:
+            writer.write(reducer, "interrupted" if interrupted else "failed")
+        except Exception:  # the disk may be what failed: keep the previous best-so-far as it is
+            pass
+        raise
+
+
+@dataclass
+class _Run:
+    """What every step of one shrink run shares."""
+
+    model_path: str
+    target: str  # the user's target, plus the run's private timing cache for TensorRT
+    user_target: str
+    options: RunOptions
+    out_dir: str
+    state_dir: str
+    models_dir: str
+    oracle: object
+    prepared: object
+    model: object
+    index: GraphIndex
+    journal: Journal
+    event: object
+    started: float
+    given: object = None  # the model as given (run.model may have its control flow opened)
+    levels: list = field(default_factory=list)  # (model, notes) per level of opened control flow
+    shrink_shapes: bool = True  # halve the result's input shapes while the signature holds
+
+    @property
+    def feeds(self) -> dict:
+        return self.prepared.feeds.arrays
+
+
+def _earlier_calls(out_dir: str) -> int:
+    """Target calls the interrupted or budget-stopped run in ``out_dir`` already made."""
+    import json
+
+    try:
+        with open(os.path.join(out_dir, "summary.json")) as handle:
+            return int(json.load(handle)["calls"]["target"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
+    """State folder, oracle, model and feeds. The model is reduced exactly as given (constants
+    are folded per candidate, never before the confirming call)."""
+    started = time.monotonic()
+    state_dir = os.path.join(out_dir, STATE_DIR)
+    if not resume and os.path.exists(os.path.join(state_dir, "journal.jsonl")):
+        raise InputError(f"{out_dir} already holds a shrink run",
+                         hint=f"continue it with --resume {out_dir}, or choose another -o directory")
+    os.makedirs(state_dir, exist_ok=True)
+    user_target = target
+    target = _with_timing_cache(target, state_dir)
+    oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
+    check_target_nodes(model_path, target)
+    prepared = prepare(model_path, options, state_dir, every_sample=True)
+    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume)
+    # Every model file of this run lives in models/; external weights stay where they are and
+    # every engine call is told so (oracle.weights_dir): candidates never copy them.
+    oracle.weights_dir = prepared.base_dir
+    models_dir = os.path.join(state_dir, "models")
+    os.makedirs(models_dir, exist_ok=True)
+    model = prepared.model
+    if parse_target(target).has("fp32-nodes"):
+        # fp32-nodes may name an unnamed node by its OP_INDEX in the user's file; a candidate
+        # is another file with other positions, so every node carries its label from here on.
+        name_unnamed_nodes(model)
+    choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
+    given = model
+    levels = open_levels(model, oracle, prepared.feeds.arrays, models_dir, event, prepared.path)
+    if levels:  # capture on the deepest opening: it holds every tensor of the shallower ones
+        model = levels[-1][0]
+    event("capturing reference activations")
+    return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
+                GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
+                given, levels)
+
+
+def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> ShrinkResult:
+    """The last word is a single model: the best is judged alone (and replayed where the engine
+    is not deterministic) before it is written as done. A best that does not reproduce alone
+    falls back to the previous accepted best (twice at most), then stops with its own outcome."""
+    reducer.begin("final")
+    tried = []
+    for nodes in list(dict.fromkeys(reversed(reducer.history)))[:3] or [reducer.best]:
+        calls_before = run.oracle.stats.target
+        final = reducer.extraction(nodes)
+        judged = save_model(final.model, os.path.join(run.models_dir, "final.onnx"),
+                            base_dir=run.prepared.base_dir, self_contained=True)
+        reference = {n: store.get(n) for n in final.outputs if n in store}
+        verdicts = [run.oracle.judge(judged, final.feeds, reference_outputs=reference)]
+        for _ in range(replays if verdicts[0].diverges else 0):
+            verdicts.append(run.oracle.run_again(judged, final.feeds, reference))
+        made = run.oracle.stats.target - calls_before
+        reducer.stats["final"].calls += made
+        reducer.stats["final"].nodes_built += made * len(nodes)
+        tried.append(f"{len(nodes)} nodes: " + ", ".join(v.signature.describe() for v in verdicts))
+        shows = [v.diverges and reducer.signature.same_bug(v.signature) for v in verdicts]
+        if shows[0] and not all(shows):
+            # One model, two answers: the target is flaky. A larger model would only be luckier.
+            said = flaky_tally(verdicts, reducer.signature)
+            writer.write(reducer, "flaky", final_verdict=verdicts[-1], note=f"the target is flaky: {said}")
+            raise NotReproduced(
+                f"the target is flaky: {len(verdicts)} runs of the reduced model ({len(nodes)} nodes) disagree: {said}",
+                hint="a flaky check reduces noise, not the bug: make it give one answer per model (fixed "
+                     "tactics, a timing cache, a deterministic checker), or raise --replays to be sure")
+        if all(shows):
+            reducer.best = frozenset(nodes)
+            if len(tried) > 1:
+                note = (note + "; " if note else "") + ("smaller results did not reproduce alone: "
+                                                          + " | ".join(tried[:-1]))
+            model, feeds, verdict = final.model, final.feeds, verdicts[0]
+            writer.samples = judge_minimal(run, reducer, nodes, final, verdict)  # on the other failing samples
+            shrunk = _shrink_shapes(run, reducer, writer, final, reference) if run.shrink_shapes else None
+            if shrunk is not None:
+                model, feeds, reference, verdict = shrunk["model"], shrunk["feeds"], shrunk["reference"], shrunk["verdict"]
+                writer.shapes = shrunk["report"]
+            writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
+                         reference=reference, note=note)
+            notes = run.prepared.notes + ([note] if note else [])
+            return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"),
+                                verdict, notes)
+    writer.write(reducer, "not-reproduced", final_verdict=verdicts[0],
+                 note="the minimal model does not reproduce alone: " + " | ".join(tried))
+    raise NotReproduced(
+        f"the reduced model does not show {reducer.signature.describe()} when judged alone ({tried[0]})",
+        hint="the target is flaky or the divergence needs more context; rerun with --replays 2, or "
+             f"look at {run.out_dir}/summary.json (steps, other_findings)")
+
+
+def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:
+    """The node-minimal model's inputs halved axis by axis while the signature holds, within
+    what is left of the call budget (reduce/shapes.py)."""
+    from reprokit.shrink.passes.shapes import MIN_ELEMENTS, ShapeJudge, elements, shrink_shapes
+
+    if elements(final.feeds) <= MIN_ELEMENTS:
+        return None
+    left = None
+    if writer.max_calls:
+        left = writer.max_calls - writer.earlier_calls - run.oracle.stats.target
+        if left <= 1:
+            run.prepared.notes.append("shapes not shrunk: the call budget is spent (--max-calls)")
+            return None
+    reducer.begin("shapes")
+    calls_before = run.oracle.stats.target
+    judge = ShapeJudge(run.oracle, reducer.signature, reducer.severity, run.models_dir,
+                       packed=reducer.packing == "numeric", calls_left=left)
+    try:
+        return shrink_shapes(judge, final.model, final.feeds, list(reference), run.event)
+    finally:
+        made = run.oracle.stats.target - calls_before
+        reducer.stats["shapes"].calls += made
+
+
+def _accumulated(run: _Run, reducer, writer, verdict) -> ShrinkResult:
+    """No small region shows the mismatch on its own: say so, with the attribution, and write no
+    model called minimal."""
+    reducer.begin("attribution")
+    found = pipeline.attribution(reducer, lambda i: node_label(run.model, i))
+    note = ("accumulated error: no single node, pair or region around the first divergence shows the "
+            f"mismatch on its own ({found['diverging_alone']} of {found['nodes_judged_alone']} nodes exceed the "
+            "tolerance alone); see `attribution` for the layers that contribute most"
+            + (f"; try keeping them in fp32: fp32-nodes={found['fp32_nodes']}" if found["fp32_nodes"] else ""))
+    run.event(note)
+    writer.write_summary(reducer, "accumulated", final_verdict=verdict, note=note, attribution=found)
+    return ShrinkResult(writer.summary, run.out_dir, "", verdict, run.prepared.notes + [note])
+
+
+def node_label(model, index: int) -> str:
+    """A node's name, or op_index for unnamed nodes (never an empty string)."""
+    node = model.graph.node[index]
+    return node.name or f"{node.op_type}_{index}"
+
+
+def _confirm_stats(oracle, nodes: int):
+    from reprokit.shrink.reducer import PassStats
+
+    return PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds,
+                     nodes_built=oracle.stats.target * nodes)
+
+
+def _capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event) -> ActivationStore:
+    """Every node output of the reference, on disk, in as many runs as the memory budget needs."""
+    from reprokit.engine.activations import tensor_bytes
+
+    capture_dir = os.path.join(state_dir, "activations")
+    if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
+        return ActivationStore.open(capture_dir)
+    sizes = {n: tensor_bytes(index.value_info[n]) for n in names if n in index.value_info}
+
+    def run_chunk(chunk):
+        path = save_model(mark_outputs(model, chunk), os.path.join(models_dir, "capture.onnx"))
+        return oracle.run_reference(path, feeds, chunk)
+
+    return ActivationStore.capture(run_chunk, names, sizes, capture_dir, chunk_bytes=limits.capture_chunk_bytes,
+                                   max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
