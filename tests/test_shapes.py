@@ -1,5 +1,5 @@
 """Shape shrinking: after the node reduction, the minimal model's inputs are halved axis by axis
-while the signature holds; axes the graph does not let shrink (a per-channel weight) stay."""
+while the signature holds; a weight of the same size on the same axis is cropped with its input.
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 def channel_scale_model() -> onnx.ModelProto:
     """x[1,8,32,32] → Relu → Mul(w[1,8,1,1] = 1e5 per channel) → Neg → y: the Mul overflows fp16
-    everywhere (w is clamped to 65504 in fp16, as TensorRT does, and x is 1.5–2); the channel axis
-    cannot shrink (w broadcasts over exactly 8 channels)."""
+    everywhere (w is clamped to 65504 in fp16, as TensorRT does, and x is 1.5–2); a crop of the
+    channel axis crops w with it (w broadcasts over exactly 8 channels)."""
     w = numpy_helper.from_array(np.full((1, 8, 1, 1), 1e5, np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"], name="relu"),
@@ -49,7 +49,12 @@ def test_the_minimal_models_inputs_shrink_while_the_signature_holds(model_and_fe
     shapes = summary["shapes"]
     assert shapes["input_elements_after"] * 16 <= shapes["input_elements_before"], shapes
     (cut,) = summary["minimal"]["inputs"]
-    assert cut["shape"][1] == 8, "the channel axis is pinned by the per-channel weight"
+    # the per-channel weight moves with the channel axis (issue 24): a window of both, never a
+    # broadcast of fewer channels against all eight weights
+    minimal = onnx.load(str(tmp_path / "out" / "minimal.onnx"))
+    (w,) = [t for t in minimal.graph.initializer if t.name == "w"]
+    assert w.dims[1] == cut["shape"][1], (list(w.dims), cut["shape"])
+    assert shapes["windows"].get("w", [[0, 1], [0, 8]])[1] == shapes["windows"][cut["name"]][1]
     assert summary["calls"]["target"] <= summary["budget"]["max_calls"]
     # the last word: the minimal model, as written, still shows the signature on its own inputs
     check = run_cli("check", str(tmp_path / "out" / "minimal.onnx"), "--target", "emulate:fp16",

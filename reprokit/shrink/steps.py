@@ -332,7 +332,8 @@ def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:
     reducer.begin("shapes")
     calls_before = run.oracle.stats.target
     judge = ShapeJudge(run.oracle, reducer.signature, reducer.severity, run.models_dir,
-                       packed=reducer.packing == "numeric", calls_left=left)
+                       packed=reducer.packing == "numeric", calls_left=left,
+                       same_node_names=reducer.names_select_nodes)
     try:
         return shrink_shapes(judge, final.model, final.feeds, list(reference), run.event)
     finally:

@@ -1,9 +1,11 @@
 """Shape shrinking: after the node reduction, the minimal model's inputs cut down — batch first,
 then the last axes (spatial windows), then the others (channels) — while the signature holds.
 
-A try slices every input that has the same size on the same axis (so broadcasting partners move
-together) to its first or its last half, rewrites the input's declared dims and drops shape facts
-that no longer hold; the reference runs on the try (a shape-dependent constant that no longer fits
+A try slices every input that has the same size on the same axis, counted from the right as
+broadcasting aligns them, to its first or its last half, and every initializer of that size on
+that axis with it (a weight left whole would turn an elementwise product into a broadcast the
+original never computed); an axis a Constant node's value also spans is not tried. It rewrites
+the input's declared dims and drops shape facts that no longer hold; the reference runs on the try (a shape-dependent constant that no longer fits
 makes the reference refuse it: that try simply fails) and the target judges it against that
 reference. Numeric signatures judge every try of a round in one packed call and then try all
 holding halvings at once; pass/fail signatures try all axes halved at once, one call each. The
@@ -36,20 +38,31 @@ def elements(feeds: dict) -> int:
 
 
 def _groups(model, feeds: dict) -> list[list[tuple[str, int]]]:
-    """Input axes that move together: (rank, axis, size) shared by several inputs. Batch first,
-    then the last axes, then the rest."""
+    """Tensor axes that move together: every input and initializer with the same size at the same
+    axis counted from the right (broadcasting's alignment). A group exists for an axis of an input
+    of at least MIN_ELEMENTS; its partners join whatever their size. Batch first, then the last
+    axes, then the rest. An axis that a Constant node's value spans too is left out: a crop could
+    not move that value along."""
     inputs = [i.name for i in model.graph.input if i.name in feeds and isinstance(feeds[i.name], np.ndarray)]
-    found: dict[tuple, list] = {}
+    shapes = {name: feeds[name].shape for name in inputs}
+    shapes.update({t.name: tuple(t.dims) for t in model.graph.initializer if t.name not in shapes})
+    pinned = {(len(a.t.dims) - axis, int(d)) for node in model.graph.node if node.op_type == "Constant"
+              for a in node.attribute if a.name == "value" for axis, d in enumerate(a.t.dims)}
+    wanted: dict[tuple, int] = {}  # (offset from the right, size) -> rank of the input that asks
     for name in inputs:
         array = feeds[name]
         if array.size < MIN_ELEMENTS or array.dtype.kind not in "biuf":
             continue
         for axis, size in enumerate(array.shape):
-            if size > 1:
-                found.setdefault((array.ndim, axis, size), []).append((name, axis))
+            if size > 1 and (array.ndim - axis, size) not in pinned:
+                wanted.setdefault((array.ndim - axis, size), array.ndim)
+    found = {key: [(name, len(shape) - key[0]) for name, shape in shapes.items()
+                   if len(shape) >= key[0] and shape[len(shape) - key[0]] == key[1]] for key in wanted}
 
     def order(key):
-        rank, axis, size = key
+        offset, size = key
+        rank = wanted[key]
+        axis = rank - offset
         return (0 if axis == 0 else 1 if axis >= rank - 2 else 2, -size)
 
     return [found[k] for k in sorted(found, key=order)]
@@ -57,15 +70,22 @@ def _groups(model, feeds: dict) -> list[list[tuple[str, int]]]:
 
 def _slice(base: ShapeTry, group: list, start: int, size: int, label: str) -> ShapeTry:
     import onnx
+    from onnx import numpy_helper
 
     model = onnx.ModelProto()
     model.CopyFrom(base.model)
     feeds = dict(base.feeds)
     windows = {name: [list(w) for w in box] for name, box in base.windows.items()}
+    weights = {t.name: t for t in model.graph.initializer}
     for name, axis in group:
-        feeds[name] = np.ascontiguousarray(np.take(feeds[name], range(start, start + size), axis=axis))
         if name in windows:
             windows[name][axis] = [windows[name][axis][0] + start, size]
+        if name not in feeds:  # an initializer: the same window of it, in the model itself
+            tensor = weights[name]
+            cropped = np.take(numpy_helper.to_array(tensor), range(start, start + size), axis=axis)
+            tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(cropped), name))
+            continue
+        feeds[name] = np.ascontiguousarray(np.take(feeds[name], range(start, start + size), axis=axis))
         info = next(i for i in model.graph.input if i.name == name)
         dim = info.type.tensor_type.shape.dim[axis]
         if dim.HasField("dim_value"):
@@ -114,9 +134,11 @@ def _combine(current: ShapeTry, holding: list[ShapeTry]) -> ShapeTry | None:
 class ShapeJudge:
     """Reference then target on tries; counts calls against ``calls_left`` (None: no limit)."""
 
-    def __init__(self, oracle, signature, severity, folder: str, packed: bool, calls_left: int | None):
+    def __init__(self, oracle, signature, severity, folder: str, packed: bool, calls_left: int | None,
+                 same_node_names: bool = False):
         self.oracle, self.signature, self.severity = oracle, signature, severity
         self.folder, self.packed, self.calls_left = folder, packed, calls_left
+        self.same_node_names = same_node_names  # fp32-nodes= names nodes: every packed copy keeps them
         self.calls = 0
 
     def can_call(self, reserve: int = 0) -> bool:
@@ -174,7 +196,8 @@ class ShapeJudge:
         from reprokit.graph.model import save_model
         from reprokit.graph.pack import build_pack
 
-        pack = build_pack([Extraction(a.model, a.feeds, list(r)) for _, a, _, r in ready], keep_node_names=False)
+        pack = build_pack([Extraction(a.model, a.feeds, list(r)) for _, a, _, r in ready], keep_node_names=False,
+                          same_node_names=self.same_node_names)
         path = save_model(pack.model, os.path.join(self.folder, "shape_pack.onnx"))
         self.calls += 1
         result = self.oracle.run_target(path, pack.feeds)
@@ -208,6 +231,8 @@ def shrink_shapes(judge: ShapeJudge, model, feeds: dict, outputs: list, on_event
     """Halve input axes while the signature holds. Returns None when nothing shrank, else
     {"model", "feeds", "reference", "verdict", "report"}."""
     windows = {k: [[0, int(d)] for d in np.shape(v)] for k, v in feeds.items() if isinstance(v, np.ndarray)}
+    windows.update({t.name: [[0, int(d)] for d in t.dims] for t in model.graph.initializer if t.name not in windows})
+    whole = {k: [list(w) for w in box] for k, box in windows.items()}
     current = ShapeTry(model, dict(feeds), list(outputs), "", (), windows)
     before = elements(feeds)
     steps: list[str] = []
@@ -259,6 +284,6 @@ def shrink_shapes(judge: ShapeJudge, model, feeds: dict, outputs: list, on_event
     return {"model": current.model, "feeds": current.feeds, "reference": reference, "verdict": verdict,
             "report": {"input_elements_before": before, "input_elements_after": elements(current.feeds),
                        "steps": steps, "calls": judge.calls,
-                       # which window of each node-minimal input (the captured activation) is kept
-                       "windows": {k: w for k, w in current.windows.items()
-                                   if [tuple(x) for x in w] != [(0, d) for d in np.shape(feeds[k])]}}}
+                       # which window of each node-minimal input (the captured activation) and
+                       # of each weight that moved with it is kept
+                       "windows": {k: w for k, w in current.windows.items() if w != whole[k]}}}
