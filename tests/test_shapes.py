@@ -1,5 +1,5 @@
 """Shape shrinking: after the node reduction, the minimal model's inputs are halved axis by axis
-while the signature holds; a weight of the same size on the same axis is cropped with its input.
+while the signature holds; a weight of the same size on the same axis is cropped with its input."""
 
 from __future__ import annotations
 
