@@ -6,10 +6,12 @@ outcome for a tool whose output is filed upstream."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import onnx
-from conftest import run_cli
+import pytest
+from conftest import PY, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 
@@ -63,3 +65,34 @@ def test_a_shape_crop_moves_a_same_sized_weight_along(tmp_path):
     np.testing.assert_allclose(got, truth[box], rtol=1e-6)
     if name in windows:
         assert windows.get("w") == windows[name], "the weight moved with the input: the summary says so"
+
+
+# --- 4. --fail-regex as polygraphy applies it ------------------------------------------------
+
+def _identity_file(folder) -> str:
+    """x[4] → Identity → y: a model the checks below never look into."""
+    path = str(folder / "m.onnx")
+    onnx.save(_model([helper.make_node("Identity", ["x"], ["y"], name="id")], [_value("x", [4])],
+                     [_value("y", [4])]), path)
+    return path
+
+
+def _script(folder, name: str, body: str) -> str:
+    path = folder / name
+    path.write_text(body)
+    return f"cmd:{PY} {shlex.quote(str(path))} {{model}}"
+
+
+@pytest.mark.parametrize(("regexes", "code"), [
+    (["error:\\s+nan"], 1),  # "max error:" and "nan" on two lines: polygraphy searches the whole output
+    (["(?i)NAN"], 1),  # an inline flag: each regex is compiled alone (joined, it was exit 70)
+    (["(ma)x error:\\s+\\d", "(n)an\\n\\1an"], 1),  # the second's \\1 is its own group, not the first's
+    (["on stderr too"], 1),  # stderr is searched after stdout
+    (["inf"], 0),
+])
+def test_fail_regex_is_searched_over_the_whole_output_each_regex_alone(tmp_path, regexes, code):
+    target = _script(tmp_path, "check.py", "import sys\nprint('max error:')\nprint('nan')\nprint('nan')\n"
+                                           "print('warning: on stderr too', file=sys.stderr)\n")
+    args = [a for r in regexes for a in ("--fail-regex", r)]
+    proc = run_cli("check", _identity_file(tmp_path), "--target", target, *args)
+    assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]

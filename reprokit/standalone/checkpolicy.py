@@ -6,6 +6,9 @@
 - ``--ignore-fail-code N`` (repeatable): those exit codes pass;
 - ``--fail-regex RE`` (repeatable): a run whose output matches any of them fails, whatever its
   exit status (with ``--fail-code``: the code must be listed too). The regexes are its class.
+  Exactly as polygraphy's ``debug`` tools apply them: each regex compiled on its own (inline
+  flags such as ``(?i)`` and numbered back-references work), searched with ``re.search`` over
+  the whole output, stdout then stderr, so a match may span lines.
 
 A run that exits non-zero without failing by these rules is a *different finding* (never the bug
 being reduced, but counted and shown), not silence. Standard library only: repro.py embeds this
@@ -56,11 +59,18 @@ class CheckPolicy:
             parts += ["--ignore-fail-code", str(code)]
         return parts
 
-    def pattern(self):
-        """One compiled pattern matching any of the regexes, or None."""
-        if not self.regexes:
-            return None
-        return re.compile("|".join(f"(?:{r})" for r in self.regexes))
+    def first_match(self, output: str) -> str | None:
+        """The line(s) where the first of the regexes that matches ``output`` (stdout + stderr,
+        whole) matches, or None when none does (or there are none). Each regex is compiled alone:
+        joined into one pattern, a global flag would stop being at the start and a back-reference
+        would count the groups of the regexes before it."""
+        for regex in self.regexes:
+            found = re.search(regex, output)
+            if found is not None:
+                start = output.rfind("\n", 0, found.start()) + 1
+                end = output.find("\n", max(found.end() - 1, found.start()))
+                return output[start:end if end >= 0 else len(output)].strip() or found.group(0)
+        return None
 
     def label(self) -> str:
         """The regexes as the signature detail names them."""

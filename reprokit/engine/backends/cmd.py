@@ -28,7 +28,6 @@ from reprokit.standalone.compare import DEFAULT_TOLERANCE
 PRECISIONS = tuple(DEFAULT_TOLERANCE)
 
 _TAIL_BYTES = 16_384
-_SCAN_CHUNK = 1 << 20
 
 
 class CommandCrash(ReprokitError):
@@ -56,31 +55,28 @@ def _substitute(token: str, paths: dict[str, str]) -> str:
     return token
 
 
-def scan_output(path: str, pattern: re.Pattern | None) -> tuple[str | None, str]:
-    """Stream a (possibly huge) log: first regex match line, and the tail. Memory stays bounded."""
-    match_line = None
-    carry = b""
+def read_output(stdout_path: str, stderr_path: str, policy) -> tuple[str | None, str]:
+    """(the line where a --fail-regex matched or None, the tail of stdout + stderr). The regexes
+    are searched over the whole output, stdout then stderr, as polygraphy does (a match may span
+    lines); without regexes only the tails are read, so a huge log costs no memory."""
+    match = None
+    if policy.regexes:
+        with open(stdout_path, "rb") as out, open(stderr_path, "rb") as err:
+            match = policy.first_match(out.read().decode("utf-8", "replace") + err.read().decode("utf-8", "replace"))
+    tail = _tail(stdout_path) + _tail(stderr_path)
+    if len(tail) > _TAIL_BYTES and "\n" in tail[-_TAIL_BYTES:]:
+        tail = tail[-_TAIL_BYTES:].split("\n", 1)[1]  # quote whole lines only
+    return match, tail
+
+
+def _tail(path: str) -> str:
     with open(path, "rb") as handle:
-        while chunk := handle.read(_SCAN_CHUNK):
-            block = carry + chunk
-            lines = block.split(b"\n")
-            carry = lines.pop()[-_SCAN_CHUNK:]
-            if pattern is not None and match_line is None:
-                for line in lines:
-                    text = line.decode("utf-8", "replace")
-                    if pattern.search(text):
-                        match_line = text.strip()
-                        break
-        if pattern is not None and match_line is None and carry:
-            text = carry.decode("utf-8", "replace")
-            if pattern.search(text):
-                match_line = text.strip()
         size = handle.seek(0, os.SEEK_END)
         handle.seek(max(0, size - _TAIL_BYTES))
-        tail = handle.read().decode("utf-8", "replace")
-    if size > _TAIL_BYTES and "\n" in tail:
-        tail = tail.split("\n", 1)[1]  # the first line starts mid-line: quote whole lines only
-    return match_line, tail
+        text = handle.read().decode("utf-8", "replace")
+    if size > _TAIL_BYTES and "\n" in text:
+        text = text.split("\n", 1)[1]  # the first line starts mid-line: quote whole lines only
+    return text
 
 
 # A path-like argument that names a script: checked for existence before any run.
@@ -147,18 +143,17 @@ class CmdBackend(Backend):
         return Availability(True, None, "always available: runs the command you give")
 
     def run(self, model_path, feeds, output_names):
-        pattern = self.policy.pattern()
         with tempfile.TemporaryDirectory(prefix="reprokit-cmd-") as tmp:
             inputs_path = os.path.join(tmp, "inputs.npz")
             outputs_path = os.path.join(tmp, "outputs.npz")
-            log_path = os.path.join(tmp, "output.log")
+            stdout_path, stderr_path = os.path.join(tmp, "stdout.log"), os.path.join(tmp, "stderr.log")
             save_npz(inputs_path, feeds)
             argv = command_argv(
                 self.spec.command, model=model_path, inputs=inputs_path, outputs=outputs_path
             )
             try:
-                with open(log_path, "wb") as log:
-                    code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+                    code = subprocess.call(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
             except FileNotFoundError as exc:
                 raise EngineUnavailable(
                     f"check command not found: {argv[0]!r}", hint="give the full path or install it"
@@ -167,7 +162,7 @@ class CmdBackend(Backend):
                 raise EngineUnavailable(
                     f"check command is not executable: {argv[0]!r}", hint="chmod +x it, or prefix an interpreter"
                 ) from exc
-            match, tail = scan_output(log_path, pattern)
+            match, tail = read_output(stdout_path, stderr_path, self.policy)
             meta = {"argv": argv, "exit_code": code}
             if code < 0:
                 name = signal.Signals(-code).name
