@@ -495,11 +495,35 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
               "(needed when the archive records a cmd: target or a file path).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per engine call.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def verify(archive, target, timeout, as_json):
-    """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no."""
+@click.option("--versions", default=None, metavar="SPEC",
+              help="Run repro.py per engine release, each in its own uv environment, e.g. "
+                   "'onnxruntime==1.28.0,1.29.0,latest' or 'openvino>=2024.0' (docs/matrix.md). Needs reprokit[matrix].")
+@click.option("--bisect", is_flag=True, help="--versions: find where the outcome changes in the range (~log2 n envs).")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|auto|local",
+              help="--versions: run each cell as a Ray task (auto: the running cluster; local: start one here).")
+@click.option("--gpus", default=None, metavar="KINDS", help="--versions on Ray: one cell per GPU kind, e.g. L4,A100 "
+              "(num_gpus=1, accelerator_type=KIND).")
+@click.option("--jobs", "-j", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="--versions without --ray: cells run at once.")
+@click.option("--out", "-o", "out_path", default=None, metavar="FILE",
+              help="--versions: the new archive with matrix.json (default: ARCHIVE's name + .matrix.tar.gz).")
+def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path):
+    """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no.
+    With --versions: on which engine releases? (a table; exit 0 when written)."""
     from reprokit.console import print_verify
     from reprokit.report import bundle as report
 
+    if versions is None and (bisect or ray_address or gpus or out_path):
+        from reprokit.errors import UsageError
+
+        raise UsageError("--bisect, --ray, --gpus and --out go with --versions", hint="e.g. reprokit verify "
+                         "report.tar.gz --versions 'onnxruntime>=1.20' --bisect")
+    if versions is not None:
+        from reprokit.matrix.cli import verify_matrix
+
+        verify_matrix(archive, versions, target=target, timeout=timeout, as_json=as_json, bisect=bisect,
+                      ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path)
+        return
     result = report.verify(archive, target, timeout=timeout)
     if as_json:
         click.echo(json.dumps({"schema": "reprokit.verify/1", "archive": archive, "target": result.target,

@@ -1,0 +1,44 @@
+"""The matrix commands' printing: ``verify --versions`` progress, table and JSON. Kept out of
+``reprokit/cli.py`` (which only parses options); raises ReprokitErrors, never exits.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reprokit.console import err, out
+from reprokit.matrix.run import verify_versions
+from reprokit.matrix.table import b_words
+
+
+def verify_matrix(archive: str, versions: str, *, target, timeout, as_json, bisect, ray_address, gpus, jobs,
+                  out_path) -> None:
+    kinds = tuple(k.strip() for k in (gpus or "").split(",") if k.strip())
+    on_event = None if as_json else (lambda text: err.print(f"[dim]{text}[/]"))
+    result = verify_versions(archive, versions, target=target, bisect=bisect, ray_address=ray_address,
+                             gpus=kinds, jobs=jobs, timeout=timeout, out_path=out_path, on_event=on_event)
+    if as_json:
+        click.echo(json.dumps({**result.payload, "archive": result.archive}, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    payload = result.payload
+    table = Table(title=f"{payload['target']} under {payload['spec']} (reference: {payload['reference']})")
+    for column in (payload["package"], "GPU kind", "outcome", "env (s)", "repro.py (s)", "note"):
+        table.add_column(column)
+    styles = {"reproduces": "red", "does not reproduce": "green", "diverges differently": "yellow"}
+    for row in result.rows:
+        version = row["version"] + (" (latest)" if row["version"] == payload.get("latest") else "")
+        outcome = row["outcome"] + (" (packed with it; not rerun)" if row.get("known") else "")
+        seconds = [("-" if row.get(k) is None else f"{row[k]:.1f}") for k in ("env_seconds", "run_seconds")]
+        table.add_row(version, row.get("gpu") or "-", f"[{styles.get(row['outcome'], 'dim')}]{outcome}[/]",
+                      *seconds, (row.get("why") or "")[:70])
+    out.print(table)
+    found = payload.get("bisect")
+    if found:
+        words = [b_words(b) for b in found["boundaries"]]
+        err.print(f"bisect over {len(found['versions'])} releases with {found['environments']} environments: "
+                  + ("; ".join(words) if words else found.get("note", "")))
+    err.print(f"[dim]wrote {result.archive} (matrix.json, ISSUE.md answers 'the latest release')[/]")

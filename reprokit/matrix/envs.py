@@ -1,0 +1,143 @@
+"""Isolated, cached environments built with uv, one per requirement set.
+
+A cell's environment holds the archive's repro.py requirements and nothing from reprokit's own
+environment: ``uv venv`` with the chosen interpreter, then ``uv pip install`` of the exact
+requirements (the engine package pinned to the cell's version; the companions resolved as of
+that release's upload date, so an old engine gets the numpy it was built against). Cached under
+``~/.cache/reprokit/envs/<key>`` (``REPROKIT_ENV_CACHE`` moves it), the key a hash of the
+requirement set, the date and the interpreter; built in a temporary folder and renamed into place,
+under a file lock, so parallel cells never see half an environment or build one twice.
+
+Standard library only: Ray workers import this with nothing but reprokit's own files.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+MARKER = "reprokit-env.json"  # written last: an environment without it is incomplete
+
+
+class EnvBuildError(Exception):
+    """uv could not build the environment: the cell cannot run (never a verdict)."""
+
+
+@dataclass(frozen=True)
+class EnvRequest:
+    requirements: tuple[str, ...]  # e.g. ("onnxruntime==1.28.0", "numpy", "onnx", "ml-dtypes")
+    resolve_at: str | None = None  # uv --exclude-newer for the companions: an ISO date
+    python: str = sys.executable
+
+    def key(self) -> str:
+        text = json.dumps({"requirements": sorted(self.requirements), "resolve_at": self.resolve_at,
+                           "python": _python_version(self.python)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+@dataclass
+class Env:
+    path: str
+    python: str
+    packages: dict[str, str] = field(default_factory=dict)  # what uv installed: name -> version
+    built: bool = False  # False: taken from the cache
+    seconds: float = 0.0
+
+
+def cache_root() -> str:
+    return os.environ.get("REPROKIT_ENV_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "reprokit", "envs")
+
+
+def find_uv() -> str | None:
+    """The uv binary: on PATH, beside this interpreter, or the one the ``uv`` wheel ships."""
+    beside = os.path.join(os.path.dirname(sys.executable), "uv")
+    if os.path.exists(beside):
+        return beside
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin  # the uv wheel's own locator
+    except ImportError:
+        return None
+    try:
+        return find_uv_bin()
+    except FileNotFoundError:
+        return None
+
+
+def ensure_env(request: EnvRequest, *, timeout: float = 900.0) -> Env:
+    """The cached environment for ``request``, built first if needed. Raises EnvBuildError."""
+    uv = find_uv()
+    if uv is None:
+        raise EnvBuildError("uv is not installed here: pip install 'reprokit[matrix]'")
+    root = cache_root()
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, request.key())
+    started = time.perf_counter()
+    with open(final + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key; the others wait, then reuse
+        if os.path.exists(os.path.join(final, MARKER)):
+            return _load(final, started)
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of a killed build
+        staging = f"{final}.building-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            _uv(uv, ["venv", "--quiet", "--python", request.python, staging], timeout)
+            python = _python_in(staging)
+            args = ["pip", "install", "--quiet", "--python", python]
+            if request.resolve_at:
+                args += ["--exclude-newer", request.resolve_at]
+            _uv(uv, args + list(request.requirements), timeout)
+            packages = _freeze(uv, python, timeout)
+            with open(os.path.join(staging, MARKER), "w") as handle:
+                json.dump({"requirements": list(request.requirements), "resolve_at": request.resolve_at,
+                           "python": _python_version(request.python), "packages": packages}, handle, indent=2)
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    env = _load(final, started)
+    env.built = True
+    return env
+
+
+def _load(path: str, started: float) -> Env:
+    with open(os.path.join(path, MARKER)) as handle:
+        info = json.load(handle)
+    return Env(path, _python_in(path), info.get("packages", {}), False, time.perf_counter() - started)
+
+
+def _python_in(env: str) -> str:
+    return os.path.join(env, "Scripts", "python.exe") if os.name == "nt" else os.path.join(env, "bin", "python")
+
+
+def _python_version(python: str) -> str:
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return ".".join(map(str, sys.version_info[:3]))
+    return python  # another interpreter: its path stands for it
+
+
+def _uv(uv: str, args: list[str], timeout: float) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    try:
+        done = subprocess.run([uv, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise EnvBuildError(f"uv {args[0]} {args[1]} took more than {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+        raise EnvBuildError("uv " + " ".join(a for a in args[:2]) + " failed: " + " ".join(lines[-4:])[:600])
+    return done.stdout
+
+
+def _freeze(uv: str, python: str, timeout: float) -> dict[str, str]:
+    out = _uv(uv, ["pip", "freeze", "--python", python], timeout)
+    return dict(line.split("==", 1) for line in out.splitlines() if "==" in line)

@@ -1,0 +1,135 @@
+"""Fan cells out and stream their results back: a local pool, or Ray tasks.
+
+Locally each cell is its own process (uv, then repro.py) driven from a small thread pool. On Ray
+(``--ray ADDRESS|auto``, or a cluster this process already joined) each cell is one task: the
+archive goes once into the object store as bytes, a cell with a GPU kind asks for
+``num_gpus=1, accelerator_type=KIND``, and a kind no node offers is reported as "cannot run"
+instead of waiting for ever. The same executor serves ``reprokit check`` over many models
+(``fanout``). Results arrive in completion order through ``on_result``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
+
+from reprokit.errors import EngineUnavailable
+from reprokit.matrix.cells import Cell, Outcome, run_cell
+
+INSTALL = "pip install 'reprokit[matrix]' (Ray and uv)"
+
+
+def execute(cells: list[Cell], archive: bytes, archive_name: str, *, ray_address: str | None = None,
+            jobs: int = 2, on_result: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run every cell; results in the order of ``cells``."""
+    tasks = [(run_cell, (cell, archive, archive_name), cell.gpu) for cell in cells]
+    return _run(tasks, ray_address, jobs, on_result)
+
+
+def fanout(argvs: list[list[str]], *, ray_address: str | None = None, jobs: int = 2, gpus: list[str] | None = None,
+           timeout: float = 3600.0, on_result: Callable[[dict], None] | None = None) -> list[dict]:
+    """``reprokit ARGV`` for each argv (one model each), locally or as Ray tasks."""
+    kinds = gpus or [None]
+    tasks = [(run_reprokit, (argv, timeout, kind), kind) for argv in argvs for kind in kinds]
+    return _run(tasks, ray_address, jobs, on_result)
+
+
+def run_reprokit(argv: list[str], timeout: float, gpu: str | None = None) -> dict:
+    """One ``python -m reprokit ARGV`` in this environment (a Ray worker's, or ours)."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "reprokit", *argv], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired:
+        code, out, err = None, "", f"ran past {timeout:.0f} s"
+    return {"argv": argv, "gpu": gpu, "exit_code": code, "stdout": out, "stderr": err[-3000:],
+            "seconds": round(time.perf_counter() - started, 2), "host": os.uname().nodename}
+
+
+def _run(tasks, ray_address, jobs, on_result) -> list[dict]:
+    report = on_result or (lambda result: None)
+    if ray_address is not None:
+        return _on_ray(tasks, ray_address, report)
+    results: list[dict | None] = [None] * len(tasks)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(fn, *args): i for i, (fn, args, _) in enumerate(tasks)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            report(results[futures[future]])
+    return results  # type: ignore[return-value]
+
+
+def _on_ray(tasks, address: str, report) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise EngineUnavailable("--ray needs Ray, which is not installed here", hint=INSTALL) from None
+    if not ray.is_initialized():
+        try:
+            ray.init(address=None if address == "local" else address, log_to_driver=False,
+                     runtime_env=_runtime_env(address))
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise EngineUnavailable(f"cannot join the Ray cluster at {address!r}: {str(exc).splitlines()[0]}",
+                                    hint="start one (ray start --head), give its address, or use --ray local "
+                                         "for a cluster on this machine") from exc
+    offered = ray.cluster_resources()
+    results: list[dict | None] = [None] * len(tasks)
+    refs = {}
+    shipped = {}
+    for index, (fn, args, kind) in enumerate(tasks):
+        if kind and f"accelerator_type:{kind}" not in offered:
+            results[index] = _no_such_kind(fn, args, kind, offered)
+            report(results[index])
+            continue
+        if fn is run_cell:  # the archive once into the object store, shared by every cell
+            key = id(args[1])
+            if key not in shipped:
+                shipped[key] = ray.put(args[1])
+            args = (args[0], shipped[key], args[2])
+        options = {"num_cpus": 1, "max_retries": 0}
+        if kind:
+            options.update(num_gpus=1, accelerator_type=kind)
+        refs[ray.remote(fn).options(**options).remote(*args)] = index
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            result = ray.get(done[0])
+        except Exception as exc:  # the task itself died (worker lost, OOM): that cell cannot run
+            fn, args, kind = tasks[refs[done[0]]]
+            result = _failed(fn, args, kind, f"the Ray task failed: {type(exc).__name__}: {str(exc)[:300]}")
+        results[refs[done[0]]] = result
+        report(result)
+    return results  # type: ignore[return-value]
+
+
+def _runtime_env(address: str) -> dict | None:
+    """A remote cluster gets reprokit's own files (py_modules); its workers need nothing else but
+    uv (the cells build their environments). A local cluster shares this interpreter."""
+    if address in ("local",):
+        return None
+    import reprokit
+
+    return {"py_modules": [os.path.dirname(reprokit.__file__)], "pip": ["uv"]} if address.startswith("ray://") else None
+
+
+def _no_such_kind(fn, args, kind, offered) -> dict:
+    kinds = sorted(k.split(":", 1)[1] for k in offered if k.startswith("accelerator_type:"))
+    return _failed(fn, args, kind, f"no node of the cluster offers accelerator_type {kind} "
+                                   f"(kinds here: {', '.join(kinds) or 'none'})")
+
+
+def _failed(fn, args, kind, why: str) -> dict:
+    if fn is run_cell:
+        cell = args[0]
+        return {"cell": asdict(cell), "version": cell.version, "gpu": kind,
+                "outcome": Outcome.CANNOT_RUN.value, "why": why, "env_seconds": None, "run_seconds": None,
+                "exit_code": None, "packages": {}, "output": ""}
+    return {"argv": args[0], "gpu": kind, "exit_code": None, "stdout": "", "stderr": why, "seconds": None,
+            "host": None}

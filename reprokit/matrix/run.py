@@ -1,0 +1,210 @@
+"""``reprokit verify ARCHIVE --versions SPEC [--bisect] [--ray ADDRESS] [--gpus KINDS]``.
+
+Checks the archive as ``verify`` does (safe extraction, manifest), picks the releases, runs one
+cell per release (and GPU kind) or bisects, and writes the result into a NEW archive beside the
+user's (``NAME.matrix.tar.gz``: the same files, plus ``matrix.json``, and ISSUE.md answering
+"Have you tried the latest release?"). The user's archive is never changed; an existing output
+is replaced only when it is a matrix archive reprokit wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from reprokit.errors import EngineUnavailable, InputError, UsageError
+from reprokit.matrix import specs
+from reprokit.matrix.bisect import bisect as run_bisect
+from reprokit.matrix.cells import Cell, Outcome
+from reprokit.matrix.envs import cache_root, find_uv
+from reprokit.matrix.executor import INSTALL, execute
+from reprokit.matrix.table import SCHEMA, answer_in_issue, latest_answer
+from reprokit.report.archive import (
+    MANIFEST,
+    check_manifest,
+    safe_extract,
+    write_archive,
+    write_manifest,
+)
+from reprokit.report.bundle import trusted_archive_spec
+
+# Which package a target's engine loads (emulate runs its rounded graph on onnxruntime).
+TARGET_PACKAGES = {"ort": ("onnxruntime", "onnxruntime-gpu"), "emulate": ("onnxruntime", "onnxruntime-gpu"),
+                   "openvino": ("openvino",), "trt": ("tensorrt", "tensorrt-cu11", "tensorrt-cu12", "tensorrt-cu13")}
+
+
+@dataclass
+class MatrixResult:
+    payload: dict  # matrix.json
+    archive: str  # the new archive written
+    rows: list[dict]
+
+
+def verify_versions(archive_path: str, versions: str, *, target: str | None = None, bisect: bool = False,
+                    ray_address: str | None = None, gpus: tuple[str, ...] = (), jobs: int = 2,
+                    timeout: float = 600.0, out_path: str | None = None, on_event=None) -> MatrixResult:
+    event = on_event or (lambda text: None)
+    spec = specs.parse_versions(versions)
+    if find_uv() is None:
+        raise EngineUnavailable("--versions builds environments with uv, which is not installed here", hint=INSTALL)
+    if bisect and len(gpus) > 1:
+        raise UsageError("--bisect runs on one GPU kind at a time", hint="give one --gpus kind, or drop --bisect")
+    out_path = out_path or re.sub(r"(\.tar\.gz|\.tgz|\.zip)?$", "", archive_path, count=1) + ".matrix.tar.gz"
+    _check_out(out_path, archive_path)
+    with open(archive_path, "rb") as handle:
+        blob = handle.read()
+    with tempfile.TemporaryDirectory(prefix="reprokit-matrix-") as tmp:
+        top = safe_extract(archive_path, tmp)
+        problems = check_manifest(top)
+        if problems:
+            raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}",
+                             hint="the archive was changed after packing; ask for a fresh one")
+        recorded = _read_json(top, "verdict.json", archive_path)
+        packed_env = _read_json(top, "env.json", archive_path)
+        chosen_target = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
+        engine = chosen_target.partition(":")[0].strip().lower()
+        if spec.package not in TARGET_PACKAGES.get(engine, ()):
+            raise UsageError(f"--versions varies {spec.package}, but the target {chosen_target!r} does not load it",
+                             hint="vary the target's own engine: " + ", ".join(TARGET_PACKAGES.get(engine, ("(none)",))))
+        releases = _releases(spec, event)
+        chosen = specs.choose(spec, releases)
+        if bisect and len(chosen) < 2:
+            raise UsageError(f"--bisect needs a range of releases; {spec} names {len(chosen)}",
+                             hint="e.g. --versions 'onnxruntime>=1.20' --bisect")
+        packed = (packed_env.get("packages") or {}).get(spec.package)
+        cells = {(r.version, g): _cell(spec, r, chosen_target if target else None, g, timeout)
+                 for r in chosen for g in (gpus or (None,))}
+        rows_by: dict[tuple, dict] = {}
+
+        def judge(versions: list[str]) -> dict[str, str]:
+            wanted = [cells[(v, g)] for v in versions for g in (gpus or (None,))]
+            event(f"running {len(wanted)} cell{'s' if len(wanted) != 1 else ''}: "
+                  + ", ".join(c.label for c in wanted) + (f" on Ray ({ray_address})" if ray_address else ""))
+            for row in execute(wanted, blob, os.path.basename(archive_path), ray_address=ray_address, jobs=jobs,
+                               on_result=lambda r: event(_progress(spec.package, r))):
+                rows_by[(row["version"], row["gpu"])] = row
+            return {v: rows_by[(v, gpus[0] if gpus else None)]["outcome"] for v in versions}
+
+        found = None
+        if bisect:
+            known = {}
+            if packed in [r.version for r in chosen] and _reproduced_when_packed(top) and target is None:
+                known[packed] = Outcome.REPRODUCES.value
+                rows_by[(packed, gpus[0] if gpus else None)] = {
+                    "version": packed, "gpu": gpus[0] if gpus else None, "outcome": Outcome.REPRODUCES.value,
+                    "known": True, "why": "repro.py reproduced when the archive was packed (logs/repro.log)",
+                    "env_seconds": None, "run_seconds": None, "packages": {}}
+            found = run_bisect([r.version for r in chosen], judge, known)
+        else:
+            judge([r.version for r in chosen])
+        order = {r.version: i for i, r in enumerate(chosen)}
+        rows = sorted(rows_by.values(), key=lambda r: (order[r["version"]], r.get("gpu") or ""))
+        payload = {"schema": SCHEMA, "spec": str(spec), "package": spec.package, "target": chosen_target,
+                   "reference": "reference_outputs.npz (as packed: " + str(recorded.get("reference")) + ")",
+                   "packed_with": packed, "latest": releases[-1].version if releases else None,
+                   "python": _python(), "ray": ray_address, "gpus": list(gpus), "env_cache": cache_root(),
+                   "bisect": found.to_json() if found else None,
+                   "rows": [{k: v for k, v in r.items() if k not in ("cell", "env_path")} for r in rows]}
+        _write(top, payload, out_path)
+    return MatrixResult(payload, out_path, rows)
+
+
+def _cell(spec, release, target, gpu, timeout) -> Cell:
+    resolve_at = None
+    if release.uploaded:  # companions as of a week after the release: what its users installed
+        when = datetime.fromisoformat(release.uploaded.replace("Z", "+00:00")) + timedelta(days=7)
+        resolve_at = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    requirements = (f"{spec.package}=={release.version}", *specs.COMPANIONS[spec.engine])
+    return Cell(spec.package, release.version, requirements, resolve_at, target, gpu, timeout)
+
+
+def _releases(spec, event) -> list:
+    try:
+        event(f"listing {spec.package} releases from {specs.index_url()}")
+        return specs.list_releases(spec.package)
+    except EngineUnavailable:
+        exact = [p for p in spec.pins if p != "latest" and "*" not in p]
+        if spec.range is None and exact and len(exact) == len(spec.pins):
+            return [specs.Release(v, None) for v in exact]  # exact pins need no listing
+        raise
+
+
+def _progress(package: str, row: dict) -> str:
+    where = f" @ {row['gpu']}" if row.get("gpu") else ""
+    took = f" (env {row['env_seconds']} s, repro.py {row['run_seconds']} s)" if row.get("run_seconds") is not None else ""
+    return f"{package} {row['version']}{where}: {row['outcome']}{took}"
+
+
+def _read_json(top: str, name: str, archive_path: str) -> dict:
+    try:
+        with open(os.path.join(top, name)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"archive {archive_path} has no usable {name} ({exc})",
+                         hint="only archives written by `reprokit pack` can be run as a matrix") from exc
+
+
+def _reproduced_when_packed(top: str) -> bool:
+    try:
+        with open(os.path.join(top, "logs", "repro.log")) as handle:
+            return "[exit code 1]" in handle.read()
+    except OSError:
+        return False
+
+
+def _python() -> str:
+    import platform
+
+    return platform.python_version()
+
+
+def _check_out(out_path: str, archive_path: str) -> None:
+    """The new archive may replace only a matrix archive reprokit wrote, never the user's."""
+    if os.path.abspath(out_path) == os.path.abspath(archive_path):
+        raise UsageError("--out names the archive being verified", hint="the matrix goes into a new archive")
+    if os.path.exists(out_path) and not _is_matrix_archive(out_path):
+        raise UsageError(f"{out_path} exists and is not a matrix archive reprokit wrote; not replacing it",
+                         hint="move it away, or choose another path with --out")
+
+
+def _is_matrix_archive(path: str) -> bool:
+    try:
+        if path.endswith(".zip"):
+            with zipfile.ZipFile(path) as handle:
+                names = handle.namelist()
+        else:
+            with tarfile.open(path, "r:*") as handle:
+                names = handle.getnames()
+    except (OSError, tarfile.TarError, zipfile.BadZipFile):
+        return False
+    return any(n.count("/") == 1 and n.endswith("/matrix.json") for n in names)
+
+
+def _write(top: str, payload: dict, out_path: str) -> None:
+    with open(os.path.join(top, "matrix.json"), "w") as handle:
+        json.dump(payload, handle, indent=2, default=str)
+    issue = os.path.join(top, "ISSUE.md")
+    if os.path.exists(issue):
+        with open(issue) as handle:
+            text = handle.read()
+        with open(issue, "w") as handle:
+            handle.write(answer_in_issue(text, latest_answer(payload)))
+    with open(os.path.join(top, MANIFEST)) as handle:
+        extra = {k: v for k, v in json.load(handle).items() if k not in ("files", "schema")}
+    write_manifest(top, {**extra, "matrix": "matrix.json"})
+    folder = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".reprokit-matrix-") as staging:
+        name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path))
+        stage = os.path.join(staging, name)
+        shutil.copytree(top, stage)
+        written = os.path.join(staging, os.path.basename(out_path))
+        write_archive(stage, written, "zip" if out_path.endswith(".zip") else "tar.gz")
+        os.replace(written, out_path)
