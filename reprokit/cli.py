@@ -465,7 +465,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
 @run_options
 @torch_options
 @click.option("--out", "-o", "out_dir", default="reprokit-audit", show_default=True, metavar="DIR",
-              help="Where audit.json, audit.md, audit.html and layerwise.png go.")
+              help="Where audit.json, audit.md, audit.html and (with matplotlib) layerwise.png go.")
 @click.option("--no-sweep", is_flag=True, help="Skip the knob sweep (one target call per setting).")
 @click.option("--no-explain", is_flag=True, help="Skip the random-inputs / random-weights runs.")
 @click.option("--ranges-only", is_flag=True, help="Only the range audit: one reference run, no target call.")

@@ -58,7 +58,11 @@ def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
             with open(paths["plot"], "rb") as handle:
                 image = base64.b64encode(handle.read()).decode("ascii")
     except ImportError:
-        safe["notes"].append("layerwise.png not drawn: matplotlib is not installed (pip install 'reprokit[plot]')")
+        # The PNG is optional (matplotlib is no default dependency): say so on the console too,
+        # which prints payload's notes, not this JSON-safe copy.
+        missing = "layerwise.png not drawn: matplotlib is not installed (pip install 'reprokit[plot]')"
+        safe["notes"].append(missing)
+        payload.setdefault("notes", []).append(missing)
     if image is None:
         paths.pop("plot")
         safe["files"].pop("plot")
