@@ -244,7 +244,7 @@ class FakePackReducer(FakePredicateReducer):
         return [self.record(c, Outcome(bool(self.predicate(c)), "mismatch" if self.predicate(c) else "agree",
                                        "", None, packed=True)) for c in candidates]
 
-    def _group_fails(self, candidates):
+    def group_fails(self, candidates):
         assert all(not (a & b) for i, a in enumerate(candidates) for b in candidates[i + 1:])
         self.calls += 1
         return any(self.predicate(c) for c in candidates)

@@ -1,17 +1,23 @@
-"""The evaluation layer: turn "verdicts for these candidates" into engine calls.
+"""The evaluation layer: turn "verdicts for these candidates" into engine calls. The ONLY place
+packs are built: node-set passes and the shapes pass alike ask here.
 
 Three ways, chosen by the Reducer from the signature, never by a pass:
 
 - **alone**: one candidate, one call (and the last word on any result);
 - **packed** (numeric oracles: nonfinite, mismatch): many candidates as disjoint copies in one
-  model (``pack.py``), each judged from its own outputs against its own captured reference, with
-  the same oracle and signature rule. A pack the engine refuses as a whole is split in halves;
+  model (``graph/pack.py``), each judged from its own outputs against its own reference (the
+  captured activations, or a shape try's own reference run), with the same oracle and signature
+  rule. A pack the engine refuses as a whole is split in halves;
 - **group-tested** (pass/fail oracles: exit status, build error, crash): a pack of candidates
   with disjoint node sets and the user's node names; a pack that passes clears every member in
-  one call, a failing one is split (binary splitting), so one failing member among W costs about
-  log2 W calls. When no member fails alone, the members interact: nothing is concluded.
+  one call (journaled as *inferred*, not observed), a failing one is split (binary splitting),
+  so one failing member among W costs about log2 W calls. When no member fails alone, the
+  members interact: nothing is concluded.
 
-Every candidate outcome is journaled on its own, so ``--resume`` replays packed work too.
+Every candidate outcome is journaled on its own, under the Reducer's one key, so ``--resume``
+replays packed work too. This module talks to the Reducer only through its public methods
+(``cached``, ``record``, ``count``, ``test``, ``group_fails``, ``charge``, ``note_call``) and
+never imports it: the Reducer imports this module.
 """
 
 from __future__ import annotations
@@ -19,13 +25,44 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from dataclasses import dataclass
 
+import numpy as np
+
+from reprokit.engine.oracle import normalize_message
+from reprokit.engine.worker import WorkerResult
+from reprokit.graph.extract import Extraction
+from reprokit.graph.model import mark_outputs, tensor_proto_bytes
 from reprokit.graph.pack import build_pack, feed_bytes
-from reprokit.shrink.reducer import Outcome
+
+
+@dataclass
+class Outcome:
+    """What one candidate did: interesting means "shows the original signature"."""
+
+    interesting: bool
+    kind: str
+    detail: str
+    error: float | None
+    from_cache: bool = False
+    packed: bool = False  # judged inside a pack (never the last word on a result)
+    inferred: bool = False  # concluded from a group's verdict, never run as itself
+
+
+@dataclass(eq=False)  # a dict key by identity: two shape tries may share a node set
+class Member:
+    """One candidate of a packed call: its node set (None: the marked whole model), its
+    extraction, and the reference its outputs are judged against (None: the captured
+    activations). ``crop`` tells shape tries of one node set apart in the journal."""
+
+    nodes: frozenset | None
+    sub: object  # Extraction
+    reference: dict | None = None
+    crop: str = ""
 
 
 def _save(reducer, model) -> str:
-    import onnx
+    import onnx  # heavy: loaded once a call is made
 
     # A unique file per evaluation: threads never share one. External weights stay where
     # they are; the engines are told the folder (oracle.weights_dir).
@@ -57,8 +94,6 @@ def _outcome(reducer, verdict, *, packed: bool) -> Outcome:
     if interesting and reducer.message_key and verdict.message:
         # Same failure class, other words (a check printing which node it saw): counted, so the
         # summary can say so and suggest --fail-regex when they are different bugs.
-        from reprokit.engine.oracle import normalize_message
-
         said = normalize_message(verdict.message)
         if said and said != reducer.message_key:
             label = f"same {verdict.kind.value}, other message: {said}"
@@ -76,44 +111,57 @@ def judge_alone(reducer, nodes: frozenset) -> Outcome:
     sub, trivial = _prepare(reducer, nodes, check=True)
     if trivial is not None:
         return trivial
+    return judge_member(reducer, Member(nodes, sub))[0]
+
+
+def judge_member(reducer, member: Member):
+    """One member alone, in one engine call: (its journaled Outcome, the Verdict)."""
+    sub = member.sub
     reducer.charge()
     path = _save(reducer, sub.model)
     start = time.monotonic()
     try:
-        reference = {name: reducer.store.get(name) for name in sub.outputs if name in reducer.store}
-        verdict = reducer.oracle.judge(path, sub.feeds, reference_outputs=reference)
+        verdict = reducer.oracle.judge(path, sub.feeds, reference_outputs=_reference(reducer, member))
     finally:
         os.remove(path)
     if not verdict.cached:
-        reducer.note_call(len(nodes), 1, time.monotonic() - start)
-    return reducer.record(nodes, _outcome(reducer, verdict, packed=False))
+        reducer.note_call(len(sub.model.graph.node), 1, time.monotonic() - start)
+    return reducer.record(member.nodes, _outcome(reducer, verdict, packed=False), crop=member.crop), verdict
 
 
-def _member_bytes(reducer, sub) -> int:
+def _reference(reducer, member: Member) -> dict:
+    if member.reference is not None:
+        return member.reference
+    return {name: reducer.store.get(name) for name in member.sub.outputs if name in reducer.store}
+
+
+def _member_bytes(reducer, member: Member) -> int:
     """What one copy makes the engine hold: its feeds, its outputs and its own weights (every copy
     gets its own; external ones are read from disk for each)."""
-    import numpy as np
-
-    from reprokit.graph.model import tensor_proto_bytes
+    sub = member.sub
 
     def nbytes(name: str) -> int:
+        if member.reference is not None:
+            return int(np.asarray(member.reference[name]).nbytes) if name in member.reference else 0
+        if name not in reducer.store:
+            return 0
         shape, dtype = reducer.store.info(name)
         return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
     weights = sum(tensor_proto_bytes(t) for t in sub.model.graph.initializer)
-    return feed_bytes(sub) + weights + sum(nbytes(n) for n in sub.outputs if n in reducer.store)
+    return feed_bytes(sub) + weights + sum(nbytes(n) for n in sub.outputs)
 
 
-def _fit(reducer, prepared: list) -> list[list]:
-    """Split (candidate, extraction) pairs into packs under the byte and node limits."""
+def _fit(reducer, members: list[Member]) -> list[list[Member]]:
+    """Split members into packs under the byte and node limits."""
     groups, current, size, nodes = [], [], 0, 0
-    for cand, sub in prepared:
-        weight = _member_bytes(reducer, sub)
-        count = len(sub.model.graph.node)
+    for member in members:
+        weight = _member_bytes(reducer, member)
+        count = len(member.sub.model.graph.node)
         if current and (size + weight > reducer.pack_bytes or nodes + count > reducer.pack_nodes):
             groups.append(current)
             current, size, nodes = [], 0, 0
-        current.append((cand, sub))
+        current.append(member)
         size += weight
         nodes += count
     if current:
@@ -126,30 +174,47 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
     pending layerwise request (``reducer.want_layerwise``) rides along as one more member: the
     whole model with every float tensor marked, its own copy like any other member."""
     results: dict[frozenset, Outcome] = {}
-    prepared = []
+    members = []
     if reducer.want_layerwise:
         marked = _marked_member(reducer)
         if reducer.heavy():  # its own copy of every weight would double what the engine holds
             _run_marked_alone(reducer, marked)
         else:
-            prepared.append((None, marked))
+            members.append(Member(None, marked))
     for cand in candidates:
         sub, trivial = _prepare(reducer, cand, check=False)
         if trivial is not None:
             results[cand] = trivial
         else:
-            prepared.append((cand, sub))
-    for group in _fit(reducer, prepared):
-        _run_numeric_pack(reducer, group, results)
-        if stop_at_hit and any(results[c].interesting for c, _ in group if c is not None and c in results):
+            members.append(Member(cand, sub))
+    for group in _fit(reducer, members):
+        found = _run_numeric_pack(reducer, group)
+        results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None)
+        if stop_at_hit and any(outcome.interesting for outcome in found.values()):
             break
     return [results.get(c) for c in candidates]
 
 
+def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
+    """Outcomes of members that carry their own reference (shape tries), in order. Numeric
+    signatures: as few packed calls as the limits allow. Pass/fail ones: alone, in order, until
+    one shows the signature (the ones after it stay None)."""
+    if reducer.packing == "numeric" and len(members) > 1:
+        found: dict[int, Outcome] = {}
+        for group in _fit(reducer, members):
+            outcomes = _run_numeric_pack(reducer, group)
+            found.update((id(m), o) for m, o in outcomes.items())
+        return [found.get(id(m)) for m in members]
+    results: list[Outcome | None] = [None] * len(members)
+    for position, member in enumerate(members):
+        results[position] = judge_member(reducer, member)[0]
+        if results[position].interesting:
+            break
+    return results
+
+
 def _marked_member(reducer):
-    from reprokit.engine.layerwise import float_node_outputs
-    from reprokit.graph.extract import Extraction
-    from reprokit.graph.model import mark_outputs
+    from reprokit.engine.layerwise import float_node_outputs  # imports the engines' comparison code
 
     names = [t for t, *_ in float_node_outputs(reducer.model)]
     outputs = list(dict.fromkeys([*reducer.index.graph_outputs, *names]))
@@ -158,7 +223,6 @@ def _marked_member(reducer):
 
 def _layerwise_from(reducer, outputs: dict, status: str = "ok", message: str = "") -> None:
     from reprokit.engine.layerwise import compare_marked_run
-    from reprokit.engine.worker import WorkerResult
 
     reducer.want_layerwise = False
     reducer.layerwise_report = compare_marked_run(
@@ -181,17 +245,16 @@ def _run_marked_alone(reducer, sub) -> None:
         result.discard()
 
 
-def _run_numeric_pack(reducer, group: list, results: dict) -> None:
+def _run_numeric_pack(reducer, group: list[Member]) -> dict:
+    """One packed call for ``group`` (split in halves when the engine refuses the whole);
+    returns {member: Outcome} for the members that are candidates (not the marked model)."""
     if len(group) == 1:
-        cand, sub = group[0]
-        if cand is None:
-            _run_marked_alone(reducer, sub)
-        else:
-            results[cand] = judge_alone(reducer, cand)
-        return
-    from reprokit.engine.worker import WorkerResult
-
-    pack = build_pack([sub for _, sub in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
+        member = group[0]
+        if member.nodes is None:
+            _run_marked_alone(reducer, member.sub)
+            return {}
+        return {member: judge_member(reducer, member)[0]}
+    pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
     reducer.charge()
     path = _save(reducer, pack.model)
     start = time.monotonic()
@@ -199,34 +262,34 @@ def _run_numeric_pack(reducer, group: list, results: dict) -> None:
         result = reducer.oracle.run_target(path, pack.feeds)
     finally:
         os.remove(path)
-    reducer.note_call(pack.nodes, sum(1 for cand, _ in group if cand is not None), time.monotonic() - start)
+    reducer.note_call(pack.nodes, sum(1 for m in group if m.nodes is not None), time.monotonic() - start)
     if result.status != "ok":  # the engine refused the pack as a whole: find out who, by halves
         result.discard()
         half = len(group) // 2
-        _run_numeric_pack(reducer, group[:half], results)
-        _run_numeric_pack(reducer, group[half:], results)
-        return
+        return {**_run_numeric_pack(reducer, group[:half]), **_run_numeric_pack(reducer, group[half:])}
+    found = {}
     try:
-        for member, (cand, sub) in zip(pack.members, group):
-            outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
-                       if packed in result.outputs}
-            if cand is None:
+        for packed, member in zip(pack.members, group):
+            outputs = {original: result.outputs[name] for name, original in packed.outputs.items()
+                       if name in result.outputs}
+            if member.nodes is None:
                 _layerwise_from(reducer, outputs)
                 continue
-            reference = {n: reducer.store.get(n) for n in sub.outputs if n in reducer.store}
-            if set(outputs) != set(member.outputs.values()):
+            reference = _reference(reducer, member)
+            if set(outputs) != set(packed.outputs.values()) or set(reference) != set(outputs):
                 outcome = Outcome(False, "build-error", "target output missing", None, packed=True)
             else:
                 own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
                 outcome = _outcome(reducer, reducer.oracle.verdict_from(own, reference), packed=True)
-            results[cand] = reducer.record(cand, outcome)
+            found[member] = reducer.record(member.nodes, outcome, crop=member.crop)
     finally:
         result.discard()
+    return found
 
 
 def group_fails(reducer, group: list[frozenset]) -> bool:
     """Pass/fail: does a pack of these disjoint candidates show the signature? One call.
-    A pack that passes clears every member (journaled as agreeing)."""
+    A pack that passes clears every member: journaled as inferred from the group, not observed."""
     prepared = []
     for cand in group:
         sub, trivial = _prepare(reducer, cand, check=False)
@@ -247,7 +310,7 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
     fails = verdict.diverges and reducer.signature.same_bug(verdict.signature)
     if not fails and not verdict.diverges:
         for cand, _ in prepared:
-            reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True))
+            reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
     return fails
 
 
@@ -259,7 +322,7 @@ def first_failing_group(reducer, candidates: list[frozenset], *, together_fail: 
     while position < len(candidates):
         known = reducer.cached(candidates[position])
         if known is not None:
-            reducer._count(known)
+            reducer.count(known)
             if known.interesting:
                 return position
             position += 1
@@ -288,7 +351,7 @@ def _interaction(reducer, members: list[frozenset]) -> bool:
     """A group failed but none of its members fails alone: they fail together. Their union is a
     candidate of its own (judged alone); kept for the passes after this one when it holds."""
     union = frozenset().union(*members)
-    if len(union) >= len(reducer.best) or any(found <= union for found in reducer.interactions):
+    if not reducer.smaller(union) or any(found <= union for found in reducer.interactions):
         return False  # a smaller set inside it already fails together
     if reducer.test(union):
         reducer.interactions.append(union)
@@ -303,12 +366,12 @@ def _split(reducer, candidates, run: list[int], *, known_fail: bool, assumed: bo
     is then tested rather than inferred (no single may fail alone at all: a fusion, a pair)."""
     if len(run) == 1:
         return run[0] if reducer.test(candidates[run[0]]) else None
-    if not known_fail and not reducer._group_fails([candidates[i] for i in run]):
+    if not known_fail and not reducer.group_fails([candidates[i] for i in run]):
         return None
     half = len(run) // 2
     left, right = run[:half], run[half:]
     left_fails = (reducer.test(candidates[left[0]]) if len(left) == 1
-                  else reducer._group_fails([candidates[i] for i in left]))
+                  else reducer.group_fails([candidates[i] for i in left]))
     if left_fails:
         hit = _split(reducer, candidates, left, known_fail=True)
         if hit is not None:

@@ -1,11 +1,13 @@
-"""The Reducer: one mutable current best (a set of node indices), a cache of verdicts, a journal
-on disk for resume, the call budget, and per-pass statistics.
+"""The Reducer: one mutable current best (a set of node indices, and once the shapes pass ran, the
+crop of its inputs), one cache of outcomes (the journal on disk, for resume, under one key), the
+call budget, and per-pass statistics.
 
-"Smaller" means fewer nodes; a pass accepts a candidate only when it has fewer nodes than the
-best and shows the ORIGINAL signature (no slippage). Passes state the candidates they want judged
-in a fixed order and take the earliest interesting one; how many candidates one engine call
-answers (alone, packed, group-tested) is decided by the evaluation layer (``evaluate.py``), never
-by a pass, so results do not depend on packing or on ``jobs``.
+"Smaller" is :meth:`Reducer.smaller`: fewer nodes, then (same nodes) fewer input elements. A pass
+accepts a candidate only when it is smaller than the best and shows the ORIGINAL signature (no
+slippage). Passes state the candidates they want judged in a fixed order and take the earliest
+interesting one; how many candidates one engine call answers (alone, packed, group-tested) is
+decided by the evaluation layer (``evaluator.py``), never by a pass, so results do not depend on
+packing or on ``jobs``. Must not build packs or talk to the engine itself.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from reprokit.engine.oracle import Signature
+from reprokit.engine.worker import kill_running
 from reprokit.graph.extract import GraphIndex, extract
+from reprokit.graph.model import weight_bytes
+from reprokit.shrink import evaluator
+from reprokit.shrink.evaluator import Outcome
+from reprokit.standalone.compare import unrepresentable
+
+__all__ = ["BudgetExhausted", "Journal", "Outcome", "PassStats", "Reducer", "TRIVIAL"]
 
 TRIVIAL = ("empty", "no-outputs", "invalid", "no-anchor")
 
@@ -39,18 +48,6 @@ class PassStats:
         return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
                 "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
                 "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3)}
-
-
-@dataclass
-class Outcome:
-    """What one candidate did: interesting means "shows the original signature"."""
-
-    interesting: bool
-    kind: str
-    detail: str
-    error: float | None
-    from_cache: bool = False
-    packed: bool = False  # judged inside a pack (never the last word on a result)
 
 
 class BudgetExhausted(Exception):
@@ -144,9 +141,21 @@ class Reducer:
 
     # -- candidates -------------------------------------------------------------------------
 
-    def key(self, nodes: Iterable[int]) -> str:
-        text = self.scope + ",".join(map(str, sorted(nodes)))
+    def key(self, nodes: Iterable[int], crop: str = "") -> str:
+        """The one cache key of a candidate: its node set in this numbering (``scope``) and, for
+        a shape try, the crop of its inputs."""
+        text = self.scope + ",".join(map(str, sorted(nodes))) + (f"|{crop}" if crop else "")
         return "cand:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def smaller(self, nodes: Iterable[int], than: Iterable[int] | None = None) -> bool:
+        """Is the candidate smaller than ``than`` (default: the current best)? Fewer nodes; a
+        shape try of the same nodes is smaller with fewer input elements (``smaller_crop``)."""
+        return len(frozenset(nodes)) < len(frozenset(self.best if than is None else than))
+
+    @staticmethod
+    def smaller_crop(elements: int, than: int) -> bool:
+        """Same nodes: fewer input elements is smaller."""
+        return elements < than
 
     def extraction(self, nodes, *, check: bool = True):
         if self.build is not None:
@@ -154,7 +163,7 @@ class Reducer:
         sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
         return self.wrap(sub) if self.wrap is not None and sub.outputs else sub
 
-    def cached(self, nodes) -> Outcome | None:
+    def cached(self, nodes, crop: str = "") -> Outcome | None:
         """The known outcome of a candidate (journal), or the trivial one; None = needs a call."""
         nodes = frozenset(nodes)
         if not nodes:
@@ -166,10 +175,10 @@ class Reducer:
         why = self.refuse(nodes) if self.refuse is not None else None
         if why:
             return Outcome(False, "invalid", why, None, True)
-        saved = self.journal.get(self.key(nodes))
+        saved = self.journal.get(self.key(nodes, crop))
         if saved is not None:
             return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True,
-                           saved.get("packed", False))
+                           saved.get("packed", False), saved.get("inferred", False))
         return None
 
     def io_kept(self, nodes: frozenset) -> bool:
@@ -199,47 +208,42 @@ class Reducer:
                         return False
         return True
 
-    def record(self, nodes: frozenset, outcome: Outcome) -> Outcome:
-        """Journal an engine outcome (not after an interrupt: a killed call means nothing)."""
+    def record(self, nodes: frozenset, outcome: Outcome, *, crop: str = "") -> Outcome:
+        """Journal an engine outcome (not after an interrupt: a killed call means nothing). An
+        outcome inferred from a group's verdict is journaled as inferred, not as observed."""
         if not self.cancelled:
-            self.journal.put(self.key(nodes), {"interesting": outcome.interesting, "kind": outcome.kind,
-                                               "detail": outcome.detail, "error": _jsonable(outcome.error),
-                                               "nodes": len(nodes), "packed": outcome.packed})
+            entry = {"interesting": outcome.interesting, "kind": outcome.kind, "detail": outcome.detail,
+                     "error": _jsonable(outcome.error), "nodes": len(nodes), "packed": outcome.packed}
+            if outcome.inferred:
+                entry["inferred"] = True
+            if crop:
+                entry["crop"] = crop
+            self.journal.put(self.key(nodes, crop), entry)
         return outcome
 
     def _evaluate(self, nodes: frozenset) -> Outcome:
         """One candidate alone: cache, or one engine call (the evaluation layer)."""
-        from reprokit.shrink.evaluator import judge_alone
-
         known = self.cached(nodes)
-        return known if known is not None else judge_alone(self, nodes)
+        return known if known is not None else evaluator.judge_alone(self, nodes)
 
     def _evaluate_pack(self, candidates: list[frozenset], *, stop_at_hit: bool = False) -> list[Outcome | None]:
         """Several candidates in as few engine calls as the pack limits allow."""
-        from reprokit.shrink.evaluator import judge_packed
-
-        return judge_packed(self, candidates, stop_at_hit=stop_at_hit)
+        return evaluator.judge_packed(self, candidates, stop_at_hit=stop_at_hit)
 
     def heavy(self) -> bool:
         """Are the model's weights more than half of what one pack may hold? (A copy of the whole
         model beside others would then hold every weight twice.)"""
         if self._weights is None:
-            from reprokit.graph.model import weight_bytes
-
             self._weights = weight_bytes(self.model)
         return self._weights > self.pack_bytes // 2
 
-    def _group_fails(self, candidates: list[frozenset]) -> bool:
+    def group_fails(self, candidates: list[frozenset]) -> bool:
         """Pass/fail: does one call on these disjoint candidates together show the signature?"""
-        from reprokit.shrink.evaluator import group_fails
-
-        return group_fails(self, candidates)
+        return evaluator.group_fails(self, candidates)
 
     def unrepresentable_feed(self, feeds: dict) -> str | None:
         """A cut tensor the target's storage type cannot hold (fp16 overflow, mass underflow)
         would carry the fault in the data, not in the kept nodes: such candidates are invalid."""
-        from reprokit.standalone.compare import unrepresentable
-
         for name in feeds:
             if name in self.index.graph_inputs or name not in self.store:
                 continue  # the user's own data (or a wrapper's condition) stays as it is
@@ -254,7 +258,7 @@ class Reducer:
     def test(self, nodes) -> bool:
         """Is this node set interesting? Judged alone (or known)."""
         nodes = frozenset(nodes)
-        return self._count(self._evaluate_checked(nodes)).interesting
+        return self.count(self._evaluate_checked(nodes)).interesting
 
     def verdicts(self, candidates: list, *, stop_at_hit: bool = False) -> list[Outcome | None]:
         """Outcomes of every candidate, in order (packed into few calls where the oracle allows).
@@ -271,7 +275,7 @@ class Reducer:
             self.prefetch(todo)
             for cand in todo:
                 known[cand] = self._evaluate_checked(cand)
-        return [self._count(known[c]) if known[c] is not None else None for c in candidates]
+        return [self.count(known[c]) if known[c] is not None else None for c in candidates]
 
     def first_interesting(self, candidates: list, *, together_fail: bool = False) -> int | None:
         """Index of the earliest interesting candidate in order, or None. ``together_fail``: the
@@ -285,9 +289,7 @@ class Reducer:
                         return start + offset
             return None
         if self.packing == "group":
-            from reprokit.shrink.evaluator import first_failing_group
-
-            return first_failing_group(self, candidates, together_fail=together_fail)
+            return evaluator.first_failing_group(self, candidates, together_fail=together_fail)
         for start in range(len(candidates)):
             self.prefetch(candidates[start : start + self.jobs])
             if self.test(candidates[start]):
@@ -337,7 +339,8 @@ class Reducer:
             stats.nodes_built += nodes_built
             stats.seconds += seconds
 
-    def _count(self, outcome: Outcome) -> Outcome:
+    def count(self, outcome: Outcome) -> Outcome:
+        """Per-pass statistics of an outcome a pass looked at (and other signatures seen)."""
         stats = self.stats.setdefault(self._current, PassStats())
         with self._lock:
             if outcome.kind == "invalid":
@@ -368,6 +371,9 @@ class Reducer:
 
     def accept(self, nodes, why: str = "") -> None:
         nodes = frozenset(nodes)
+        if not self.smaller(nodes):
+            raise ValueError(f"{self._current}: a candidate of {len(nodes)} nodes is not smaller than the best "
+                             f"({len(self.best)})")
         stats = self.stats.setdefault(self._current, PassStats())
         stats.removed += len(self.best) - len(nodes)
         stats.accepted += 1
@@ -388,8 +394,6 @@ class Reducer:
         """Stop the pool. On an interrupt, kill the engine calls in flight first, so Ctrl-C
         does not wait for a long build, and keep their outcomes out of the journal."""
         if interrupted:
-            from reprokit.engine.worker import kill_running
-
             self.cancelled = True
             kill_running()
         if self._pool is not None:

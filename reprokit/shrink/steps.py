@@ -330,15 +330,9 @@ def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:
             run.prepared.notes.append("shapes not shrunk: the call budget is spent (--max-calls)")
             return None
     reducer.begin("shapes")
-    calls_before = run.oracle.stats.target
-    judge = ShapeJudge(run.oracle, reducer.signature, reducer.severity, run.models_dir,
-                       packed=reducer.packing == "numeric", calls_left=left,
-                       same_node_names=reducer.names_select_nodes)
-    try:
-        return shrink_shapes(judge, final.model, final.feeds, list(reference), run.event)
-    finally:
-        made = run.oracle.stats.target - calls_before
-        reducer.stats["shapes"].calls += made
+    reducer.budget = None if left is None else reducer.spent + left
+    judge = ShapeJudge(reducer, reducer.best, run.models_dir, calls_left=left)
+    return shrink_shapes(judge, final.model, final.feeds, list(reference), run.event)
 
 
 def _accumulated(run: _Run, reducer, writer, verdict) -> ShrinkResult:

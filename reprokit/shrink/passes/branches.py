@@ -17,7 +17,7 @@ def run(reducer) -> None:
         return
     cones = sorted({frozenset(reducer.index.ancestors(s, within=best)) for s in sinks},
                    key=lambda c: (len(c), sorted(c)))
-    cones = [c for c in cones if len(c) < len(best)]
+    cones = [c for c in cones if reducer.smaller(c)]
     hit = reducer.first_interesting(cones)
     if hit is not None:
         reducer.accept(cones[hit], "one output's ancestor cone")

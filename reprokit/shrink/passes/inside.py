@@ -75,7 +75,7 @@ def _cones(inner, sites, outputs: list[str]) -> None:
     """One output's cone across the branches (the If outputs it does not need go, with what only
     they read): the smallest that still shows the signature, before the chunk deletions."""
     cones = sorted({sites.cone(name) for name in outputs}, key=lambda c: (len(c), sorted(c)))
-    cones = [c for c in cones if c and len(c) < len(inner.best)]
+    cones = [c for c in cones if c and inner.smaller(c)]
     hit = inner.first_interesting(cones) if cones else None
     if hit is not None:
         inner.accept(cones[hit], "one output's cone, inside the branches too")

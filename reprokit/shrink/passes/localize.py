@@ -40,7 +40,7 @@ def run(reducer) -> bool:
         ahead = sorted(reducer.index.descendants(origin, within=best))
         for width in _widths(len(ahead)):
             rungs.append((frozenset(ahead[:width]), f"region of {width} nodes starting where it diverges", origin))
-    rungs = [r for r in dict((r[0], r) for r in rungs).values() if len(r[0]) < len(best)]
+    rungs = [r for r in dict((r[0], r) for r in rungs).values() if reducer.smaller(r[0])]
     rungs.sort(key=lambda r: len(r[0]))  # the smallest reproducing region wins
     if not rungs:
         return False
@@ -70,4 +70,4 @@ def origin_path(reducer, anchor: int, cone: set[int]) -> frozenset | None:
         return None
     origin = max(upstream)  # the nearest in topological order
     path = frozenset(cone & reducer.index.descendants(origin, within=cone))
-    return path if 1 < len(path) < len(reducer.best) else None
+    return path if len(path) > 1 and reducer.smaller(path) else None

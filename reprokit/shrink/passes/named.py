@@ -42,7 +42,7 @@ def suspects(reducer, message: str) -> list[int]:
 def run(reducer, message: str) -> bool:
     """Accept the first named node that reproduces alone; True when one did."""
     nodes = suspects(reducer, message)
-    if not nodes or len(nodes) >= len(reducer.best):
+    if not nodes or not reducer.smaller(nodes):
         return False
     candidates = [frozenset([i]) for i in nodes]
     hit = reducer.first_interesting(candidates)
@@ -66,13 +66,13 @@ def _with_context(reducer, node: int) -> bool:
     If whose branches differ, a dynamic input): its ancestors within 1, 2, 4 … 32 hops, one call
     each, until one reproduces or the cone stops growing."""
     cone, depth = frozenset([node]), 0
-    while depth < 32 and len(cone) < len(reducer.best):
+    while depth < 32 and reducer.smaller(cone):
         depth = max(1, depth * 2)
         grown = _ancestors(reducer, node, depth)
         if grown == cone:
             break
         cone = grown
-        if len(cone) < len(reducer.best) and reducer.test(cone):
+        if reducer.smaller(cone) and reducer.test(cone):
             reducer.accept(cone, f"the node the engine's message names, with its inputs' producers ({depth} hops)")
             return True
     return False

@@ -19,6 +19,15 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from reprokit.engine.oracle import check_reference_finite
+from reprokit.errors import ReferenceFailure
+from reprokit.graph.extract import Extraction
+from reprokit.graph.model import save_model
+from reprokit.shrink.evaluator import Member, judge_member, judge_members
+from reprokit.shrink.reducer import BudgetExhausted
 
 MIN_ELEMENTS = 16  # inputs this small are left as they are
 
@@ -69,9 +78,6 @@ def _groups(model, feeds: dict) -> list[list[tuple[str, int]]]:
 
 
 def _slice(base: ShapeTry, group: list, start: int, size: int, label: str) -> ShapeTry:
-    import onnx
-    from onnx import numpy_helper
-
     model = onnx.ModelProto()
     model.CopyFrom(base.model)
     feeds = dict(base.feeds)
@@ -131,100 +137,84 @@ def _combine(current: ShapeTry, holding: list[ShapeTry]) -> ShapeTry | None:
     return combined
 
 
-class ShapeJudge:
-    """Reference then target on tries; counts calls against ``calls_left`` (None: no limit)."""
+def crop_key(attempt: ShapeTry) -> str:
+    """A try's crop as the journal knows it: each input's window, per axis."""
+    return ";".join(f"{name}:" + ",".join(f"{start}+{size}" for start, size in box)
+                    for name, box in sorted(attempt.windows.items()))
 
-    def __init__(self, oracle, signature, severity, folder: str, packed: bool, calls_left: int | None,
-                 same_node_names: bool = False):
-        self.oracle, self.signature, self.severity = oracle, signature, severity
-        self.folder, self.packed, self.calls_left = folder, packed, calls_left
-        self.same_node_names = same_node_names  # fp32-nodes= names nodes: every packed copy keeps them
-        self.calls = 0
+
+class ShapeJudge:
+    """Reference runs on tries, then the evaluator judges them (the only pack builder): one
+    packed call for numeric signatures, one by one for pass/fail ones. Tries are candidates of
+    the Reducer's current best (``nodes``) with a crop: journaled under the one key, counted
+    against the run's budget (``calls_left``, None: no limit)."""
+
+    def __init__(self, reducer, nodes: frozenset, folder: str, calls_left: int | None):
+        self.reducer, self.nodes, self.folder, self.calls_left = reducer, frozenset(nodes), folder, calls_left
+        self._spent = reducer.spent
+
+    @property
+    def packed(self) -> bool:
+        return self.reducer.packing == "numeric"
+
+    @property
+    def calls(self) -> int:
+        return self.reducer.spent - self._spent
 
     def can_call(self, reserve: int = 0) -> bool:
         return self.calls_left is None or self.calls + reserve < self.calls_left
 
     def _reference(self, attempt: ShapeTry, path: str) -> dict | None:
-        from reprokit.engine.oracle import check_reference_finite
-        from reprokit.errors import ReferenceFailure
-
         try:
-            result = self.oracle.run_reference(path, attempt.feeds, attempt.outputs)
+            result = self.reducer.oracle.run_reference(path, attempt.feeds, attempt.outputs)
         except ReferenceFailure:
             return None  # the graph does not take these shapes (a Reshape to a fixed size …)
         outputs = dict(result.outputs)
         result.discard()
         try:
-            check_reference_finite(outputs, self.oracle.reference)
+            check_reference_finite(outputs, self.reducer.oracle.reference)
         except ReferenceFailure:
             return None
         return outputs
 
-    def holds(self, verdict) -> bool:
-        if not (verdict.diverges and self.signature.same_bug(verdict.signature)):
-            return False
-        error = max((o.error for o in verdict.outputs), default=None)
-        return self.severity is None or error is None or error >= self.severity
+    def _member(self, attempt: ShapeTry, reference: dict) -> Member:
+        return Member(self.nodes, Extraction(attempt.model, attempt.feeds, list(reference)), reference,
+                      crop=crop_key(attempt))
 
     def judge(self, tries: list[ShapeTry]) -> list[bool]:
         """Which tries show the signature. Each try's reference runs on its own (a try the graph
-        cannot take at its shapes drops out there, with no target call); numeric tries then share
-        one packed target call, pass/fail ones are judged in order until one holds."""
-        from reprokit.graph.model import save_model
-
+        cannot take at its shapes drops out there, with no target call); the evaluator judges
+        the rest within the budget."""
         found = [False] * len(tries)
         ready = []
         for number, attempt in enumerate(tries):
             path = save_model(attempt.model, os.path.join(self.folder, f"shape_try_{number}.onnx"))
             reference = self._reference(attempt, path)
             if reference is not None:
-                ready.append((number, attempt, path, reference))
-        if self.packed and len(ready) > 1 and self.can_call() and self._judge_packed(ready, found):
+                ready.append((number, self._member(attempt, reference)))
+        if not ready or not self.can_call():
             return found
-        for number, attempt, path, reference in ready:
-            if not self.can_call():
-                break
-            self.calls += 1
-            found[number] = self.holds(self.oracle.judge(path, attempt.feeds, reference_outputs=reference))
-            if found[number]:
-                break  # one by one, the first that holds is taken
+        try:
+            outcomes = judge_members(self.reducer, [member for _, member in ready])
+        except BudgetExhausted:
+            return found
+        for (number, _), outcome in zip(ready, outcomes):
+            found[number] = outcome is not None and outcome.interesting
         return found
 
-    def _judge_packed(self, ready: list, found: list[bool]) -> bool:
-        from reprokit.engine.worker import WorkerResult
-        from reprokit.graph.extract import Extraction
-        from reprokit.graph.model import save_model
-        from reprokit.graph.pack import build_pack
-
-        pack = build_pack([Extraction(a.model, a.feeds, list(r)) for _, a, _, r in ready], keep_node_names=False,
-                          same_node_names=self.same_node_names)
-        path = save_model(pack.model, os.path.join(self.folder, "shape_pack.onnx"))
-        self.calls += 1
-        result = self.oracle.run_target(path, pack.feeds)
-        if result.status != "ok":
-            result.discard()
-            return False  # refused as a whole: one by one
-        try:
-            for member, (number, _, _, reference) in zip(pack.members, ready):
-                outputs = {o: result.outputs[p] for p, o in member.outputs.items() if p in result.outputs}
-                own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
-                found[number] = set(outputs) == set(reference) and self.holds(self.oracle.verdict_from(own, reference))
-        finally:
-            result.discard()
-        return True
-
     def alone(self, attempt: ShapeTry):
-        """The verdict of one try judged alone, with its reference; None if it cannot run."""
-        from reprokit.graph.model import save_model
-
+        """(interesting, verdict, reference) of one try judged alone; None if it cannot run."""
         if not self.can_call():
             return None
         path = save_model(attempt.model, os.path.join(self.folder, "shape_final.onnx"))
         reference = self._reference(attempt, path)
         if reference is None:
             return None
-        self.calls += 1
-        return self.oracle.judge(path, attempt.feeds, reference_outputs=reference), reference
+        try:
+            outcome, verdict = judge_member(self.reducer, self._member(attempt, reference))
+        except BudgetExhausted:
+            return None
+        return outcome.interesting, verdict, reference
 
 
 def shrink_shapes(judge: ShapeJudge, model, feeds: dict, outputs: list, on_event=None) -> dict | None:
@@ -272,9 +262,9 @@ def shrink_shapes(judge: ShapeJudge, model, feeds: dict, outputs: list, on_event
     if not steps:
         return None
     judged = judge.alone(current)
-    if judged is None or not judge.holds(judged[0]):
+    if judged is None or not judged[0]:
         return None  # the last word is a single model: a packed "holds" is not enough
-    verdict, reference = judged
+    _, verdict, reference = judged
     for output in current.model.graph.output:  # the written model declares its outputs' shapes again
         if output.name in reference and output.type.HasField("tensor_type"):
             shape = output.type.tensor_type.shape

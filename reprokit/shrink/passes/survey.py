@@ -73,6 +73,8 @@ def pairs(reducer) -> bool:
 def _accept(reducer, candidates, hit) -> bool:
     if hit is None:
         return False
+    if not reducer.smaller(candidates[hit]):
+        return True  # the best is that pair already (a two-node model): nothing to accept
     what = "one node" if len(candidates[hit]) == 1 else "a producer→consumer pair"
     reducer.accept(candidates[hit], f"{what} that diverges alone (isolated survey)")
     return True
