@@ -150,6 +150,10 @@ def print_backends(rows) -> None:
     out.print(table)
 
 
+def _number(value) -> str:
+    return value if isinstance(value, str) or value is None else f"{value:.3g}"
+
+
 def print_attribution(result) -> None:
     """An accumulated error: no model is called minimal; where the error comes from instead."""
     s = result.summary
@@ -166,8 +170,16 @@ def print_attribution(result) -> None:
         error = row["error"]
         table.add_row(row["node"], row["op"], error if isinstance(error, str) else f"{error:.3g}", row["kind"])
     out.print(table)
-    if found["fp32_nodes"]:
-        out.print(f"  fp32       keep these in fp32 (untested as a set): fp32-nodes={found['fp32_nodes']}")
+    tested = found.get("workaround") or {}
+    if tested.get("agrees"):
+        out.print(f"  fp32       tested: {tested['setting']} → {tested['verdict']} (error {_number(tested['error'])}, "
+                  f"tolerance {tested['tolerance']:g}; {tested['size']} of {tested['ranked']} ranked nodes, "
+                  f"{tested['calls']} target calls)")
+    elif tested.get("reason"):
+        out.print(f"  fp32       no per-node precision to suggest: {tested['reason']}")
+    elif found["fp32_nodes"]:
+        out.print(f"  fp32       keep these in fp32 (untested as a set): fp32-nodes={found['fp32_nodes']}"
+                  + (f" — {tested['note']}" if tested.get("note") else ""))
     out.print(f"  wrote      {os.path.join(result.out_dir, 'summary.json')} (attribution: top, cumulative)"
               + (f", {s['report']} (the whole model; ISSUE.md with the attribution)" if s.get("report") else ""))
     for note in result.notes[:-1]:

@@ -288,7 +288,9 @@ def test_sweep_plan_for_tensorrt_orders_settings_by_size():
     ]
     assert [s.rank for s in settings] == sorted(s.rank for s in settings)
     ov = {s.key: s for s in plan("openvino:bf16", [["a"]], (False, "none"), None)}
-    assert ov["fp32-nodes"].target is None and ov["narrow"].target == "openvino:f16"
+    assert ov["fp32-nodes"].target == "openvino:bf16,fp32-nodes=a" and ov["narrow"].target == "openvino:f16"
+    f32 = {s.key: s for s in plan("openvino:f32", [["a"]], (False, "none"), None)}
+    assert f32["fp32-nodes"].target is None and "f32 already" in f32["fp32-nodes"].reason
     assert ov["fp32"].target == "openvino:f32" and ov["batch"].target is None
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from reprokit.audit.precision import fp32_nodes_support
 from reprokit.errors import EngineUnavailable, ReferenceFailure, ReprokitError
 from reprokit.spec import TargetSpec, parse_target
 
@@ -79,7 +80,8 @@ def plan(target: str, candidates: list[list[str]], layernorm: tuple[bool, str], 
     if engine == "cmd":
         return [Setting("all", "every setting", 0, None, reason="a cmd target has no settings reprokit can vary")]
     # 1. suspected nodes in fp32
-    if (engine == "emulate" or gpu) and narrow:
+    per_node, why = fp32_nodes_support(target)
+    if per_node:
         usable = [c for c in candidates if c and not any(("," in n or ";" in n) for n in c)]
         for nodes in usable:
             settings.append(Setting("fp32-nodes", f"keep {len(nodes)} node{'s' if len(nodes) > 1 else ''} in fp32: "
@@ -88,8 +90,6 @@ def plan(target: str, candidates: list[list[str]], layernorm: tuple[bool, str], 
             settings.append(Setting("fp32-nodes", "keep the suspected nodes in fp32", 1, None,
                                     reason="no suspected node (no range finding, no layerwise divergence)"))
     else:
-        why = ("the openvino target has one INFERENCE_PRECISION_HINT for the whole model, no per-node option"
-               if engine == "openvino" else f"{spec} computes in fp32 already")
         settings.append(Setting("fp32-nodes", "keep the suspected nodes in fp32", 1, None, reason=why))
     # 2. LayerNorm as one node
     available, words = layernorm

@@ -10,6 +10,7 @@ through the one name OpenVINO happens to report.
 from __future__ import annotations
 
 import re
+import tempfile
 
 import numpy as np
 
@@ -39,6 +40,8 @@ class OpenVinoBackend(Backend):
         "bf16": OptionDoc("inference precision bf16 (needs a CPU with BF16 support; the default)"),
         "f16": OptionDoc("inference precision f16 (needs a CPU with FP16 support)"),
         "f32": OptionDoc("inference precision f32"),
+        "fp32-nodes": OptionDoc("with bf16/f16: keep these ONNX nodes' operations in f32 (marked precise), "
+                                "';'-separated (fp32-nodes=a;b)", "str"),
     }
     deterministic = True
     install_hint = "pip install 'reprokit[openvino]'  (or: pip install openvino)"
@@ -48,6 +51,12 @@ class OpenVinoBackend(Backend):
     def validate(cls, spec: TargetSpec) -> None:
         if sum(spec.has(h) for h in _HINTS) > 1:
             raise UsageError("openvino takes one precision: bf16, f16 or f32", hint="e.g. openvino:bf16")
+        if spec.has("fp32-nodes"):
+            if not [n for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip()]:
+                raise UsageError("openvino fp32-nodes names no node", hint="e.g. openvino:bf16,fp32-nodes=/ln/Add;/ln/Mul")
+            if spec.has("f32"):
+                raise UsageError("openvino fp32-nodes only matters with bf16 or f16: f32 computes in f32 already",
+                                 hint="e.g. --target openvino:bf16,fp32-nodes=NODE")
 
     def hint(self) -> str:
         return next((h for h in _HINTS if self.spec.has(h)), "bf16")
@@ -92,10 +101,25 @@ class OpenVinoBackend(Backend):
             raise BuildError(f"OpenVINO failed to read the model: {engine_reason(exc)}\n{exc}") from exc
         bound = bind_inputs(model.inputs, graph_inputs, feeds)
         reshape_to_feeds(model, bound)
-        try:
-            compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
-        except Exception as exc:
-            raise BuildError(f"OpenVINO failed to compile the model: {engine_reason(exc)}\n{exc}") from exc
+        keep = [n.strip() for n in str(self.spec.get("fp32-nodes", "")).split(";") if n.strip()]
+        meta: dict = {}
+        config = {"INFERENCE_PRECISION_HINT": hint}
+        with tempfile.TemporaryDirectory(prefix="reprokit-openvino-") as tmp:
+            if keep:
+                model, marked = keep_precise(core, model, model_path, keep, tmp)
+                meta["fp32_nodes"] = keep
+            try:
+                compiled = core.compile_model(model, "CPU", config)
+                if keep and narrow_ops(compiled, marked):
+                    # The CPU plugin's snippets fuse ops into subgraphs that run in the hint's
+                    # precision whatever their marks say: with them off, the marks hold.
+                    config["SNIPPETS_MODE"] = "DISABLE"
+                    compiled = core.compile_model(model, "CPU", config)
+                    meta["snippets"] = "disabled: the CPU plugin's snippets would fuse marked nodes into bf16/f16 code"
+            except Exception as exc:
+                raise BuildError(f"OpenVINO failed to compile the model: {engine_reason(exc)}\n{exc}") from exc
+            if keep:
+                meta["fp32_nodes_not_kept"] = sorted({marked[n] for n in narrow_ops(compiled, marked)})
         ports = output_ports([set(p.get_names()) for p in compiled.outputs], graph_outputs,
                              output_names or graph_outputs)
         missing = [n for n, index in ports.items() if index is None]
@@ -109,7 +133,80 @@ class OpenVinoBackend(Backend):
             raise BuildError(f"OpenVINO failed to run the model: {engine_reason(exc)}\n{exc}") from exc
         actual = compiled.get_property("INFERENCE_PRECISION_HINT")
         name = actual.get_type_name() if hasattr(actual, "get_type_name") else str(actual)
-        return RunResult(outputs=outputs, meta={"inference_precision": name, "device": "CPU"})
+        return RunResult(outputs=outputs, meta={"inference_precision": name, "device": "CPU", **meta})
+
+
+def keep_precise(core, model, model_path: str, keep: list[str], tmp: str):
+    """``model`` with the operations of the ONNX nodes ``keep`` marked precise (OpenVINO's
+    ``DisableFP16Compression`` runtime attribute: the CPU plugin leaves such operations in f32
+    under a bf16/f16 hint). Python cannot create that attribute, so it travels through the IR,
+    whose reader makes it from ``<attribute name="precise" version="0"/>``. An ONNX node may
+    become several operations: every operation between the node's output ports and its inputs
+    is marked. Returns (the marked model, marked operation name -> ONNX node)."""
+    import xml.etree.ElementTree as ElementTree
+
+    import onnx
+    import openvino as ov
+
+    from reprokit.graph.model import check_node_names, name_unnamed_nodes
+
+    graph = onnx.load(model_path, load_external_data=False)
+    name_unnamed_nodes(graph)
+    check_node_names(graph, keep)
+    nodes = {n.name: n for n in graph.graph.node}
+    onnx_tensors = {t for n in graph.graph.node for t in n.output if t}
+    by_tensor = {}
+    for op in model.get_ops():
+        for port in op.outputs():
+            for name in port.get_names():
+                by_tensor.setdefault(name, op)
+    marked: dict[str, str] = {}
+    for label in keep:
+        node = nodes.get(label)
+        if node is None:  # a node inside an If/Loop body: its operations carry no name to find
+            continue
+        # another ONNX node's tensor (this node's inputs, or any name OpenVINO kept) ends the walk
+        stop = onnx_tensors - set(node.output)
+        todo = [by_tensor[t] for t in node.output if t in by_tensor]
+        seen = set()
+        while todo:
+            op = todo.pop()
+            if id(op) in seen or op.get_type_name() in ("Parameter", "Constant", "Result"):
+                continue
+            seen.add(id(op))
+            fresh = f"reprokit_precise_{len(marked)}"
+            op.set_friendly_name(fresh)
+            marked[fresh] = label
+            for source in op.input_values():
+                if not (set(source.get_names()) & stop):
+                    todo.append(source.get_node())
+    xml, weights = f"{tmp}/marked.xml", f"{tmp}/marked.bin"
+    ov.save_model(model, xml, compress_to_fp16=False)
+    tree = ElementTree.parse(xml)
+    for layer in tree.getroot().iter("layer"):
+        if layer.get("name") in marked:
+            info = layer.find("rt_info")
+            if info is None:
+                info = ElementTree.SubElement(layer, "rt_info")
+            ElementTree.SubElement(info, "attribute", {"name": "precise", "version": "0"})
+    tree.write(xml)
+    return core.read_model(xml, weights), marked
+
+
+def narrow_ops(compiled, marked: dict) -> list[str]:
+    """The marked operations the compiled model may not run in f32: in an operation that runs
+    in bf16/f16, or fused into a snippets Subgraph (its reported precision is that of its ports,
+    not of what it computes inside)."""
+    found = []
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if "originalLayersNames" not in info:
+            continue
+        kind = info["layerType"].astype(str) if "layerType" in info else ""
+        precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else ""
+        if kind == "Subgraph" or precision in ("bf16", "f16"):
+            found += [n for n in info["originalLayersNames"].astype(str).split(",") if n in marked]
+    return found
 
 
 # Lines of OpenVINO's errors that locate or introduce the reason rather than give it.

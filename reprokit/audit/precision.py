@@ -1,0 +1,390 @@
+"""The tested precision workaround: the smallest set of nodes that, kept in fp32 on the target,
+brings the WHOLE model within tolerance — found over a ranking (each node's own error, largest
+first) and run exactly as printed before it is offered.
+
+Two searches, chosen by the engine, never by the caller:
+
+- **packed** (``emulate``; ``ort:cuda,fp16|bf16``, whose conversion keeps nodes by name too): one
+  call holds several whole-model copies, each with its own node names (``rk3/…``), and one
+  ``fp32-nodes=`` list names each copy's own set, so one call judges several candidate sets:
+  prefix sizes 1, 2, 4, … first, then evenly spaced sizes inside the bracket, then every "the set
+  minus one node" to drop what the set does not need;
+- **bisection** over the prefix size elsewhere (OpenVINO, TensorRT: one build per size, as
+  ``polygraphy debug precision`` does over the topological order); each call is already the
+  printed setting on the user's model, so the last agreeing one is the answer.
+
+Whatever the search, the answer offered is one call of the printed target spec on the model the
+user gave (its result travels beside it). Owns no oracle construction (the caller passes
+``oracle_for``), no archive and no words for the console.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import dataclass, field, replace
+
+from reprokit.graph.extract import bodies, rename_outer_refs
+from reprokit.graph.model import name_unnamed_nodes
+from reprokit.spec import TargetSpec, parse_target
+
+PACK_WIDTH = 8  # whole-model copies per packed call
+
+
+def fp32_nodes_support(target: str) -> tuple[bool, str]:
+    """(does the target keep chosen nodes in fp32, why not / how). Engines with no per-node
+    precision are said so, never offered an ``fp32-nodes=`` they would refuse."""
+    spec = parse_target(target)
+    narrow = [p for p in ("fp16", "bf16", "int8", "fp8") if spec.has(p)]
+    if spec.engine == "emulate":
+        return True, "the emulator leaves the named nodes' outputs unrounded"
+    if spec.engine == "ort":
+        if spec.has("cuda") and narrow:
+            return True, "onnxruntime CUDA keeps the named nodes in float32 between Casts"
+        return False, f"{spec} computes in fp32 already: there is no narrow type to keep nodes out of"
+    if spec.engine == "trt":
+        if narrow:
+            return True, "TensorRT pins the named nodes' layers to FP32 (precision constraints) or keeps them between Casts"
+        return False, f"{spec} computes in fp32 (TF32 aside): no narrow type to keep nodes out of"
+    if spec.engine == "openvino":
+        if not (spec.has("f32")):
+            return True, "OpenVINO marks the named nodes' operations precise (rt_info), so the CPU plugin keeps them in f32"
+        return False, "openvino:f32 computes in f32 already"
+    return False, f"the {spec.engine} engine has no per-node precision reprokit can set"
+
+
+def packable(target: str) -> bool:
+    """Can one call judge several fp32 sets (whole-model copies with their own names)?"""
+    spec = parse_target(target)
+    if spec.engine == "emulate":
+        return True
+    return spec.engine == "ort" and spec.has("cuda") and (spec.has("fp16") or spec.has("bf16"))
+
+
+def with_nodes(target: str, nodes) -> str:
+    """``target`` with ``fp32-nodes=`` set to ``nodes`` (replacing any given)."""
+    spec = parse_target(target)
+    options = [(k, v) for k, v in spec.options if k != "fp32-nodes"]
+    if nodes:
+        options.append(("fp32-nodes", ";".join(nodes)))
+    return str(TargetSpec(spec.engine, tuple(options), spec.command))
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate set judged on the whole model."""
+
+    size: int
+    nodes: tuple[str, ...]
+    agrees: bool
+    error: float | None
+    packed: bool
+    call: int  # the target call (1-based) that judged it
+    kind: str = "agree"  # the verdict's kind: agree, mismatch, nonfinite, …
+
+    def to_json(self) -> dict:
+        return {"size": self.size, "agrees": self.agrees, "kind": self.kind, "error": _json(self.error), "packed": self.packed,
+                "call": self.call, **({"nodes": list(self.nodes)} if self.size <= 12 else {})}
+
+
+@dataclass
+class Workaround:
+    method: str  # packed, bisection, none
+    ranked: int  # nodes in the ranking
+    nodes: list[str] = field(default_factory=list)
+    setting: str = ""  # the printed target spec, run exactly so
+    verdict: str = ""  # that run's verdict: agree, mismatch, nonfinite, …
+    error: float | None = None
+    tolerance: float | None = None
+    agrees: bool = False
+    calls: int = 0  # target calls of the search, the confirming run included
+    trials: list[Trial] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "ranked": self.ranked, "nodes": self.nodes, "size": len(self.nodes),
+                "setting": self.setting, "verdict": self.verdict, "error": _json(self.error),
+                "tolerance": self.tolerance, "agrees": self.agrees, "calls": self.calls,
+                "trials": [t.to_json() for t in self.trials], "note": self.note}
+
+
+def ranking(isolated: dict, label, model) -> list[str]:
+    """Node labels by their own error (fed with reference inputs), largest first; nodes whose
+    output the narrow type leaves exactly as the reference (error 0: Identity, Reshape, integer
+    ops) are left out — keeping them in fp32 changes nothing."""
+    scored = [(float(o.error), label(i)) for i, o in isolated.items()
+              if o.error is not None and float(o.error) != 0.0]
+    scored = [(e if e == e else math.inf, n) for e, n in scored]
+    names = [n for _, n in sorted(scored, key=lambda s: -s[0])]
+    return [n for n in names if "," not in n and ";" not in n]
+
+
+class Search:
+    """Judges fp32 sets on the whole model. ``oracle_for(spec)`` builds an oracle for a target
+    spec; ``reference`` holds the graph outputs of the reference run on ``feeds``."""
+
+    def __init__(self, model, model_path: str, feeds: dict, reference: dict, target: str, oracle_for, workdir: str,
+                 weights_dir: str | None = None, ledger=None, width: int = PACK_WIDTH):
+        self.model = model
+        self.path = model_path
+        self.feeds = feeds
+        self.reference = reference
+        self.target = target
+        self.oracle_for = oracle_for
+        self.workdir = workdir
+        self.weights_dir = weights_dir
+        self.ledger = ledger
+        self.width = width
+        self.calls = 0
+        self.trials: list[Trial] = []
+        self.criterion = None
+        self._alone: dict[tuple[str, ...], tuple[str, object]] = {}  # deterministic engines: asked once
+        os.makedirs(workdir, exist_ok=True)
+
+    # ------------------------------------------------------------- one call
+
+    def _run(self, spec: str, path: str, feeds: dict, what: str):
+        oracle = self.oracle_for(spec)
+        oracle.weights_dir = self.weights_dir
+        self.calls += 1
+        if self.ledger is not None:
+            result = self.ledger.run("precision", "target", oracle, what, path, feeds)
+        else:
+            result = oracle.run_target(path, feeds)
+        return oracle, result
+
+    def alone(self, nodes: list[str]):
+        """The printed setting on the user's model: (spec, verdict)."""
+        if tuple(nodes) in self._alone:
+            return self._alone[tuple(nodes)]
+        spec = with_nodes(self.target, nodes)
+        oracle, result = self._run(spec, self.path, self.feeds, f"fp32-nodes: {len(nodes)} nodes")
+        verdict = oracle.verdict_from(result, self.reference)
+        self.criterion = verdict.criterion
+        worst = verdict.worst()
+        error = float(worst.error) if worst is not None else None
+        self.trials.append(Trial(len(nodes), tuple(nodes), not verdict.diverges, error, False, self.calls,
+                                 verdict.kind.value))
+        self._alone[tuple(nodes)] = spec, verdict
+        return spec, verdict
+
+    def judge(self, sets: list[list[str]]) -> list[Trial]:
+        """Every set judged on the whole model: packed copies where the engine allows, else one
+        call each."""
+        if not packable(self.target) or len(sets) == 1:
+            out = []
+            for nodes in sets:
+                self.alone(nodes)
+                out.append(self.trials[-1])
+            return out
+        out = []
+        for start in range(0, len(sets), self.width):
+            out.extend(self._packed(sets[start:start + self.width]))
+        return out
+
+    def _packed(self, sets: list[list[str]]) -> list[Trial]:
+        import onnx
+
+        model, outputs, names = copies(self.model, sets)
+        path = os.path.join(self.workdir, f"copies-{uuid.uuid4().hex}.onnx")
+        onnx.save(model, path)
+        try:
+            oracle, result = self._run(with_nodes(self.target, names), path, self.feeds,
+                                       f"{len(sets)} fp32 sets, packed")
+        finally:
+            os.remove(path)
+        trials = []
+        for nodes, mapping in zip(sets, outputs):
+            if result.status == "ok":
+                own = replace(result, outputs={orig: result.outputs[packed] for packed, orig in mapping.items()
+                                               if packed in result.outputs})
+            else:
+                own = result
+            verdict = oracle.verdict_from(own, self.reference)
+            self.criterion = verdict.criterion
+            worst = verdict.worst()
+            trials.append(Trial(len(nodes), tuple(nodes), not verdict.diverges,
+                                float(worst.error) if worst is not None else None, True, self.calls,
+                                verdict.kind.value))
+        self.trials.extend(trials)
+        return trials
+
+
+def copies(model, sets: list[list[str]]):
+    """One model holding a copy of ``model`` per set: graph inputs and weights shared, every node
+    and computed tensor renamed ``rk{i}/…``. Returns (model, per copy {packed output: output},
+    the fp32-nodes names of every copy)."""
+    import onnx
+    from onnx import helper
+
+    source = onnx.ModelProto.FromString(model.SerializeToString())
+    name_unnamed_nodes(source)
+    graph = source.graph
+    shared = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    computed = {o for n in graph.node for o in n.output if o}
+    packed = onnx.GraphProto(name="reprokit_fp32_sets")
+    packed.input.extend(graph.input)
+    packed.initializer.extend(graph.initializer)
+    weights = {t.name: t for t in graph.initializer}
+    outputs, names = [], []
+    for number, keep in enumerate(sets):
+        prefix = f"rk{number}/"
+        mapping = {t: prefix + t for t in computed if t not in shared}
+        # A weight a kept node reads gets this copy's own: engines decide a shared weight's
+        # type from all its readers (the emulator leaves it unrounded only when every reader
+        # is kept), and the other copies' readers are not this copy's business.
+        kept = set(keep)
+        for node in graph.node:
+            if node.name in kept:
+                for name in node.input:
+                    if name in weights and name not in mapping:
+                        mapping[name] = prefix + name
+                        private = onnx.TensorProto()
+                        private.CopyFrom(weights[name])
+                        private.name = mapping[name]
+                        packed.initializer.append(private)
+        for node in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = prefix + node.name
+            copy.input[:] = [mapping.get(i, i) for i in copy.input]
+            copy.output[:] = [mapping.get(o, o) for o in copy.output]
+            for body in bodies(copy):
+                rename_outer_refs(body, mapping, set())
+            packed.node.append(copy)
+        own = {}
+        for value in graph.output:
+            out = onnx.ValueInfoProto()
+            out.CopyFrom(value)
+            out.name = mapping.get(value.name, value.name)
+            if out.name in own:
+                continue  # an input passed straight through: read once
+            packed.output.append(out)
+            own[out.name] = value.name
+        outputs.append(own)
+        names.extend(prefix + n for n in keep)
+    made = helper.make_model(packed, opset_imports=list(source.opset_import), ir_version=source.ir_version,
+                             producer_name="reprokit")
+    made.functions.extend(source.functions)
+    return made, outputs, names
+
+
+def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Workaround:
+    """The smallest prefix of ``ranked`` that agrees, pruned to the nodes it needs (packed
+    engines), confirmed by one call of the printed setting."""
+    found = Workaround("packed" if packable(search.target) else "bisection", len(ranked))
+    if not ranked:
+        found.method, found.note = "none", "no node has an error of its own to keep in fp32"
+        return found
+    size = _packed_prefix(search, ranked) if packable(search.target) else _bisect_prefix(search, ranked)
+    if size is None:
+        found.note = f"even all {len(ranked)} ranked nodes in fp32 do not bring the model within tolerance"
+        last = next(t for t in reversed(search.trials) if t.size == len(ranked))
+        found.error, found.verdict = last.error, last.kind
+        found.calls = search.calls
+        found.trials = list(search.trials)
+        return found
+    nodes = ranked[:size]
+    if packable(search.target) and size > 1:
+        nodes = _prune(search, nodes, prune)
+    spec, verdict = search.alone(nodes)
+    if verdict.diverges and len(nodes) < size:
+        # agreed as a packed copy but not alone (an engine may choose otherwise for one copy): the prefix
+        nodes = ranked[:size]
+        spec, verdict = search.alone(nodes)
+    _fill(found, search, nodes, spec, verdict)
+    return found
+
+
+def _prune(search: Search, nodes: list[str], calls: int) -> list[str]:
+    """Drop what the set does not need, ddmin's complement step in packed calls: the set split in
+    up to ``width`` parts, every "set minus one part" judged in one call, the first that agrees
+    taken; parts shrink to single nodes (1-minimal when the budget of ``calls`` lasts)."""
+    parts = min(search.width, len(nodes))
+    start = search.calls
+    while search.calls - start < calls:
+        if len(nodes) <= 1:
+            break
+        chunks = [nodes[i * len(nodes) // parts:(i + 1) * len(nodes) // parts] for i in range(parts)]
+        candidates = [[n for n in nodes if n not in set(chunk)] for chunk in chunks if chunk]
+        trials = search.judge(candidates)
+        kept = next((c for c, t in zip(candidates, trials) if t.agrees and c), None)
+        if kept is not None:
+            nodes = kept
+            parts = max(2, min(parts - 1, len(nodes)))
+        elif parts >= len(nodes):
+            break  # every single node is needed: 1-minimal
+        else:
+            parts = min(len(nodes), parts * 2)
+    return nodes
+
+
+def _fill(found: Workaround, search: Search, nodes, spec, verdict) -> None:
+    worst = verdict.worst()
+    found.nodes = list(nodes)
+    found.setting = spec
+    found.verdict = verdict.kind.value
+    found.error = float(worst.error) if worst is not None else None
+    found.tolerance = verdict.criterion.tolerance
+    found.agrees = not verdict.diverges
+    found.calls = search.calls
+    found.trials = list(search.trials)
+
+
+def _packed_prefix(search: Search, ranked: list[str]) -> int | None:
+    """Smallest agreeing prefix size: sizes 1, 2, 4, … (and all) in one call, then evenly spaced
+    sizes inside the bracket until it is one wide."""
+    n = len(ranked)
+    sizes = sorted({min(n, 2 ** k) for k in range(int(math.log2(n)) + 1)} | {n})
+    if len(sizes) > search.width:  # the largest sizes matter least: thin them out, keep n
+        sizes = sizes[:search.width - 1] + [n]
+    bad, good = 0, None
+    while True:
+        trials = search.judge([ranked[:s] for s in sizes])
+        for size, trial in zip(sizes, trials):
+            if trial.agrees:
+                good = size
+                break
+            bad = max(bad, size)
+        if good is None:
+            if sizes[-1] == n:
+                return None
+            sizes = _between(sizes[-1], n + 1, search.width)
+            continue
+        if good - bad <= 1:
+            return good
+        sizes = _between(bad, good, search.width)
+
+
+def _between(bad: int, good: int, width: int) -> list[int]:
+    """Up to ``width`` sizes strictly between ``bad`` and ``good``, evenly spaced."""
+    inner = list(range(bad + 1, good))
+    if len(inner) <= width:
+        return inner
+    step = len(inner) / width
+    return sorted({inner[int(i * step)] for i in range(width)})
+
+
+def _bisect_prefix(search: Search, ranked: list[str]) -> int | None:
+    """Smallest agreeing prefix size by bisection, one call per size, all of the ranking first."""
+    n = len(ranked)
+    _, verdict = search.alone(ranked)
+    if verdict.diverges:
+        return None
+    bad, good = 0, n
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        _, verdict = search.alone(ranked[:mid])
+        if verdict.diverges:
+            bad = mid
+        else:
+            good = mid
+    return good
+
+
+def _json(value):
+    if value is None:
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != math.inf else str(value)

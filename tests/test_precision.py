@@ -1,0 +1,133 @@
+"""The tested precision workaround (audit/precision.py) and per-node precision on OpenVINO:
+packed fp32 sets judge what one call of each set alone judges, the set offered for an
+accumulated error agrees when run exactly as printed, and ``openvino:bf16,fp32-nodes=`` keeps
+the named nodes in f32 on the CPU plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import shrink_models as sm
+from conftest import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from reprokit.api import RunOptions, make_oracle
+from reprokit.audit import precision
+from reprokit.errors import UsageError
+from reprokit.spec import parse_target
+
+
+def accumulating_mlp(layers: int = 24):
+    """x[8,64] → layers × (MatMul → Tanh): each layer's bf16 error is small, together they add up."""
+    rng = np.random.default_rng(0)
+    nodes, inits, h = [], [], "x"
+    for k in range(layers):
+        inits.append(numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), f"w{k}"))
+        nodes += [helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                  helper.make_node("Tanh", [f"m{k}"], [f"t{k}"], name=f"tanh{k}")]
+        h = f"t{k}"
+    return sm.make(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                   [helper.make_tensor_value_info(h, TensorProto.FLOAT, [8, 64])], inits)
+
+
+def _search(tmp_path, model, target: str, tolerance: float = 0.01):
+    """A Search on ``model`` with a fixed random feed and its onnxruntime reference."""
+    import onnxruntime as ort
+
+    path = sm.save(model, tmp_path / "model.onnx")
+    feeds = {"x": np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)}
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    options = RunOptions(tolerance=tolerance)
+    return precision.Search(model, path, feeds, reference, target,
+                            lambda spec: make_oracle(spec, options, str(tmp_path / "calls")), str(tmp_path / "work"))
+
+
+def test_packed_sets_are_judged_as_each_set_alone(tmp_path):
+    """Three fp32 sets in one emulator call (whole-model copies, own names) give each set the
+    error one call of that set alone gives: the packing changes nothing the emulator computes."""
+    search = _search(tmp_path, accumulating_mlp(8), "emulate:bf16", tolerance=1e-3)
+    sets = [[], ["mm0", "tanh0"], [f"{op}{k}" for k in range(8) for op in ("mm", "tanh")]]
+    packed = search.judge(sets)
+    assert search.calls == 1 and all(t.packed for t in packed)
+    for nodes, trial in zip(sets, packed):
+        _, verdict = search.alone(nodes)
+        assert trial.error == pytest.approx(verdict.worst().error, rel=1e-6, abs=1e-12)
+    assert packed[2].error < packed[0].error  # keeping every node in fp32 does change the result
+
+
+def test_an_accumulated_error_comes_with_a_workaround_that_agrees_when_run_as_printed(tmp_path):
+    """The accumulated-error run prints a setting; `reprokit check` with exactly that setting, run
+    separately, agrees with the error the summary shows beside it."""
+    path = sm.save(accumulating_mlp(), tmp_path / "mlp.onnx")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:bf16", "--tol", "0.01", "-o", str(out), "--no-pack")
+    assert proc.returncode == 0, proc.stderr
+    tested = json.loads((out / "summary.json").read_text())["attribution"]["workaround"]
+    assert tested["agrees"] and tested["verdict"] == "agree" and 0 < tested["size"] < tested["ranked"]
+    assert "tested:" in proc.stdout and tested["setting"] in proc.stdout.replace("\n", "")
+    # packed search: far fewer calls than one build per bisection step over the ranking
+    assert tested["calls"] <= 6
+    again = run_cli("check", path, "--target", tested["setting"], "--tol", "0.01", "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    worst = max(o["error"] for o in json.loads(again.stdout)["verdict"]["outputs"])
+    assert worst == pytest.approx(tested["error"], rel=1e-6)
+
+
+def test_without_a_node_in_fp32_the_search_says_so():
+    """Engines (or settings) with no per-node precision are said so, never offered a set."""
+    assert precision.fp32_nodes_support("ort")[0] is False
+    assert "f32 already" in precision.fp32_nodes_support("openvino:f32")[1]
+    assert precision.fp32_nodes_support("openvino:bf16")[0] is True
+    assert precision.packable("emulate:fp16") and precision.packable("ort:cuda,fp16")
+    assert not precision.packable("openvino:bf16") and not precision.packable("trt:fp16")
+
+
+def _openvino_precision(hint: str) -> None:
+    pytest.importorskip("openvino", reason="OpenVINO not installed (pip install openvino)")
+    from reprokit.engine.backends.openvino import cpu_capabilities
+
+    capability = {"bf16": "BF16", "f16": "FP16"}[hint]
+    if capability not in cpu_capabilities():
+        pytest.skip(f"this CPU has no {capability} in OpenVINO's OPTIMIZATION_CAPABILITIES "
+                    f"({', '.join(cpu_capabilities())}): openvino:{hint} would silently run in f32")
+
+
+@pytest.mark.parametrize("hint", ["bf16", "f16"])
+def test_openvino_keeps_the_named_nodes_in_f32(tmp_path, hint):
+    """openvino:{hint},fp32-nodes=<every node> computes what f32 computes (to f32 rounding), and a
+    plain {hint} run does not: the marks reach the CPU plugin."""
+    _openvino_precision(hint)
+    search = _search(tmp_path, accumulating_mlp(6), f"openvino:{hint}", tolerance=1e-3)
+    every = [f"{op}{k}" for k in range(6) for op in ("mm", "tanh")]
+    _, plain = search.alone([])
+    _, kept = search.alone(every)
+    assert plain.worst().error > 1e-4
+    assert kept.worst().error < plain.worst().error / 3
+    assert kept.target_meta["fp32_nodes_not_kept"] == []
+
+
+def test_openvino_fp32_nodes_is_a_usage_error_only_where_it_means_nothing():
+    parse_target("openvino:bf16,fp32-nodes=a;b")  # accepted: OpenVINO has per-node precision
+    with pytest.raises(UsageError, match="f32 computes in f32 already"):
+        parse_target("openvino:f32,fp32-nodes=a")
+
+
+def test_bisection_on_openvino_gives_a_set_that_agrees_in_log_calls(tmp_path):
+    """No packing on OpenVINO: bisection over the ranking, one build per size, every call the
+    printed setting itself — the answer is the last agreeing call, no extra one."""
+    _openvino_precision("bf16")
+    search = _search(tmp_path, accumulating_mlp(12), "openvino:bf16", tolerance=3e-3)
+    _, plain = search.alone([])
+    if not plain.diverges:
+        pytest.skip(f"openvino:bf16 agrees on this model here (error {plain.worst().error:.3g}): nothing to search")
+    ranked = [f"{op}{k}" for k in range(12) for op in ("mm", "tanh")]
+    before = search.calls
+    found = precision.find_workaround(search, ranked)
+    assert found.method == "bisection" and found.agrees
+    assert search.calls - before <= 1 + int(np.ceil(np.log2(len(ranked))))
+    assert found.setting == precision.with_nodes("openvino:bf16", found.nodes)
+    assert os.path.basename(search.path) == "model.onnx"
