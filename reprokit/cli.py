@@ -198,17 +198,33 @@ def _engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
 
 
 @cli.command()
-@click.argument("model", required=False)
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
 @click.option("--target", "-t", required=True, help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16.")
 @run_options
 @torch_options
 @click.option("--layerwise", is_flag=True, help="Compare every intermediate tensor; show where divergence starts.")
 @click.option("--top", default=10, show_default=True, help="Rows of the layerwise table.")
 @click.option("--out", "-o", "out_dir", default=None, metavar="DIR",
-              help="Write inputs.npz, verdict.json and both engines' outputs here.")
+              help="Write inputs.npz, verdict.json and both engines' outputs here (several models: DIR/NAME/).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema reprokit.check/1).")
-def check(model, target, layerwise, top, out_dir, as_json, **kw):
-    """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge."""
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|auto|local",
+              help="Several MODELs: one Ray task each (docs/matrix.md); without it, a local pool.")
+@click.option("--gpus", default=None, metavar="KINDS", help="With --ray: each model on each GPU kind, e.g. L4,A100.")
+@click.option("--jobs", "-j", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Several MODELs without --ray: checks at once.")
+@click.pass_context
+def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gpus, jobs, **kw):
+    """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge (several
+    MODELs: 1 if any diverges)."""
+    if len(models) > 1 or ray_address or gpus:  # a zoo sweep: one `reprokit check` per model
+        from reprokit.matrix.fanout import check_many
+
+        passed = [a for p in ctx.command.params if p.name not in ("models", "ray_address", "gpus", "jobs", "out_dir",
+                                                                  "as_json") and _given(ctx, p.name)
+                  for a in _as_args(p, ctx.params[p.name])]
+        sys.exit(check_many(list(models), passed, out_dir=out_dir, as_json=as_json, ray_address=ray_address,
+                            gpus=gpus, jobs=jobs))
+    model = models[0] if models else None
     from reprokit import api as session
     from reprokit.console import err, print_check
     from reprokit.engine.inputs import feed_dtype, feed_shape
@@ -571,6 +587,8 @@ def _given(ctx, name: str) -> bool:
 def _as_args(param, value) -> list[str]:
     if getattr(param, "is_flag", False):
         return [param.opts[0]] if value else []
+    if getattr(param, "multiple", False):  # repeatable options: once per value
+        return [a for v in value for a in (param.opts[0], str(v))]
     return [param.opts[0], str(value)]
 
 

@@ -5,8 +5,8 @@ environment: ``uv venv`` with the chosen interpreter, then ``uv pip install`` of
 requirements (the engine package pinned to the cell's version; the companions resolved as of
 that release's upload date, so an old engine gets the numpy it was built against). Cached under
 ``~/.cache/reprokit/envs/<key>`` (``REPROKIT_ENV_CACHE`` moves it), the key a hash of the
-requirement set, the date and the interpreter; built in a temporary folder and renamed into place,
-under a file lock, so parallel cells never see half an environment or build one twice.
+requirement set, the date and the interpreter; built under a file lock and marked complete last,
+so parallel cells never use half an environment or build one twice.
 
 Standard library only: Ray workers import this with nothing but reprokit's own files.
 """
@@ -87,23 +87,23 @@ def ensure_env(request: EnvRequest, *, timeout: float = 900.0) -> Env:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key; the others wait, then reuse
         if os.path.exists(os.path.join(final, MARKER)):
             return _load(final, started)
+        # Built in place (console scripts name their interpreter by absolute path, so a renamed
+        # environment would break them); the marker, written last, says it is complete.
         shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of a killed build
-        staging = f"{final}.building-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
         try:
-            _uv(uv, ["venv", "--quiet", "--python", request.python, staging], timeout)
-            python = _python_in(staging)
+            _uv(uv, ["venv", "--quiet", "--python", request.python, final], timeout)
+            python = _python_in(final)
             args = ["pip", "install", "--quiet", "--python", python]
             if request.resolve_at:
                 args += ["--exclude-newer", request.resolve_at]
             _uv(uv, args + list(request.requirements), timeout)
             packages = _freeze(uv, python, timeout)
-            with open(os.path.join(staging, MARKER), "w") as handle:
+            with open(os.path.join(final, MARKER + ".tmp"), "w") as handle:
                 json.dump({"requirements": list(request.requirements), "resolve_at": request.resolve_at,
                            "python": _python_version(request.python), "packages": packages}, handle, indent=2)
-            os.rename(staging, final)
+            os.replace(os.path.join(final, MARKER + ".tmp"), os.path.join(final, MARKER))
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
             raise
     env = _load(final, started)
     env.built = True
