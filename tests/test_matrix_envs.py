@@ -16,7 +16,6 @@ import tarfile
 import urllib.request
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
