@@ -132,7 +132,7 @@ def test_issue_md_golden(tmp_path):
     error = compare_arrays("y", ref, np.full_like(ref, np.nan), Criterion())
     verdict = Verdict(Signature(Kind.NONFINITE, ("y",), "nan"), (error,), Criterion(), "ort", "trt:fp16", "fp16",
                       target_meta={"mode": "weakly-typed", "builder_flags": ["TF32", "FP16"]})
-    from reprokit.report.bundle import describe
+    from reprokit.report import describe
 
     env = {"tensorrt": {"distribution": "tensorrt", "version": "10.0.1.6"},
            "gpu": [{"name": "NVIDIA L4", "compute_capability": "8.9", "driver": "550.54"}],

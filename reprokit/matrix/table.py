@@ -62,7 +62,9 @@ def b_words(boundary: dict) -> str:
     return f"first reproducing release {boundary['after']} (last good {boundary['before']})"
 
 
-_LATEST_HEADING = re.compile(r"^## .*latest (release|version).*$", re.IGNORECASE | re.MULTILINE)
+# "## Have you tried [the latest release](…)?" (TensorRT's form) or "### Have you tried the latest
+# release?" (the OpenVINO and onnxruntime forms, whose fields are level-3 headings).
+_LATEST_HEADING = re.compile(r"^#{2,3} .*latest (release|version).*$", re.IGNORECASE | re.MULTILINE)
 
 
 def answer_in_issue(issue: str, answer: str) -> str:
@@ -71,6 +73,6 @@ def answer_in_issue(issue: str, answer: str) -> str:
     match = _LATEST_HEADING.search(issue)
     if match is None:
         return issue.rstrip("\n") + "\n\n## Where it reproduces (engine versions)\n\n" + answer + "\n"
-    following = re.search(r"^## ", issue[match.end():], re.MULTILINE)
+    following = re.search(r"^#{2,3} ", issue[match.end():], re.MULTILINE)
     end = match.end() + following.start() if following else len(issue)
     return issue[:match.end()] + "\n\n" + answer + "\n\n" + issue[end:].lstrip("\n")

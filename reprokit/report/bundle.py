@@ -24,6 +24,7 @@ from reprokit.report.archive import check_manifest, safe_extract, write_archive,
 from reprokit.report.envinfo import fingerprint
 from reprokit.report.envinfo import redact as redact_env
 from reprokit.report.render import render
+from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import parse_target
 from reprokit.standalone.arrays import save_npz
 from reprokit.standalone.checkpolicy import CheckPolicy
@@ -159,6 +160,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
     values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
                               expected_detail=verdict.signature.detail)
+    values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link
     if spec.engine == "cmd":
         values["command_heading"] = "The check command on the bundled files (also in `commands.sh`):"
         values["check_note"] = _check_note(bundled, needed)
@@ -177,7 +179,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     _write_logs(stage, result, spec, values)
     values["repro_output"] = repro.stdout.strip() + f"\n[exit code {repro.returncode}]"
     with open(os.path.join(stage, "ISSUE.md"), "w") as handle:
-        handle.write(render("ISSUE.md.j2", **values))
+        handle.write(render(issue_template(spec), **values))
     with open(os.path.join(stage, "README.md"), "w") as handle:
         handle.write(render("README.md.j2", **values))
     return reproduces

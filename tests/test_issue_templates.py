@@ -1,0 +1,104 @@
+"""ISSUE.md in each upstream's own form (issue 27): OpenVINO's bug.yml fields for ``openvino``,
+onnxruntime's issue form for ``ort``/``ort:cuda``, TensorRT's for ``trt`` (tests/test_report.py
+holds that golden). Rendered from fixed values; UPDATE_GOLDEN=1 rewrites the golden files. And a
+real OpenVINO archive: its ISSUE.md follows OpenVINO's template, with benchmark_app in it."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reprokit.engine.oracle import Kind, Signature, Verdict
+from reprokit.report import describe
+from reprokit.report.render import render
+from reprokit.report.upstream import issue_template, upstream_values
+from reprokit.spec import parse_target
+from reprokit.standalone.compare import Criterion, compare_arrays
+
+GOLDEN = Path(__file__).parent / "golden"
+ENV = {"tensorrt": {"distribution": None, "version": None}, "gpu": None, "os": "Linux 6.1", "machine": "x86_64",
+       "os_release": "Ubuntu 22.04.4 LTS", "python": "3.11.7", "cpu": "Intel(R) Xeon(R)",
+       "packages": {"onnxruntime": "1.26.0", "openvino": "2025.0.0"}, "container": "docker"}
+FIELDS = {
+    "openvino": ["### OpenVINO Version\n\n2025.0.0\n", "### Device used for inference\n\nCPU\n",
+                 "### Framework\n\nONNX\n", "benchmark_app -m model.onnx -d CPU -hint none -infer_precision f32",
+                 "### Relevant log output\n\n```shell\n", "### Issue submission checklist"],
+    "ort:opt": ["### ONNX Runtime Version or Commit ID\n\n1.26.0\n", "### Platform\n\nLinux\n",
+                "### Architecture\n\nX64\n", "### Execution Provider\n\nDefault CPU\n",
+                "onnxruntime_perf_test -e cpu -o 99 -r 1 -I model.onnx", "ORT_ENABLE_ALL"],
+}
+
+
+def _render(target: str) -> str:
+    spec = parse_target(target)
+    ref = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    error = compare_arrays("y", ref, ref + 0.5, Criterion())
+    verdict = Verdict(Signature(Kind.MISMATCH, ("y",), ""), (error,), Criterion(), "ort", target, "fp32",
+                      target_meta={})
+    from models import small_mlp
+
+    model = small_mlp()
+    ops = sorted({n.op_type for n in model.graph.node})
+    values = dict(title=describe.title(verdict, spec, ENV, ops), verdict=verdict, context=None, sweep=[],
+                  description=describe.describe(verdict, spec, model, None), mode=spec.engine,
+                  env_lines=describe.environment_lines(ENV), archive_name="report.tar.gz",
+                  nodes=len(model.graph.node), ops=ops, opset=17, engine_packages="openvino"
+                  if spec.engine == "openvino" else "", repro_output="REPRODUCES\n[exit code 1]",
+                  polygraphy_command="polygraphy run model.onnx --onnxrt", other_frameworks="Yes.",
+                  latest_release="(replaced)")
+    values.update(upstream_values(spec, ENV))
+    return render(issue_template(spec), **values)
+
+
+@pytest.mark.parametrize("target,golden", [("openvino:f32", "ISSUE-openvino.md"), ("ort:opt", "ISSUE-ort.md")])
+def test_issue_form_golden(target, golden):
+    text = _render(target)
+    path = GOLDEN / golden
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(text)
+    assert text == path.read_text()
+    for field in FIELDS[target if target != "openvino:f32" else "openvino"]:
+        assert field in text
+    assert "TensorRT" not in text and "developer.nvidia.com" not in text
+
+
+def test_templates_by_engine():
+    assert [issue_template(parse_target(t)) for t in ("trt:fp16", "emulate:fp16", "openvino", "ort:cuda", "ort")] == [
+        "ISSUE.md.j2", "ISSUE.md.j2", "ISSUE-openvino.md.j2", "ISSUE-ort.md.j2", "ISSUE-ort.md.j2"]
+
+
+def test_ort_cuda_names_the_execution_provider_and_its_libraries():
+    values = upstream_values(parse_target("ort:cuda,fp16"),
+                             {**ENV, "onnxruntime_build": {"cuda_version": "12.4", "cudnn_version": "9.1"}})
+    assert (values["ort_ep"], values["ort_ep_version"]) == ("CUDA", "CUDA 12.4, cuDNN 9.1")
+    assert values["engine_command"].startswith("onnxruntime_perf_test -e cuda -o 0")
+
+
+@pytest.mark.slow
+def test_an_openvino_archive_follows_openvinos_template(tmp_path):
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "samples" / "matrix"))
+    import make_avgpool_ceil
+
+    from reprokit.report.bundle import pack
+
+    model, inputs = make_avgpool_ceil.write(str(tmp_path))
+    from reprokit.api import RunOptions
+
+    # OpenVINO divides the trailing ceil_mode window by the whole kernel (3 cells of padding
+    # counted as 7 cells); onnxruntime >= 1.29 by the cells inside input + padding.
+    result = pack(model, "openvino:f32", str(tmp_path / "ov.tar.gz"), options=RunOptions(inputs=inputs))
+    assert result.reproduces
+    with tarfile.open(result.archive) as handle:
+        issue = handle.extractfile(next(m for m in handle.getmembers() if m.name.endswith("/ISSUE.md"))).read().decode()
+    assert issue.startswith("# [Bug]: ")
+    for field in FIELDS["openvino"][1:4] + ["### Issue description", "### Step by step reproduction",
+                                             "### Have you tried the latest release?"]:
+        assert field in issue
+    assert "TensorRT" not in issue
