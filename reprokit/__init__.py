@@ -32,6 +32,6 @@ def check(model, target="emulate:fp16", **kwargs):
 
     Keyword arguments are those of :func:`reprokit.api.check`.
     """
-    from reprokit.api import check as _check
+    from reprokit.api import check as _check  # lazy: `import reprokit` stays light (no numpy, onnx)
 
     return _check(model, target=target, **kwargs)

@@ -1,196 +1,36 @@
-"""The library entry points behind the CLI: prepare a model and its feeds, build the oracle,
-run ``check``. Knows nothing of click; raises ReprokitError subclasses only.
+"""The library's entry points, the same objects the CLI uses: ``check`` a model against a target,
+``shrink`` it to a minimal repro, ``pack`` a report archive, with the run's options
+(:class:`RunOptions`). Knows nothing of click; raises ReprokitError subclasses only.
+
+Only names: the work is done below — preparing and checking in :mod:`reprokit.engine.session`
+(the engine wing's top, which shrink, audit and report build on; this module sits above them
+all, so they cannot import it), shrinking in :mod:`reprokit.shrink.steps`, packing in
+:mod:`reprokit.report.bundle`.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
-from dataclasses import dataclass, field
-
-from reprokit.engine.backends import backend_class
-from reprokit.engine.inputs import Feeds, load_feeds, load_samples, random_feeds
-from reprokit.engine.oracle import Oracle, Verdict, check_reference_finite
-from reprokit.errors import InputError, UsageError
-from reprokit.graph.folding import fold_prepared
-from reprokit.graph.model import (
-    InputInfo,
-    check_target_nodes,
-    freeze_input_shapes,
-    input_infos,
-    load_model,
-    save_model,
+from reprokit.engine.session import (
+    CheckResult,
+    Prepared,
+    RunOptions,
+    SampleVerdict,
+    check,
+    make_oracle,
+    prepare,
 )
-from reprokit.spec import marking_changes_engine, parse_target
-from reprokit.standalone.checkpolicy import CheckPolicy
-from reprokit.standalone.compare import Criterion
+from reprokit.report.bundle import pack
+from reprokit.shrink.steps import ShrinkResult, shrink
 
-
-@dataclass
-class Prepared:
-    """A model ready to run: the file engines read, its inputs and the feeds to use."""
-
-    model: object  # onnx.ModelProto with weights
-    path: str  # file the engines load (the user's own file when nothing had to change)
-    infos: list[InputInfo]
-    feeds: Feeds
-    notes: list[str] = field(default_factory=list)
-    base_dir: str = ""  # where the model's external data files are (weights are not loaded)
-    file_nodes: int = 0  # nodes in the user's file, before --input-shapes folded any constants
-    samples: list[Feeds] = field(default_factory=list)  # every sample, when --inputs holds several
-    sample_verdicts: list = field(default_factory=list)  # reprokit.shrink.samples.SampleVerdict per sample
-
-
-@dataclass
-class RunOptions:
-    """Options shared by check, shrink, pack and audit."""
-
-    reference: str = "ort"
-    metric: str = "rel-l2"
-    tolerance: float | None = None
-    atol: float | None = None
-    rtol: float | None = None
-    timeout: float = 600.0
-    fail_regex: str | tuple | None = None  # one regex or several (any match fails)
-    fail_codes: tuple = ()
-    ignore_fail_codes: tuple = ()
-    inputs: str | None = None
-    sample: int | None = None  # None: every sample of a multi-sample --inputs (check, shrink)
-    seed: int = 0
-    input_shapes: dict = field(default_factory=dict)
-    val_ranges: dict = field(default_factory=dict)
-
-    def policy(self) -> CheckPolicy:
-        """When a cmd target's run counts as a failure (polygraphy's --check rules)."""
-        regexes = (self.fail_regex,) if isinstance(self.fail_regex, str) else tuple(self.fail_regex or ())
-        return CheckPolicy(regexes, tuple(self.fail_codes), tuple(self.ignore_fail_codes))
-
-
-def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample: bool = False) -> Prepared:
-    """Load and validate the model, freeze shapes if asked, make or load the feeds.
-    ``every_sample``: a multi-sample --inputs without --sample gives ``samples`` (feeds: the
-    first), for callers that judge each one (reprokit/samples.py)."""
-    from reprokit.graph import dims
-
-    dims.forget()  # the sizes chosen for this model, named by any error that follows
-    model = load_model(model_path, load_weights=False)
-    file_nodes = len(model.graph.node)
-    notes: list[str] = []
-    path = model_path
-    base_dir = os.path.dirname(os.path.abspath(model_path))
-    if options.input_shapes:
-        model = freeze_input_shapes(model, options.input_shapes, fold=False)
-        path = save_model(model, os.path.join(workdir, "prepared.onnx"))
-    infos = input_infos(model)
-    samples: list[Feeds] = []
-    if options.inputs and every_sample and options.sample is None:
-        samples = load_samples(options.inputs, infos)
-        feeds = samples[0]
-        samples = samples if len(samples) > 1 else []
-    elif options.inputs:
-        feeds = load_feeds(options.inputs, infos, sample=options.sample)
-    else:
-        feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
-                             val_ranges=options.val_ranges, hints=dims.metadata_hints(model))
-    if options.input_shapes:  # folded only where the folded model computes the same (one check)
-        model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
-    notes.extend(feeds.notes)
-    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
-
-
-def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None) -> Oracle:
-    """Parse both specs (usage errors surface here, before any work) and build the oracle."""
-    target_spec = parse_target(target)
-    reference_spec = parse_target(options.reference)
-    if reference_spec.engine == "cmd":
-        raise UsageError("the reference cannot be a cmd engine", hint="use --reference ort (the default)")
-    policy = options.policy()
-    if policy and target_spec.engine != "cmd":
-        flag = "--fail-regex" if policy.regexes else "--fail-code/--ignore-fail-code"
-        raise UsageError(f"{flag} applies only to a cmd target", hint="use --target 'cmd:...'")
-    for regex in policy.regexes:
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise UsageError(f"--fail-regex {regex!r} is not a regular expression: {exc}",
-                             hint="Python re syntax, e.g. --fail-regex 'Error Code \\d+'") from exc
-    backend = backend_class(target_spec.engine)(target_spec)
-    precision = backend.precision()
-    criterion = Criterion.for_precision(precision, options.metric, options.tolerance,
-                                        options.atol, options.rtol)
-    return Oracle(str(reference_spec), str(target_spec), criterion, precision=precision,
-                  timeout=options.timeout, policy=policy, workdir=workdir,
-                  target_env=target_env)
-
-
-@dataclass
-class CheckResult:
-    verdict: Verdict
-    prepared: Prepared
-    reference_outputs: dict
-    target_outputs: dict
-    layerwise: object | None = None  # reprokit.engine.layerwise.LayerwiseReport
-    marking_changes_engine: bool = False
-    target_log: str = ""  # the engine's own messages (worker output tail)
-    samples: list = field(default_factory=list)  # SampleVerdict per sample of a multi-sample --inputs
-
-
-def _refuse_empty_comparison(verdict: Verdict, target: str) -> None:
-    """"Agree" over zero numbers is no answer: an error, never a pass. (A cmd check that writes
-    no outputs is a pass/fail check: its exit status is the comparison.)"""
-    compared = [e for e in verdict.outputs if all(int(d) > 0 for d in e.shape)]
-    if verdict.diverges or compared or (parse_target(target).engine == "cmd" and not verdict.outputs):
-        return
-    if verdict.outputs:
-        shapes = ", ".join(f"{e.name}{list(e.shape)}" for e in verdict.outputs[:4])
-        raise InputError(f"nothing was compared: every output is empty ({shapes})",
-                         hint="a 0 in --input-shapes (or in the inputs) gives empty tensors; give every dim >= 1")
-    raise InputError(f"nothing was compared: the target {target} returned no outputs",
-                     hint="check that the target runs the model's outputs (reprokit --debug check ...)")
-
-
-def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = None,
-          layerwise: bool = False, workdir: str | None = None) -> CheckResult:
-    """Judge ``target`` against the reference on one model; optionally layer by layer."""
-    options = options or RunOptions()
-    own_tmp = None
-    if workdir is None:
-        own_tmp = tempfile.TemporaryDirectory(prefix="reprokit-check-")
-        workdir = own_tmp.name
-    oracle = make_oracle(target, options, os.path.join(workdir, "calls"))
-    check_target_nodes(os.fspath(model), target)
-    prepared = prepare(os.fspath(model), options, workdir, every_sample=True)
-    oracle.weights_dir = prepared.base_dir
-    runs = []
-    for feeds in prepared.samples or [prepared.feeds]:  # a multi-sample --inputs: each sample judged
-        reference = oracle.run_reference(prepared.path, feeds.arrays)
-        check_reference_finite(reference.outputs, oracle.reference)
-        result = oracle.run_target(prepared.path, feeds.arrays)
-        verdict = oracle.verdict_from(result, reference.outputs)
-        _refuse_empty_comparison(verdict, target)
-        runs.append((feeds, reference, result, verdict))
-    shown = next((k for k, run in enumerate(runs) if run[3].diverges), 0)  # the numbers shown
-    for k, run in enumerate(runs):
-        if k != shown:
-            run[1].discard()
-            run[2].discard()
-    feeds, reference, result, verdict = runs[shown]
-    samples = []
-    if prepared.samples:
-        from reprokit.shrink.samples import SampleVerdict
-
-        samples = [SampleVerdict(k, run[3]) for k, run in enumerate(runs)]
-        prepared.feeds, prepared.sample_verdicts = feeds, samples
-        prepared.notes.append(f"{options.inputs} has {len(runs)} samples: each is judged (--sample N picks one); "
-                              f"the numbers below are sample {shown}'s")
-    marking = marking_changes_engine(target)
-    report = None
-    if layerwise:
-        from reprokit.engine.layerwise import run_layerwise
-
-        report = run_layerwise(oracle, prepared, os.path.join(workdir, "layerwise"))
-    out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking,
-                      target_log=f"{result.message}\n{result.log}".strip(), samples=samples)
-    out._tmp = own_tmp  # keep memory-mapped outputs alive as long as the result
-    return out
+__all__ = [
+    "CheckResult",
+    "Prepared",
+    "RunOptions",
+    "SampleVerdict",
+    "ShrinkResult",
+    "check",
+    "make_oracle",
+    "pack",
+    "prepare",
+    "shrink",
+]

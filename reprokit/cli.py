@@ -15,17 +15,50 @@ def _early_interrupt(signum, frame):  # until main() installs the real handlers
 
 
 # Installed before the heavier imports below, so Ctrl-C or SIGTERM during start-up still ends
-# with the documented exit code and no traceback.
+# with the documented exit code and no traceback (hence pyproject's E402 exception for this file).
 signal.signal(signal.SIGINT, _early_interrupt)
 signal.signal(signal.SIGTERM, _early_interrupt)
 
-import json  # noqa: E402
-import traceback  # noqa: E402
+import json
+import traceback
 
-import click  # noqa: E402
+import click
 
-from reprokit import __version__  # noqa: E402
-from reprokit.errors import ExitCode, ReprokitError  # noqa: E402
+from reprokit import __version__, torch_export
+from reprokit import api as session
+from reprokit.api import RunOptions
+from reprokit.audit import audit as run_audit
+from reprokit.console import (
+    err,
+    print_audit,
+    print_backends,
+    print_check,
+    print_env,
+    print_pack,
+    print_shrink,
+    print_torch,
+    print_verify,
+)
+from reprokit.engine import enginelog
+from reprokit.engine.backends import backend_class, engine_names
+from reprokit.engine.envinfo import fingerprint
+from reprokit.engine.inputs import (
+    feed_dtype,
+    feed_shape,
+    parse_shape_args,
+    parse_val_ranges,
+    save_feeds,
+)
+from reprokit.errors import ExitCode, ReprokitError, UsageError
+from reprokit.graph.dims import say_in_error
+from reprokit.matrix.cli import verify_matrix
+from reprokit.matrix.fanout import check_many
+from reprokit.report import bundle as report
+from reprokit.shrink import steps as shrinking
+from reprokit.shrink.output import pack_accumulated
+from reprokit.spec import parse_target
+from reprokit.torch_export import columns as torch_columns
+from reprokit.torch_export import reference_columns
 
 _DEBUG = False
 _JSON = False  # --json: failures also print a reprokit.error/1 object on stdout
@@ -86,8 +119,6 @@ def torch_options(func):
 def _from_torch(model, kw: dict, options, folder: str):
     """MODEL, or with --torch the module exported into ``folder``: (model path, TorchExport or
     None). The example inputs become the feeds (``options.inputs``)."""
-    from reprokit.errors import UsageError
-
     entry, exporter, opset = kw.pop("torch_entry"), kw.pop("torch_exporter"), kw.pop("torch_opset")
     if entry is None:
         if model is None:
@@ -99,7 +130,6 @@ def _from_torch(model, kw: dict, options, folder: str):
     if options.inputs:
         raise UsageError("--inputs and --torch: the feeds are FUNC's example inputs",
                          hint="return the inputs you want from FUNC")
-    from reprokit import torch_export
 
     exported = torch_export.export(entry, folder, exporter=exporter, opset=opset)
     options.inputs = exported.inputs_path
@@ -112,9 +142,6 @@ def _torch_info(exported, options, folder: str, as_json: bool) -> dict | None:
     if exported is None:
         return None
     import tempfile
-
-    from reprokit.console import err
-    from reprokit.torch_export import reference_columns
 
     with tempfile.TemporaryDirectory(prefix="reprokit-torch-") as work:
         info = reference_columns(exported, options, work)
@@ -131,8 +158,6 @@ def parse_size(text: str, option: str) -> int:
     """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
     import re
 
-    from reprokit.errors import UsageError
-
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
     if not match:
         raise UsageError(f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M")
@@ -141,8 +166,6 @@ def parse_size(text: str, option: str) -> int:
 
 
 def _parse_max_calls(text: str) -> int | None:
-    from reprokit.errors import UsageError
-
     if text.strip().lower() == "auto":
         return -1
     if not text.strip().isdigit():
@@ -151,9 +174,6 @@ def _parse_max_calls(text: str) -> int | None:
 
 
 def make_run_options(kw: dict):
-    from reprokit.api import RunOptions
-    from reprokit.engine.inputs import parse_shape_args, parse_val_ranges
-
     return RunOptions(
         reference=kw.pop("reference"), metric=kw.pop("metric"), tolerance=kw.pop("tol"),
         atol=kw.pop("atol"), rtol=kw.pop("rtol"), timeout=kw.pop("timeout"),
@@ -180,9 +200,6 @@ def cli(debug, verbose):
 def _show_engine_logs() -> None:
     from rich.text import Text
 
-    from reprokit.console import err
-    from reprokit.engine import enginelog
-
     def echo(label: str, text: str) -> None:
         err.print(f"[dim]engine log: {label}[/]")
         err.print(Text(text, style="dim"))
@@ -192,8 +209,6 @@ def _show_engine_logs() -> None:
 
 def _engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
     """The engines' own messages of this run go to OUT/engine.log (reprokit/enginelog.py)."""
-    from reprokit.engine import enginelog
-
     enginelog.set_log(os.path.join(out_dir, "engine.log") if out_dir else None, fresh=fresh)
 
 
@@ -217,7 +232,6 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
     """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge (several
     MODELs: 1 if any diverges)."""
     if len(models) > 1 or ray_address or gpus:  # a zoo sweep: one `reprokit check` per model
-        from reprokit.matrix.fanout import check_many
 
         passed = [a for p in ctx.command.params if p.name not in ("models", "ray_address", "gpus", "jobs", "out_dir",
                                                                   "as_json") and _given(ctx, p.name)
@@ -225,10 +239,6 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
         sys.exit(check_many(list(models), passed, out_dir=out_dir, as_json=as_json, ray_address=ray_address,
                             gpus=gpus, jobs=jobs))
     model = models[0] if models else None
-    from reprokit import api as session
-    from reprokit.console import err, print_check
-    from reprokit.engine.inputs import feed_dtype, feed_shape
-    from reprokit.spec import parse_target
 
     options = make_run_options(kw)
     parse_target(target)  # a bad spec is a usage error before any work
@@ -244,12 +254,9 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
     result = session.check(model, target, options=options, layerwise=layerwise)
     columns = None
     if exported is not None:  # PyTorch eager: the third column
-        from reprokit.torch_export import columns as torch_columns
 
         columns = torch_columns(exported, result, options.reference, options.metric)
     if out_dir:
-        from reprokit.engine.inputs import save_feeds
-
         save_feeds(os.path.join(out_dir, "inputs.npz"), result.prepared.feeds.arrays)
         save_feeds(os.path.join(out_dir, "reference_outputs.npz"), result.reference_outputs)
         save_feeds(os.path.join(out_dir, "target_outputs.npz"), result.target_outputs)
@@ -274,8 +281,6 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
     else:
         print_check(result, model, top)
         if columns is not None:
-            from reprokit.console import print_torch
-
             print_torch(columns)
         if out_dir:
             err.print(f"[dim]wrote inputs, outputs and verdict.json to {out_dir}[/]")
@@ -339,11 +344,6 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     import time
 
-    from reprokit.console import err, print_shrink
-    from reprokit.errors import UsageError
-    from reprokit.shrink import steps as shrinking
-    from reprokit.spec import parse_target
-
     if resume:  # --resume DIR: what was not given comes from DIR's saved run
         if _given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
             raise UsageError(f"--resume {resume} and -o {out_dir} name different directories",
@@ -391,7 +391,6 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         result.summary["torch"] = torch_info
     accumulated = result.summary["status"] == "accumulated"  # no model to call minimal, nothing to pack
     if with_overlay and not with_audit and not accumulated:  # overlays only: no sweep, no explain
-        from reprokit.audit import audit as run_audit
 
         progress("Model Explorer overlays of the original model")
         light = run_audit(model, target, os.path.join(out_dir, "audit"), options=options, sweep=False,
@@ -400,7 +399,6 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         if light.payload.get("overlay"):
             result.notes.append(f"overlay: {light.payload['overlay']['command']}")
     if with_audit and not accumulated:  # --- audit (reprokit/audit): the ORIGINAL model, naming what shrink kept
-        from reprokit.audit import audit as run_audit
 
         progress("auditing the original model")
         audited = run_audit(model, target, os.path.join(out_dir, "audit"), options=options,
@@ -412,7 +410,6 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
                             + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
     if not no_pack and accumulated:  # the whole model is the repro; ISSUE.md gets the attribution
         progress("packing the report archive (the whole model, with the attribution)")
-        from reprokit.shrink.output import pack_accumulated
 
         packed = pack_accumulated(result, model, target, options, fmt=fmt, redact=redact, on_event=progress)
         if packed is not None:
@@ -444,9 +441,6 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
     """Bundle a small diverging MODEL into a report archive ready to file."""
-    from reprokit.console import err, print_pack
-    from reprokit.report import bundle as report
-
     options = make_run_options(kw)
     _ensure_out_file(out_path)
     on_event = None if as_json else (lambda t: err.print(f"[dim]{t}[/]"))
@@ -457,8 +451,6 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
     torch_info = _torch_info(exported, options, os.path.dirname(exported.folder) if exported else "", as_json)
     if with_audit:  # --- audit (reprokit/audit)
         import re
-
-        from reprokit.audit import audit as run_audit
 
         audit_dir = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path) + ".audit"
         audited = run_audit(model, target, audit_dir, options=options, on_event=on_event)
@@ -488,9 +480,6 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print audit.json (schema reprokit.audit/1).")
 def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **kw):
     """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
-    from reprokit.audit import audit as run_audit
-    from reprokit.console import err, print_audit
-
     options = make_run_options(kw)
     _ensure_out_dir(out_dir)
     _engine_log(out_dir)
@@ -526,17 +515,10 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
 def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path):
     """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no.
     With --versions: on which engine releases? (a table; exit 0 when written)."""
-    from reprokit.console import print_verify
-    from reprokit.report import bundle as report
-
     if versions is None and (bisect or ray_address or gpus or out_path):
-        from reprokit.errors import UsageError
-
         raise UsageError("--bisect, --ray, --gpus and --out go with --versions", hint="e.g. reprokit verify "
                          "report.tar.gz --versions 'onnxruntime>=1.20' --bisect")
     if versions is not None:
-        from reprokit.matrix.cli import verify_matrix
-
         verify_matrix(archive, versions, target=target, timeout=timeout, as_json=as_json, bisect=bisect,
                       ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path)
         return
@@ -554,13 +536,10 @@ def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpu
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema reprokit.env/1).")
 def env(as_json):
     """The environment fingerprint that reports carry."""
-    from reprokit.report.envinfo import fingerprint
-
     info = fingerprint()
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    from reprokit.console import print_env
 
     print_env(info)
 
@@ -593,8 +572,6 @@ def _as_args(param, value) -> list[str]:
 
 
 def _ensure_out_dir(path: str) -> None:
-    from reprokit.errors import UsageError
-
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--out {path} exists and is not a directory", hint="choose a directory path")
     try:
@@ -607,8 +584,6 @@ def _ensure_out_dir(path: str) -> None:
 def _ensure_out_file(path: str) -> None:
     """The archive's folder must be a directory that can be made and written: checked before
     any engine runs, not after all the work."""
-    from reprokit.errors import UsageError
-
     if os.path.isdir(path):
         raise UsageError(f"--out {path} is a directory", hint="give the archive's file name, e.g. -o report.tar.gz")
     existing = os.path.dirname(os.path.abspath(path))
@@ -629,9 +604,6 @@ def _raise_interrupt(signum, frame):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def backends(as_json):
     """List the engines, whether they work here, and how to get the missing ones."""
-    from reprokit.console import print_backends
-    from reprokit.engine.backends import backend_class, engine_names
-
     rows = []
     for engine in engine_names():
         cls = backend_class(engine)
@@ -674,7 +646,6 @@ def main(argv=None) -> None:
     except ReprokitError as exc:
         if _DEBUG:
             traceback.print_exc()
-        from reprokit.graph.dims import say_in_error
 
         say_in_error(exc)  # sizes reprokit chose for dynamic dims are named in every outcome
         _fail(exc.message, exc.hint, exc.exit_code)

@@ -5,12 +5,14 @@ Only the CLI calls this; library code never prints.
 
 from __future__ import annotations
 
-import math
 import os
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from reprokit.engine.inputs import feed_dtype, feed_shape
+from reprokit.report.render import fmt
 
 
 def _console(stderr: bool) -> Console:
@@ -25,22 +27,9 @@ out = _console(False)
 err = _console(True)
 
 
-def fmt(value: float) -> str:
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return "-"
-    if math.isinf(value) or math.isnan(value):
-        return str(value)
-    if value == 0:
-        return "0"
-    return f"{value:.3g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.2e}"
-
-
 def print_check(result, model_path: str, top: int = 10) -> None:
     verdict = result.verdict
     feeds = result.prepared.feeds
-    from reprokit.engine.inputs import feed_dtype, feed_shape
 
     shapes = ", ".join(f"{k}{feed_shape(v)} {feed_dtype(v)}" for k, v in feeds.arrays.items())
     out.print(f"[bold]reprokit check[/] {model_path}")

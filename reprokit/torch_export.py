@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.api import make_oracle
+from reprokit.engine.oracle import Oracle
+from reprokit.engine.worker import WorkerResult
 from reprokit.errors import EngineUnavailable, InputError, UsageError
+from reprokit.standalone.arrays import load_npz, save_npz
+from reprokit.standalone.compare import Criterion
 
 EXPORTERS = ("auto", "dynamo", "legacy")
 INSTALL_HINT = "pip install 'reprokit[torch]' (torch==2.13.0; onnxscript for the dynamo exporter)"
@@ -139,8 +144,6 @@ def _choose_exporter(exporter: str) -> tuple[bool, list[str]]:
 def export(spec: str, folder: str, *, exporter: str = "auto", opset: int | None = None) -> TorchExport:
     """Load FILE.py:FUNC, run PyTorch eager and export to ``folder``/model.onnx."""
     import onnx
-
-    from reprokit.standalone.arrays import save_npz
 
     dynamo, notes = _choose_exporter(exporter)
     module, inputs = load_entry(spec)
@@ -266,9 +269,6 @@ class Columns:
 
 def _verdict(reference_name: str, target_name: str, criterion, precision: str, truth: dict, outputs: dict):
     """A verdict with ``truth`` as the reference, by the oracle's own rules."""
-    from reprokit.engine.oracle import Oracle
-    from reprokit.engine.worker import WorkerResult
-
     judge = Oracle(reference_name, target_name, criterion, precision=precision)
     return judge.verdict_from(WorkerResult("ok", outputs=dict(outputs)), truth)
 
@@ -276,8 +276,6 @@ def _verdict(reference_name: str, target_name: str, criterion, precision: str, t
 def exporter_verdict(exported: TorchExport, reference_outputs: dict, reference: str, metric: str = "rel-l2"):
     """PyTorch eager (as the reference) vs the exported model on the ONNX reference, by fp32
     tolerances: both compute in fp32, so anything past them is the export."""
-    from reprokit.standalone.compare import Criterion
-
     criterion = Criterion.for_precision("fp32", metric)
     return _verdict("torch:eager", reference, criterion, "fp32", exported.eager_outputs, reference_outputs)
 
@@ -298,9 +296,6 @@ def columns(exported: TorchExport, result, reference: str, metric: str = "rel-l2
 def reference_columns(exported: TorchExport, options, workdir: str) -> dict:
     """For shrink, audit and pack: the exporter column alone (one reference run of the exported
     model), recorded beside the export settings."""
-    from reprokit.api import make_oracle
-    from reprokit.standalone.arrays import load_npz
-
     oracle = make_oracle(options.reference, options, workdir)
     run = oracle.run_reference(exported.model_path, load_npz(exported.inputs_path))
     verdict = exporter_verdict(exported, run.outputs, oracle.reference, options.metric)

@@ -115,7 +115,7 @@ def cuda_missing() -> str | None:
     import onnxruntime
 
     from reprokit.engine.backends.ort_cuda import CUDA, cuda_library_error
-    from reprokit.report.envinfo import gpu_info
+    from reprokit.engine.envinfo import gpu_info
 
     why = "no CUDA provider: onnxruntime-gpu and a GPU needed"
     if CUDA not in onnxruntime.get_available_providers():

@@ -356,19 +356,19 @@ def test_a_capture_inside_the_branches_the_reference_refuses_is_an_internal_erro
     """Fault injection: the model the inside step captures on comes out with a dangling tensor
     reference. The model as given runs: exit 70, naming the step, never "the reference fails"."""
     from reprokit.errors import ExitCode, ReprokitError
-    from reprokit.graph import model as models
     from reprokit.shrink import steps as shrinking
+    from reprokit.shrink.passes import inside
 
     path = str(tmp_path / "m.onnx")
     onnx.save(rank_in_branch_model(), path)
-    real = models.mark_outputs
+    real = inside.mark_outputs
 
     def broken_marking(m, names):
         marked = real(m, names)
         marked.graph.node[-1].input[0] = "no_such_tensor"
         return marked
 
-    monkeypatch.setattr(models, "mark_outputs", broken_marking)  # read late: only the inside step's capture
+    monkeypatch.setattr(inside, "mark_outputs", broken_marking)  # only the inside step's capture
     fed = feeds(tmp_path, x=np.ones((1, 4, 8), np.float32), flag=np.array(False), flag2=np.array(True))
     from reprokit.api import RunOptions
 

@@ -160,7 +160,7 @@ def test_the_cuda_model_is_converted_by_reprokit_with_fp32_io_and_fp32_nodes_by_
 
 
 def test_env_json_records_the_onnxruntime_build():
-    from reprokit.report.envinfo import fingerprint
+    from reprokit.engine.envinfo import fingerprint
 
     env = fingerprint()
     build = env["onnxruntime_build"]

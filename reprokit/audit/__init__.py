@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.audit.calls import Ledger
+from reprokit.audit.layernorm import fuse_layernorms
+from reprokit.audit.output import write_outputs
 from reprokit.audit.ranges import (
     RangeReport,
     audit_ranges,
@@ -33,7 +35,29 @@ from reprokit.audit.sweep import (
     run_setting,
     workaround,
 )
+from reprokit.engine.folding import (
+    SKIPPED,
+    disagreement,
+    failure_words,
+    fold_constants,
+    folding_changed,
+)
+from reprokit.engine.inputs import feed_dtype, feed_shape
+from reprokit.engine.layerwise import LayerwiseReport, compare_marked_run, float_node_outputs
+from reprokit.engine.oracle import check_reference_finite
+from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import ReprokitError
+from reprokit.graph.model import (
+    check_target_nodes,
+    freeze_input_shapes,
+    inferred_value_info,
+    mark_outputs,
+    name_unnamed_nodes,
+    node_labels,
+    save_model,
+)
+from reprokit.shrink.pipeline import isolated_attribution
+from reprokit.spec import parse_target
 
 SCHEMA = "reprokit.audit/1"
 REFERENCE_ITSELF = ("that is the reference itself: it agrees by definition, so it is no workaround "
@@ -95,10 +119,6 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
 
     ``ranges_only``: the range audit alone — one reference call, no target call, no engine
     build (the target spec only says which narrow type to audit against)."""
-    from reprokit.api import RunOptions, make_oracle, prepare
-    from reprokit.engine.oracle import check_reference_finite
-    from reprokit.graph.model import check_target_nodes
-
     options = options or RunOptions()
     event = on_event or (lambda text: None)
     started = time.monotonic()
@@ -122,8 +142,6 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         ranges = audit_ranges(model, activations, constants, feeds, oracle.precision, oracle.criterion.tolerance)
 
         if ranges_only:
-            from reprokit.engine.layerwise import LayerwiseReport
-
             verdict = None
             layer = LayerwiseReport([], False, ["not run (--ranges-only)"])
         else:
@@ -135,8 +153,6 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
 
         isolated = None
         if verdict is not None and verdict.diverges and verdict.kind.value in ("nonfinite", "mismatch"):
-            from reprokit.shrink.pipeline import isolated_attribution
-
             event("each node alone, fed with the reference activations (packed)")
             started_isolated = time.monotonic()
             before = oracle.stats.target
@@ -160,8 +176,6 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         payload["isolated"] = isolated
         files = {}
         if out_dir:
-            from reprokit.audit.output import write_outputs
-
             files = write_outputs(payload, layer, ranges, out_dir)
     return AuditResult(payload, out_dir, files, rows, ranges, layer, verdict)
 
@@ -174,17 +188,6 @@ def _capture(oracle, ledger, prepared, work, notes, event):
     Returns (model, marked model file, marked tensors, activations, reference outputs of the
     model as given, graph outputs)."""
     import onnx
-
-    from reprokit.engine.layerwise import float_node_outputs
-    from reprokit.engine.oracle import check_reference_finite
-    from reprokit.graph.folding import SKIPPED, disagreement, failure_words, folding_changed
-    from reprokit.graph.model import (
-        fold_constants,
-        inferred_value_info,
-        mark_outputs,
-        name_unnamed_nodes,
-        save_model,
-    )
 
     given = onnx.ModelProto.FromString(prepared.model.SerializeToString())
     named = name_unnamed_nodes(given)
@@ -233,8 +236,6 @@ def _capture(oracle, ledger, prepared, work, notes, event):
 
 
 def _layerwise(oracle, ledger, model, marked, feeds, names, activations, target):
-    from reprokit.engine.layerwise import compare_marked_run
-
     result = ledger.run("layerwise", "target", oracle, "every tensor marked as an output", marked, feeds, names)
     return compare_marked_run(model, activations, result, oracle)
 
@@ -243,8 +244,6 @@ def amplifiers(model, layer, limit: int = 5) -> list[dict]:
     """Diverging tensors whose relative error is much larger than their inputs' (where the error
     grows: a saturated Sigmoid, a cancellation), largest growth first."""
     import math
-
-    from reprokit.engine.layerwise import float_node_outputs
 
     inputs = {t: ins for t, _, _, ins in float_node_outputs(model)}
     errors = {r.tensor: r.error.rel_l2 for r in layer.rows}
@@ -271,8 +270,6 @@ def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
     layerwise first diverging nodes, where the error is born (the nodes with the largest error
     alone, from the isolated run; and the first diverging node with the nodes that feed it, for a
     cancellation whose inputs already carry the error), and where the verdict's own kind starts."""
-    from reprokit.engine.layerwise import float_node_outputs
-
     first = [r.node for r in layer.first][:3]
     producer = {o: (n.name or f"{n.op_type}_{i}") for i, n in enumerate(model.graph.node) for o in n.output}
     feeding = []
@@ -305,9 +302,6 @@ def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
 
 
 def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) -> list[SweepRow]:
-    from reprokit.audit.layernorm import fuse_layernorms
-    from reprokit.graph.model import save_model
-
     fused, matches = fuse_layernorms(bench.model, bench.base_dir)
     if matches:
         bench.variants["layernorm"] = save_model(fused, os.path.join(bench.workdir, "layernorm.onnx"))
@@ -316,8 +310,6 @@ def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) ->
                  f"LayerNormalization node each (opset 17; {removed} fewer nodes)")
     else:
         words = "no decomposed LayerNorm (ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div) in the model"
-    from reprokit.graph.model import node_labels
-    from reprokit.spec import parse_target
 
     batch = _batch_variant(bench, prepared)
     # Only names of the user's model are offered (its node names, OP_INDEX for unnamed ones).
@@ -345,8 +337,6 @@ def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) ->
 
 def _batch_variant(bench, prepared):
     """For TensorRT: the model with its batch dim made static (if dynamic) or dynamic (if static)."""
-    from reprokit.graph.model import freeze_input_shapes, save_model
-
     dims = [i.shape[0] for i in prepared.infos if len(i.shape) >= 2]
     if not dims:
         return None
@@ -362,7 +352,7 @@ def _batch_variant(bench, prepared):
         del model.graph.value_info[:]
         bench.variants["dynamic-batch"] = save_model(model, os.path.join(bench.workdir, "dynamic-batch.onnx"))
         return "dynamic-batch", "dynamic batch dim (profile pinned to the feed shapes) instead of static"
-    frozen = freeze_input_shapes(bench.model, shapes, fold=False)
+    frozen = freeze_input_shapes(bench.model, shapes)
     bench.variants["static-batch"] = save_model(frozen, os.path.join(bench.workdir, "static-batch.onnx"))
     return "static-batch", "static input shapes (batch frozen to the feeds) instead of dynamic"
 
@@ -377,8 +367,6 @@ def _no_workaround(rows, target: str, reference: str) -> str:
 
 def _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
              kept_nodes, ledger, started, swept, explained_asked) -> dict:
-    from reprokit.engine.inputs import feed_dtype, feed_shape
-
     found, basis = workaround(rows)
     first = layer.first[0] if layer.first else None
     minimal = None

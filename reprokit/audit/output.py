@@ -8,6 +8,10 @@ import base64
 import json
 import os
 
+from reprokit.audit.overlay import open_command, write_overlays
+from reprokit.audit.plot import plot_layerwise
+from reprokit.report.render import render
+
 FILES = {"json": "audit.json", "markdown": "audit.md", "html": "audit.html", "plot": "layerwise.png"}
 
 
@@ -44,9 +48,6 @@ def worst_error(verdict: dict):
 
 
 def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
-    from reprokit.audit.plot import plot_layerwise
-    from reprokit.report.render import render
-
     os.makedirs(out_dir, exist_ok=True)
     paths = {k: os.path.join(out_dir, v) for k, v in FILES.items()}
     payload["files"] = {k: os.path.basename(v) for k, v in paths.items()}
@@ -66,7 +67,6 @@ def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
     if image is None:
         paths.pop("plot")
         safe["files"].pop("plot")
-    from reprokit.audit.overlay import open_command, write_overlays
 
     overlays = write_overlays(safe, out_dir)  # Model Explorer node data (reprokit/audit/overlay.py)
     safe["files"].update({f"overlay_{k}": os.path.basename(v) for k, v in overlays.items()})

@@ -27,6 +27,8 @@ import json
 import math
 import os
 
+from reprokit.graph.model import load_model, node_label
+
 NONFINITE = 3.0e38  # stands for NaN/Inf (JSON has neither); the largest threshold paints it
 RANGE_CODES = {"overflow": 3.0, "cancellation": 2.0, "underflow": 1.0}
 MILD_UNDERFLOW = 0.5
@@ -37,8 +39,6 @@ _GREEN, _LIGHT, _ORANGE, _RED, _DARK = "#c8e6c9", "#8bc34a", "#ffa000", "#ff5722
 
 def adapter_ids(model) -> tuple[str, dict[str, str]]:
     """(graph id, {reprokit node label: Model Explorer node id}) for the model file's main graph."""
-    from reprokit.graph.model import node_label
-
     names = _adapter_node_names(model)
     return model.graph.name, {node_label(n, i): names[i] for i, n in enumerate(model.graph.node)}
 
@@ -134,8 +134,6 @@ def open_command(model_path: str, paths: list[str]) -> str:
 
 def write_overlays(payload: dict, out_dir: str) -> dict[str, str]:
     """Write the overlays of ``payload`` (an audit's JSON) beside it; kind → path written."""
-    from reprokit.graph.model import load_model
-
     model = load_model(payload["model"], load_weights=False)
     written = {}
     for kind, data in overlays(payload, model).items():

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from reprokit.engine.layerwise import float_node_outputs
 from reprokit.standalone.compare import RANGE, UNDERFLOW_SHARE
 
 # Unit roundoff of each storage type: the relative error of one rounding.
@@ -125,8 +126,6 @@ def audit_ranges(model, activations, constants: dict, feeds: dict, precision: st
     ``constants`` maps initializer names to arrays; ``tolerance`` is the verdict's bound, the
     level from which a cancellation's expected error counts.
     """
-    from reprokit.engine.layerwise import float_node_outputs
-
     limits = RANGE.get(precision)
     if limits is None:
         reason = (f"the target stores {precision}: no narrower range than fp32 to audit"

@@ -14,8 +14,13 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from reprokit.audit.precision import fp32_nodes_support
+from reprokit.engine.oracle import check_reference_finite
+from reprokit.engine.session import make_oracle
 from reprokit.errors import EngineUnavailable, ReferenceFailure, ReprokitError
+from reprokit.graph.model import save_model
+from reprokit.report.redact import _SMALL, _like
 from reprokit.spec import TargetSpec, parse_target
+from reprokit.standalone.compare import compare_arrays
 
 NOT_APPLICABLE = "not applicable"
 CPU_BATCH = "CPU target: no per-batch engine profile to change (TensorRT only)"
@@ -154,9 +159,6 @@ class Bench:
 def run_setting(bench: Bench, setting: Setting, signature, original) -> SweepRow:
     """Run one setting (one target call; two for a rewritten model, whose reference is rerun).
     ``original`` is the Criterion that flagged the divergence."""
-    from reprokit.api import make_oracle
-    from reprokit.standalone.compare import compare_arrays
-
     row = SweepRow(setting.key, setting.change, setting.rank, setting.target or "-", NOT_APPLICABLE,
                    note=setting.reason)
     if setting.target is None:
@@ -221,8 +223,6 @@ def workaround(rows: list[SweepRow]) -> tuple[SweepRow | None, str]:
 
 def random_like_feeds(feeds: dict, seed: int) -> dict:
     """Float feeds replaced by random values of the same shape, mean and std; others kept."""
-    from reprokit.report.redact import _like
-
     rng = np.random.default_rng(seed)
     return {k: (_like(np.asarray(v), rng) if np.asarray(v).dtype.kind == "f" else np.asarray(v))
             for k, v in feeds.items()}
@@ -233,8 +233,6 @@ def random_weights_model(model, seed: int, base_dir: str = ""):
     std, as ``reprokit pack --redact`` does; BatchNormalization variances kept positive."""
     import onnx
     from onnx import numpy_helper
-
-    from reprokit.report.redact import _SMALL, _like
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     rng = np.random.default_rng(seed)
@@ -253,9 +251,6 @@ def random_weights_model(model, seed: int, base_dir: str = ""):
 
 def explain(bench: Bench, oracle, signature, seed: int) -> dict:
     """Does it still diverge with random inputs? with random weights? What does that say?"""
-    from reprokit.engine.oracle import check_reference_finite
-    from reprokit.graph.model import save_model
-
     out = {}
     weights, replaced = random_weights_model(bench.model, seed, bench.base_dir)
     variants = {

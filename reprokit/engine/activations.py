@@ -11,7 +11,10 @@ import shutil
 
 import numpy as np
 
+from reprokit.engine.worker import load_npy
 from reprokit.errors import InputError
+from reprokit.graph.controlflow import open_control_flow
+from reprokit.graph.model import inferred_value_info
 
 
 class ActivationStore:
@@ -96,8 +99,6 @@ class ActivationStore:
         return self.get(name)
 
     def get(self, name: str) -> np.ndarray:
-        from reprokit.engine.worker import load_npy
-
         file, _, dtype = self._files[name].partition("#")
         return load_npy(os.path.join(self.directory, file), dtype or None)
 
@@ -126,3 +127,28 @@ def tensor_bytes(value_info) -> int:
             return 0
         count *= dim.dim_value
     return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
+
+
+def capture_opened(model, feeds: dict, run_reference, directory: str, chunk_bytes: int):
+    """Every tensor of ``model`` the reference computes on ``feeds``, those inside the If
+    branches it takes included, on disk: the model opened (If nodes inlined, small Loops
+    unrolled; names kept where they do not clash) and every node output of that marked.
+    ``run_reference(model, names)`` runs the reference and returns its result."""
+    index = os.path.join(directory, ActivationStore.INDEX)
+    if os.path.exists(index):
+        return ActivationStore.open(directory)
+
+    def values(current, names):
+        result = run_reference(current, names)
+        try:
+            return {n: np.array(v) for n, v in dict(result.outputs).items()}
+        finally:
+            result.discard()
+
+    levels = open_control_flow(model, values)
+    opened = levels[-1][0] if levels else model
+    names = list(dict.fromkeys(o for n in opened.graph.node for o in n.output if o))
+    known = inferred_value_info(opened)
+    sizes = {n: tensor_bytes(known[n]) for n in names if n in known}
+    return ActivationStore.capture(lambda chunk: run_reference(opened, chunk), names, sizes, directory,
+                                   chunk_bytes=chunk_bytes)

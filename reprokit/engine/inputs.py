@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.errors import InputError, UsageError
+from reprokit.graph.dims import choose
 from reprokit.graph.model import InputInfo
 from reprokit.standalone.arrays import load_npz, save_npz
 
@@ -73,7 +74,6 @@ def resolved_shape(info: InputInfo, shapes: dict[str, tuple[int, ...]], notes: l
         return shapes[info.name]
     if info.is_static:
         return tuple(int(d) for d in info.shape)
-    from reprokit.graph.dims import choose
 
     guess = choose(info.name, tuple(info.shape), hints)
     notes.append(guess.note())

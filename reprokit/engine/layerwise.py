@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from reprokit.graph.model import float_tensor_names, mark_outputs, save_model
+from reprokit.spec import marking_changes_engine
 from reprokit.standalone.compare import OutputError, compare_arrays
 
 
@@ -94,8 +95,6 @@ def compare_layerwise(model, reference, target, criterion, marking_changes_engin
 def compare_marked_run(model, reference, result, oracle) -> LayerwiseReport:
     """The layerwise report of one target run with every float tensor marked (a worker
     result); a target that fails when tensors are marked gives an empty report saying so."""
-    from reprokit.spec import marking_changes_engine
-
     marking = marking_changes_engine(oracle.target)
     if result.status != "ok":
         return LayerwiseReport([], marking, [f"target failed with tensors marked: {result.status}: {result.message[:200]}"])

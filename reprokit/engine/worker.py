@@ -22,6 +22,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.engine import enginelog
+from reprokit.engine.backends import create_backend
+from reprokit.engine.backends.base import BuildError
+from reprokit.engine.backends.cmd import CmdBackend, CommandCrash
+from reprokit.errors import EngineUnavailable, ReprokitError
+from reprokit.graph.model import external_locations, stage_external_data
+from reprokit.spec import parse_target
+from reprokit.standalone.arrays import load_npz, restored, storable
+from reprokit.standalone.checkpolicy import CheckPolicy
 
 _STDERR_TAIL = 4000
 _RUNNING: set = set()  # live engine processes, so an interrupt can kill them from any thread
@@ -42,8 +50,6 @@ def kill_running() -> None:
 def load_npy(path: str, note: str | None = None) -> np.ndarray:
     """A .npy written by an engine call, memory-mapped; ``note`` is the dtype note
     ``arrays.storable`` gave it (an ml_dtype saved as raw bits, strings)."""
-    from reprokit.standalone.arrays import restored
-
     return restored(np.load(path, mmap_mode="r", allow_pickle=False), note)
 
 
@@ -202,14 +208,6 @@ def _whole_lines(tail: str) -> str:
 
 def _child(job_dir: str) -> int:
     """Child side: run the job, write result.json. Engine crashes kill this process, by design."""
-    from reprokit.engine.backends import create_backend
-    from reprokit.engine.backends.base import BuildError
-    from reprokit.engine.backends.cmd import CmdBackend, CommandCrash
-    from reprokit.errors import EngineUnavailable, ReprokitError
-    from reprokit.spec import parse_target
-    from reprokit.standalone.arrays import load_npz, storable
-    from reprokit.standalone.checkpolicy import CheckPolicy
-
     with open(os.path.join(job_dir, "job.json")) as handle:
         job = json.load(handle)
     result: dict = {"status": "ok"}
@@ -275,8 +273,6 @@ def _place_weights(backend, model_path: str, weights_dir: str | None, job_dir: s
     if not weights_dir or os.path.abspath(weights_dir) == here:
         return model_path
     import onnx
-
-    from reprokit.graph.model import external_locations, stage_external_data
 
     model = onnx.load(model_path, load_external_data=False)
     locations = external_locations(model)

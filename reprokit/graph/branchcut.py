@@ -3,7 +3,7 @@ branches, nested ones included — is a *site* a candidate keeps or removes. Gra
 
 A removed node's tensor that a kept node still reads must come from somewhere real. Inside the
 branch the feeds take, it becomes an outer-scope name: a top-level graph input fed with the
-activation captured on the opened model (``capture``). Inside a branch the feeds do not take
+activation captured on the opened model (:func:`reprokit.engine.activations.capture_opened`). Inside a branch the feeds do not take
 nothing computes it, at capture or at run time: it is fed zeros of the type and shape shape
 inference gives it (an If condition stays an input), or, shape unknown, the candidate is refused
 before any engine call. An If output that no
@@ -16,12 +16,18 @@ Must not know about divergence: the Reducer judges what ``extraction`` builds.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.graph.extract import Extraction, GraphIndex, bodies, extract, outer_scope_names
+from reprokit.graph.extract import (
+    _RANDOM,
+    Extraction,
+    GraphIndex,
+    bodies,
+    extract,
+    outer_scope_names,
+)
 
 BRANCHES = ("then_branch", "else_branch")
 
@@ -238,8 +244,6 @@ def _drop_outputs(node, gone: dict, reads: set) -> bool:
 def _constants(graph, known: set, found: set) -> None:
     """Names of ``graph`` and its If branches computed from weights alone (Identity of a weight,
     Constant nodes): folded when cut, like the top-level constants of ``GraphIndex``."""
-    from reprokit.graph.extract import _RANDOM
-
     known = known | {t.name for t in graph.initializer}
     for node in graph.node:
         if node.op_type == "If":
@@ -283,35 +287,6 @@ def _inner_value_info(model) -> dict:
 
     walk(inferred.graph, True)
     return found
-
-
-def capture(model, feeds: dict, run_reference, directory: str, chunk_bytes: int):
-    """Every tensor of ``model`` the reference computes on ``feeds``, those inside the If
-    branches it takes included, on disk: the model opened (If nodes inlined, small Loops
-    unrolled; names kept where they do not clash) and every node output of that marked.
-    ``run_reference(model, names)`` runs the reference and returns its result."""
-    from reprokit.engine.activations import ActivationStore, tensor_bytes
-    from reprokit.graph.controlflow import open_control_flow
-    from reprokit.graph.model import inferred_value_info
-
-    index = os.path.join(directory, ActivationStore.INDEX)
-    if os.path.exists(index):
-        return ActivationStore.open(directory)
-
-    def values(current, names):
-        result = run_reference(current, names)
-        try:
-            return {n: np.array(v) for n, v in dict(result.outputs).items()}
-        finally:
-            result.discard()
-
-    levels = open_control_flow(model, values)
-    opened = levels[-1][0] if levels else model
-    names = list(dict.fromkeys(o for n in opened.graph.node for o in n.output if o))
-    known = inferred_value_info(opened)
-    sizes = {n: tensor_bytes(known[n]) for n in names if n in known}
-    return ActivationStore.capture(lambda chunk: run_reference(opened, chunk), names, sizes, directory,
-                                   chunk_bytes=chunk_bytes)
 
 
 def _static(info) -> tuple | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reprokit.graph.extract import bodies, rename_outer_refs
+from reprokit.graph.extract import Extraction, bodies, rename_outer_refs
 from reprokit.standalone.names import FreshNames, graph_names
 
 MAX_ROUNDS = 8  # nested control flow opens one level per round
@@ -262,8 +262,6 @@ def wrap_in_if(extraction, cond_name: str, cond_value):
 
     import onnx
     from onnx import helper
-
-    from reprokit.graph.extract import Extraction
 
     sub = extraction.model
     pool = FreshNames.of(sub)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from reprokit.errors import ExitCode
+
 BATCH, SPATIAL, SEQUENCE, OTHER = 1, 224, 16, 1
 _IMAGE_SIZE_KEYS = ("imgsz", "img_size", "image_size", "imagesize", "input_size", "imgsize")
 
@@ -160,8 +162,6 @@ def say_in_error(exc) -> None:
     """A ReprokitError raised after sizes were chosen names them: the error line says which,
     and the hint puts the ``--input-shapes`` to edit first (before the hint it had) when the
     reference failed (exit 5), where wrong sizes are the likeliest cause, after it otherwise."""
-    from reprokit.errors import ExitCode
-
     guesses = chosen()
     if not guesses or exc.exit_code in (ExitCode.USAGE, ExitCode.INTERRUPTED) or "reprokit chose" in exc.message:
         return

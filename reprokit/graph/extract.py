@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.graph.model import inferred_value_info
+
 _CONST_LIMIT = 4096  # non-float cut tensors up to this many elements become initializers
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
@@ -33,8 +35,6 @@ class GraphIndex:
 
     @classmethod
     def build(cls, model) -> GraphIndex:
-        from reprokit.graph.model import inferred_value_info
-
         value_info = inferred_value_info(model)
         node_inputs, node_outputs, producer = [], [], {}
         for index, node in enumerate(model.graph.node):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.errors import InputError, UsageError
+from reprokit.spec import parse_target
 
 _TWO_GB = 2_000_000_000
 
@@ -313,9 +314,10 @@ def output_names(model) -> list[str]:
     return [o.name for o in model.graph.output]
 
 
-def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]], *, fold: bool = True):
-    """Set the given input shapes (validated against the model), infer shapes, fold constants
-    (``fold=False``: the caller folds, checked, see :func:`reprokit.graph.folding.checked_fold`)."""
+def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]]):
+    """Set the given input shapes (validated against the model) and infer shapes. Folding the
+    constants this makes static runs onnxruntime: the caller folds, checked against the
+    reference (:func:`reprokit.engine.folding.checked_fold`)."""
     infos = {i.name: i for i in input_infos(model)}
     for name, shape in shapes.items():
         if name not in infos:
@@ -342,59 +344,12 @@ def freeze_input_shapes(model, shapes: dict[str, tuple[int, ...]], *, fold: bool
             for dim, value in zip(dims, shapes[vi.name]):
                 dim.Clear()
                 dim.dim_value = int(value)
-    if not fold:
-        try:
-            import onnx
+    try:
+        import onnx
 
-            return onnx.shape_inference.infer_shapes(model)
-        except Exception:  # best effort, as in fold_constants
-            return model
-    return fold_constants(model)
-
-
-def fold_constants(model):
-    """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept.
-    Models whose weights stay on disk (external data) are left unfolded: folding would pull
-    every weight into memory. Unnamed nodes are named by :func:`node_label` first, so the
-    folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came from.
-
-    Folding is an optimization that onnx-graphsurgeon sometimes gets wrong (shapes folded from
-    wrong inferred shapes): callers that run the result check it against the unfolded model
-    (:func:`reprokit.graph.folding.checked_fold`)."""
-    import onnx
-    import onnx_graphsurgeon as gs
-
-    if external_locations(model):
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:  # best effort: engines infer shapes themselves
         return model
-    from reprokit.engine.enginelog import captured
-
-    ir_version, opsets = model.ir_version, list(model.opset_import)
-    # gs folds with onnxruntime in this process: its log lines and gs's own go to the run's log
-    # (reprokit.engine.enginelog), never to the console. Warnings about the folding's own constant
-    # subgraphs say nothing about the user's engine: errors only.
-    try:
-        import onnxruntime
-
-        onnxruntime.set_default_logger_severity(3)
-    except Exception:
-        pass
-    try:
-        with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
-            named = onnx.ModelProto.FromString(model.SerializeToString())
-            name_unnamed_nodes(named)
-            graph = gs.import_onnx(named)
-            graph.fold_constants(error_ok=True).cleanup().toposort()
-            folded = gs.export_onnx(graph, do_type_check=False)
-    except Exception:  # folding is an optimization: keep the model as it was
-        return model
-    folded.ir_version = ir_version
-    del folded.opset_import[:]
-    folded.opset_import.extend(opsets)
-    try:
-        folded = onnx.shape_inference.infer_shapes(folded)
-    except Exception:
-        pass
-    return folded
 
 
 def _fmt(shape) -> str:
@@ -458,8 +413,6 @@ def check_target_nodes(model, target: str) -> None:
     """Usage error before any work when the target's ``fp32-nodes=`` names no node of ``model``
     (a ModelProto or the path of the user's file, where ``OP_INDEX`` labels are counted; the
     file is read, without weights, only when the target has ``fp32-nodes``)."""
-    from reprokit.spec import parse_target
-
     spec = parse_target(target)
     if not spec.has("fp32-nodes"):
         return

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 
+import reprokit
 from reprokit.errors import EngineUnavailable
 from reprokit.matrix.cells import Cell, Outcome, run_cell
 
@@ -114,8 +115,6 @@ def _runtime_env(address: str) -> dict | None:
     uv (the cells build their environments). A local cluster shares this interpreter."""
     if address in ("local",):
         return None
-    import reprokit
-
     return {"py_modules": [os.path.dirname(reprokit.__file__)], "pip": ["uv"]} if address.startswith("ray://") else None
 
 

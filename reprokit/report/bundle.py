@@ -18,14 +18,26 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit import __version__
-from reprokit.api import RunOptions, check
-from reprokit.errors import InputError, NothingToReduce
+from reprokit.convert import convert_float_model
+from reprokit.engine.backends import backend_class
+from reprokit.engine.envinfo import fingerprint
+from reprokit.engine.envinfo import redact as redact_env
+from reprokit.engine.oracle import normalize_message
+from reprokit.engine.session import RunOptions, check
+from reprokit.errors import InputError, NothingToReduce, ReprokitError
+from reprokit.graph.model import inline_external_data, name_unnamed_nodes, save_model
 from reprokit.report.archive import check_manifest, safe_extract, write_archive, write_manifest
-from reprokit.report.envinfo import fingerprint
-from reprokit.report.envinfo import redact as redact_env
+from reprokit.report.describe import (
+    describe,
+    environment_lines,
+    polygraphy_command,
+    title,
+    trtexec_command,
+)
+from reprokit.report.redact import redact
 from reprokit.report.render import render
 from reprokit.report.upstream import issue_template, upstream_values
-from reprokit.spec import parse_target
+from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
 from reprokit.standalone.checkpolicy import CheckPolicy
 
@@ -88,9 +100,6 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
 
 
 def _redacted(result, target, options, tmp, notes):
-    from reprokit.graph.model import inline_external_data, save_model
-    from reprokit.report.redact import redact
-
     feeds = result.prepared.feeds.arrays
     model = result.prepared.model
     model = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
@@ -125,8 +134,6 @@ def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
 
 
 def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes) -> bool:
-    from reprokit.graph.model import save_model
-
     verdict = result.verdict
     spec = parse_target(target)
     feeds = result.prepared.feeds.arrays
@@ -139,9 +146,6 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     spec, bundled, needed = _bundle_check_files(stage, spec)
     converted_by_reprokit = spec.engine == "trt" or (spec.engine == "ort" and spec.has("cuda"))
     if converted_by_reprokit and (spec.has("fp16") or spec.has("bf16")):
-        from reprokit.convert import convert_float_model
-        from reprokit.graph.model import inline_external_data, name_unnamed_nodes
-
         narrow = "fp16" if spec.has("fp16") else "bf16"
         keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
         inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
@@ -214,7 +218,6 @@ def _bundle_check_files(stage: str, spec):
             bundled.append(rel)
         elif index > 0:  # an interpreter given by path (argv[0]) is a tool, not the check's file
             needed.append(path)
-    from reprokit.spec import TargetSpec
 
     # Not parse_target: the rewritten paths exist in the archive, not in this directory.
     return TargetSpec(engine="cmd", options=spec.options, command=_shell_join(argv)), bundled, needed
@@ -261,20 +264,10 @@ def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
 
 
 def _template_values(result, spec, env, context, archive_name, model, bins, options) -> dict:
-    from reprokit.report.describe import (
-        describe,
-        environment_lines,
-        polygraphy_command,
-        title,
-        trtexec_command,
-    )
-
     verdict = result.verdict
     nodes = [n for n in model.graph.node]
     ops = sorted({n.op_type for n in nodes})
     from inspect import getsource
-
-    from reprokit.engine.oracle import normalize_message
 
     compare_source = _module_source("compare.py")
     emulation_source = _module_source("names.py") + "\n\n" + _module_source("emulation.py")
@@ -347,7 +340,6 @@ def _write_logs(stage, result, spec, values) -> None:
         "polygraphy_inspect_model.log": ["inspect", "model", "model.onnx", "--show", "layers"],
         "polygraphy_run_onnxrt.log": ["run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json"],
     }
-    from reprokit.engine.backends import backend_class
 
     if spec.engine == "trt" and backend_class("trt").probe().available:
         runs["polygraphy_run_trt_vs_onnxrt.log"] = shlex.split(values["polygraphy_command"])[1:]
@@ -393,9 +385,6 @@ def trusted_archive_spec(text: str, role: str, archive_path: str) -> str:
     if engine == "cmd":
         why = "runs a command"
     else:
-        from reprokit.engine.backends import backend_class
-        from reprokit.errors import ReprokitError
-
         try:
             spec = parse_target(text)
         except ReprokitError as exc:

@@ -4,6 +4,7 @@ is an error, never an empty string). Values that enter generated Python go throu
 
 from __future__ import annotations
 
+import math
 import os
 from importlib import resources
 
@@ -18,10 +19,21 @@ def templates_dir() -> str:
     return os.path.join(os.path.dirname(package_dir), "templates")
 
 
+def fmt(value: float) -> str:
+    """A number for people: 3 significant digits, scientific outside [1e-3, 1e5)."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "-"
+    if math.isinf(value) or math.isnan(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    return f"{value:.3g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.2e}"
+
+
 def render(name: str, **values) -> str:
     import jinja2
-
-    from reprokit.console import fmt
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir()),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
@@ -214,16 +215,12 @@ def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
 
 
 def _marked_member(reducer):
-    from reprokit.engine.layerwise import float_node_outputs  # imports the engines' comparison code
-
     names = [t for t, *_ in float_node_outputs(reducer.model)]
     outputs = list(dict.fromkeys([*reducer.index.graph_outputs, *names]))
     return Extraction(mark_outputs(reducer.model, names), dict(reducer.feeds), outputs)
 
 
 def _layerwise_from(reducer, outputs: dict, status: str = "ok", message: str = "") -> None:
-    from reprokit.engine.layerwise import compare_marked_run
-
     reducer.want_layerwise = False
     reducer.layerwise_report = compare_marked_run(
         reducer.model, reducer.store, WorkerResult(status, outputs=outputs, message=message), reducer.oracle)

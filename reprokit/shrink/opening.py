@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import os
 
-from reprokit.graph.extract import GraphIndex
+from reprokit.errors import ExitCode, ReferenceFailure, ReprokitError
+from reprokit.graph.controlflow import (
+    decisions,
+    has_control_flow,
+    if_wrapper,
+    open_control_flow,
+    open_node,
+    wrap_in_if,
+)
+from reprokit.graph.extract import GraphIndex, extract
 from reprokit.graph.model import mark_outputs, save_model
 
 
 def open_levels(model, oracle, feeds, models_dir, event, given_path: str) -> list:
     """The model opened level by level (If nodes inlined, small Loops unrolled as these feeds run
     them; reference runs decide): [(model, notes)], deepest last; [] without control flow."""
-    from reprokit.graph.controlflow import has_control_flow, open_control_flow
-
     if not has_control_flow(model):
         return []
     event("opening control flow (If, Loop) as these feeds run it")
@@ -37,8 +44,6 @@ def reprokit_built(step: str, run_reference, oracle, given_path: str, feeds: dic
     """``run_reference()`` on a model reprokit built for ``step``. When the reference fails on it
     but runs the model as given, the fault is reprokit's rewrite, not the user's model: an
     internal error that names the step (one more reference run, only then)."""
-    from reprokit.errors import ExitCode, ReferenceFailure, ReprokitError
-
     try:
         return run_reference()
     except ReferenceFailure as exc:
@@ -60,8 +65,6 @@ def _open_one_by_one(run, store, shows) -> None:
     at a time, keeping each opening that still shows it (the If an engine needs stays closed,
     the others open): at most MAX_SINGLE_OPENINGS target calls."""
     import onnx
-
-    from reprokit.graph.controlflow import decisions, open_node
 
     current, refused, calls, opened = run.model, set(), 0, []
     while calls < MAX_SINGLE_OPENINGS:
@@ -97,9 +100,6 @@ def keep_opening(run, store, graph_outputs: dict, verdict):
     for a network that sits in one top-level If, every candidate put back inside an If (an engine
     that fails only inside one); else the model as given. Sets run.model/run.index, returns the
     wrap for the reducer (or None). About log2(levels) + 2 target calls, only for such models."""
-    from reprokit.graph.controlflow import if_wrapper, wrap_in_if
-    from reprokit.graph.extract import extract
-
     if not run.levels:
         return None
 

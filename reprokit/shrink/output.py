@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reprokit.api import RunOptions
+from reprokit.engine.session import RunOptions
 from reprokit.graph.controlflow import count_nodes
-from reprokit.graph.model import save_model, staged_data
+from reprokit.graph.model import external_locations, load_model, save_model, staged_data
+from reprokit.report.bundle import pack
 from reprokit.shrink.runstate import _atomic_json, _atomic_npz, rerun_command
 
 
@@ -165,8 +166,6 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
     ``audit`` (a reprokit.audit.AuditResult of the original model) adds audit/ and the sweep."""
     from dataclasses import replace
 
-    from reprokit.report.bundle import pack
-
     summary = result.summary
     context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
                "calls": summary["calls"]["target"], "one_minimal": summary["one_minimal"],
@@ -194,9 +193,6 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
                      redact: bool = False, on_event=None):
     """Pack the ORIGINAL model of an accumulated-error run, ISSUE.md carrying the attribution;
     None (with a note) when the model is too big to travel in an archive."""
-    from reprokit.graph.model import external_locations, load_model
-    from reprokit.report.bundle import pack
-
     folder = os.path.dirname(os.path.abspath(model_path))
     size = os.path.getsize(model_path) + sum(
         os.path.getsize(os.path.join(folder, loc)) for loc in external_locations(load_model(model_path, load_weights=False))

@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reprokit.engine.oracle import Kind
+from reprokit.graph.extract import GraphIndex
 from reprokit.shrink.passes import branches, ddmin, inside, localize, named, survey, window
-from reprokit.shrink.reducer import BudgetExhausted
+from reprokit.shrink.reducer import BudgetExhausted, Journal, Reducer
 
 NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)
 GROUPED = (Kind.BUILD_ERROR, Kind.CRASH)  # timeouts are not packed: a bigger model is slower
@@ -155,9 +156,6 @@ def isolated_attribution(model, activations: dict, feeds: dict, oracle, signatur
     the same attribution shrink writes for an accumulated error, for ``audit``. Nodes that read a
     tensor the capture does not hold (integer shapes) are left out."""
     import os
-
-    from reprokit.graph.extract import GraphIndex
-    from reprokit.shrink.reducer import Journal, Reducer
 
     os.makedirs(workdir, exist_ok=True)
     index = GraphIndex.build(model)

@@ -9,9 +9,10 @@ import json
 import os
 import shlex
 
-from reprokit.api import RunOptions
+from reprokit.engine.oracle import feeds_digest, file_digest
+from reprokit.engine.session import RunOptions
 from reprokit.errors import InputError
-from reprokit.spec import parse_target
+from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
 
 STATE_DIR = ".reprokit"
@@ -101,8 +102,6 @@ def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
 
 def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume) -> None:
     """--resume continues only the run that was started: same model, feeds, target, criterion."""
-    from reprokit.engine.oracle import feeds_digest, file_digest
-
     fingerprint = {
         "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
         "reference": oracle.reference, "criterion": oracle.criterion.describe(),
@@ -137,8 +136,6 @@ def _with_timing_cache(target: str, state_dir: str) -> str:
 
 def _without_private_timing_cache(target: str) -> str:
     """``target`` less the timing cache :func:`_with_timing_cache` put in a run's state folder."""
-    from reprokit.spec import TargetSpec
-
     spec = parse_target(target)
     private = os.path.join(STATE_DIR, "timing.cache")
     options = tuple((k, v) for k, v in spec.options

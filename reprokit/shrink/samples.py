@@ -13,43 +13,14 @@ and no reduction: it asks the oracle and reuses ``subgraph.extract``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.engine.oracle import Verdict
+from reprokit.engine.activations import ActivationStore, tensor_bytes
+from reprokit.engine.session import SampleVerdict
 from reprokit.errors import NothingToReduce
-
-
-@dataclass(frozen=True)
-class SampleVerdict:
-    """One sample's verdict on one model."""
-
-    index: int
-    verdict: Verdict
-
-    def worst(self) -> dict | None:
-        """The worst output's error; inf and nan as strings ("inf"), as every reprokit JSON has them."""
-        worst = self.verdict.worst()
-        if worst is None:
-            return None
-        error = worst.error if np.isfinite(worst.error) else str(worst.error)
-        return {"output": worst.name, "metric": self.verdict.criterion.metric.value, "error": error}
-
-    def to_json(self) -> dict:
-        return {"index": self.index, "diverges": self.verdict.diverges,
-                "signature": self.verdict.signature.to_json(), "worst": self.worst(),
-                "verdict": self.verdict.to_json()}
-
-    def line(self) -> str:
-        """``sample 1: nonfinite (inf) in y; worst y rel-l2 inf`` — for people."""
-        verdict = self.verdict
-        text = f"sample {self.index}: " + (verdict.signature.describe() if verdict.diverges else "agrees")
-        worst = self.worst()
-        if worst is not None:
-            error = worst["error"]
-            text += f"; worst {worst['output']} {worst['metric']} {error if isinstance(error, str) else f'{error:.3g}'}"
-        return text
+from reprokit.graph.extract import extract
+from reprokit.graph.model import mark_outputs, save_model
 
 
 def choose_sample(oracle, prepared, model, models_dir: str, event) -> None:
@@ -59,7 +30,6 @@ def choose_sample(oracle, prepared, model, models_dir: str, event) -> None:
     failing is the same stop as a single sample that agrees."""
     if not prepared.samples:
         return
-    from reprokit.graph.model import save_model
 
     path = save_model(model, os.path.join(models_dir, "original.onnx"), base_dir=prepared.base_dir)
     event(f"judging each of the {len(prepared.samples)} input samples on the original model")
@@ -138,10 +108,6 @@ def judge_minimal(run, reducer, nodes, final, judged_verdict) -> list[dict] | No
 
 
 def _judge_on_sample(run, reducer, nodes, final, index: int) -> dict:
-    from reprokit.engine.activations import ActivationStore, tensor_bytes
-    from reprokit.graph.extract import extract
-    from reprokit.graph.model import mark_outputs, save_model
-
     oracle, index_ = run.oracle, run.index
     feeds = run.prepared.samples[index].arrays
     produced = {t for i in nodes for t in index_.node_outputs[i]}

@@ -12,11 +12,11 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.api import RunOptions, make_oracle, prepare
 from reprokit.audit import precision
-from reprokit.engine.activations import ActivationStore
+from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.backends import backend_class
-from reprokit.engine.oracle import Kind, check_reference_finite
+from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
+from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import InputError, NotReproduced
 from reprokit.graph.controlflow import count_nodes
 from reprokit.graph.extract import GraphIndex
@@ -31,7 +31,8 @@ from reprokit.shrink import pipeline
 from reprokit.shrink.confirm import confirm, flaky_tally
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
-from reprokit.shrink.reducer import Journal, Reducer
+from reprokit.shrink.passes.shapes import MIN_ELEMENTS, ShapeJudge, elements, shrink_shapes
+from reprokit.shrink.reducer import Journal, PassStats, Reducer
 from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
     STATE_DIR,
     _check_same_run,
@@ -43,6 +44,7 @@ from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, r
 )
 from reprokit.shrink.samples import choose_sample, judge_minimal, sample_calls, samples_summary
 from reprokit.spec import parse_target
+from reprokit.standalone.compare import Metric
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,6 @@ def severity_floor(verdict) -> float | None:
     """The error a mismatch candidate must reach: a tenth of the original's worst error, at least
     the tolerance and at most ten times it — so a 1.0 divergence never shrinks to a 0.0104 one
     (tolerance 0.01) a maintainer would dismiss, while a divergence near the tolerance keeps it."""
-    from reprokit.standalone.compare import Metric
-
     if verdict.kind is not Kind.MISMATCH or verdict.criterion.metric is Metric.ALLCLOSE:
         return None
     tolerance = verdict.criterion.tolerance
@@ -146,8 +146,6 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     if not accept_milder:
         reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
-        from reprokit.engine.oracle import normalize_message
-
         reducer.message_key = normalize_message(verdict.message)
     reducer.pack_bytes = limits.capture_chunk_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
@@ -326,8 +324,6 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
 def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:
     """The node-minimal model's inputs halved axis by axis while the signature holds, within
     what is left of the call budget (reduce/shapes.py)."""
-    from reprokit.shrink.passes.shapes import MIN_ELEMENTS, ShapeJudge, elements, shrink_shapes
-
     if elements(final.feeds) <= MIN_ELEMENTS:
         return None
     left = None
@@ -400,16 +396,12 @@ def node_label(model, index: int) -> str:
 
 
 def _confirm_stats(oracle, nodes: int):
-    from reprokit.shrink.reducer import PassStats
-
     return PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds,
                      nodes_built=oracle.stats.target * nodes)
 
 
 def _capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event) -> ActivationStore:
     """Every node output of the reference, on disk, in as many runs as the memory budget needs."""
-    from reprokit.engine.activations import tensor_bytes
-
     capture_dir = os.path.join(state_dir, "activations")
     if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
         return ActivationStore.open(capture_dir)

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from reprokit.errors import ReprokitError
+from reprokit.errors import InputError, ReprokitError
 from reprokit.spec import OptionDoc, TargetSpec
 
 
@@ -72,8 +72,6 @@ class Backend:
     def refuse_containers(self, feeds: dict) -> None:
         """For engines that take tensors only: a sequence or optional input is an input error
         (exit 3) that says which engines take them, never a crash inside the engine."""
-        from reprokit.errors import InputError
-
         for name, value in feeds.items():
             if value is None or isinstance(value, (list, tuple)):
                 what = "an empty optional" if value is None else "a sequence"

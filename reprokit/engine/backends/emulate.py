@@ -18,7 +18,9 @@ import tempfile
 import numpy as np
 
 from reprokit.engine.backends.base import Availability, Backend, RunResult, module_version
+from reprokit.engine.backends.ort import make_session, run_session
 from reprokit.errors import EngineUnavailable, UsageError
+from reprokit.graph.model import name_unnamed_nodes
 from reprokit.spec import OptionDoc, TargetSpec
 from reprokit.standalone.emulation import NARROW, CannotEmulate, emulate_model, round_through
 
@@ -58,9 +60,6 @@ class EmulateBackend(Backend):
 
     def run(self, model_path, feeds, output_names):
         import onnx
-
-        from reprokit.engine.backends.ort import make_session, run_session
-        from reprokit.graph.model import name_unnamed_nodes
 
         keep = frozenset(filter(None, str(self.spec.get("fp32-nodes", "")).split(";")))
         source = onnx.load(model_path, load_external_data=False)

@@ -22,6 +22,7 @@ from reprokit.engine.backends.base import (
     module_version,
 )
 from reprokit.errors import EngineUnavailable, UsageError
+from reprokit.graph.model import check_node_names, name_unnamed_nodes
 from reprokit.spec import OptionDoc, TargetSpec
 
 _HINTS = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
@@ -147,8 +148,6 @@ def keep_precise(core, model, model_path: str, keep: list[str], tmp: str):
 
     import onnx
     import openvino as ov
-
-    from reprokit.graph.model import check_node_names, name_unnamed_nodes
 
     graph = onnx.load(model_path, load_external_data=False)
     name_unnamed_nodes(graph)

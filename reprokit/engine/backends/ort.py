@@ -17,6 +17,18 @@ from reprokit.engine.backends.base import (
     RunResult,
     module_version,
 )
+from reprokit.engine.backends.ort_cuda import (
+    CUDA,
+    INSTALL_HINT,
+    cuda_library_error,
+    cuda_provider,
+    environment_error,
+    environment_failure,
+    gpu_meta,
+    narrow_session,
+    refuse_cpu_fallback,
+    require_cuda_build,
+)
 from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.spec import OptionDoc, TargetSpec
 
@@ -137,8 +149,6 @@ GPU_TARGETS = "ort:cuda (TF32), ort:cuda,no-tf32, ort:cuda,fp16, ort:cuda,bf16 (
 
 def _gpu_targets(providers) -> str:
     """Whether the CUDA targets can run here, and if not, what is missing."""
-    from reprokit.engine.backends.ort_cuda import CUDA, INSTALL_HINT, cuda_library_error
-
     if CUDA not in providers:
         return f"{GPU_TARGETS}: no, onnxruntime-gpu is not installed ({INSTALL_HINT})"
     missing = cuda_library_error()
@@ -229,8 +239,6 @@ class OrtBackend(Backend):
                 )
             return [(wanted, options), "CPUExecutionProvider"]
         if self.spec.has("cuda"):
-            from reprokit.engine.backends.ort_cuda import cuda_provider, require_cuda_build
-
             require_cuda_build()
             return [cuda_provider(use_tf32=not self.spec.has("no-tf32")), "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
@@ -242,8 +250,6 @@ class OrtBackend(Backend):
             optimize = self.spec.has("opt")
             try:
                 if self.narrow():
-                    from reprokit.engine.backends.ort_cuda import narrow_session
-
                     keep = frozenset(n.strip() for n in str(self.spec.get("fp32-nodes", "")).split(";")
                                      if n.strip())
                     # the converted copies hold their weights (or have them beside them in tmp)
@@ -254,18 +260,11 @@ class OrtBackend(Backend):
                     session = make_session(model_path, optimize=optimize, providers=providers,
                                            weights_dir=self.weights_dir)
                 if self.spec.has("cuda"):
-                    from reprokit.engine.backends.ort_cuda import gpu_meta, refuse_cpu_fallback
-
                     refuse_cpu_fallback(session)  # before any run: a CPU run is never a GPU verdict
                     meta.update(gpu_meta(session))
                 outputs = run_session(session, feeds, output_names)
             except Exception as exc:
                 if self.spec.has("cuda") and not isinstance(exc, EngineUnavailable):
-                    from reprokit.engine.backends.ort_cuda import (
-                        environment_error,
-                        environment_failure,
-                    )
-
                     if environment_failure(str(exc)):  # a library or driver, not the model
                         raise environment_error(exc) from exc
                 raise

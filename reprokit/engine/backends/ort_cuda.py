@@ -16,8 +16,11 @@ from __future__ import annotations
 import os
 import sys
 
+from reprokit.convert import convert_float_model_report
+from reprokit.engine.backends.base import BuildError
+from reprokit.engine.envinfo import gpu_info, onnxruntime_build
 from reprokit.errors import EngineUnavailable, InputError
-from reprokit.report.envinfo import onnxruntime_build
+from reprokit.graph.model import name_unnamed_nodes
 
 CUDA = "CUDAExecutionProvider"
 INSTALL_HINT = ("pip uninstall onnxruntime && pip install 'reprokit[gpu]' (onnxruntime-gpu; the two packages "
@@ -191,8 +194,6 @@ def gpu_meta(session, device_id: int = 0) -> dict:
     (the onnxruntime build's and the loaded libraries'). Missing pieces are None, never errors."""
     import onnxruntime as ort
 
-    from reprokit.report.envinfo import gpu_info
-
     options = session.get_provider_options().get(CUDA, {})
     try:
         device_id = int(options.get("device_id", device_id))
@@ -248,8 +249,6 @@ def _load_source(model_path: str, weights_dir: str | None, name_nodes: bool):
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
 
-    from reprokit.graph.model import name_unnamed_nodes
-
     source = onnx.load(model_path, load_external_data=False)
     load_external_data_for_model(source, weights_dir or os.path.dirname(os.path.abspath(model_path)))
     if name_nodes:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
@@ -259,8 +258,6 @@ def _load_source(model_path: str, weights_dir: str | None, name_nodes: bool):
 
 def _convert(source, narrow: str, keep: frozenset[str], tmp: str, meta: dict, name: str = "model") -> str:
     import onnx
-
-    from reprokit.convert import convert_float_model_report
 
     try:
         model, report = convert_float_model_report(source, narrow, keep)
@@ -290,8 +287,6 @@ def narrow_session(model_path: str, narrow: str, keep: frozenset[str], weights_d
     by trying (the smallest set whose float32 copy loads, each try one conversion and one session),
     remembered per onnxruntime build in the temporary folder, and said in a note. A model that
     fails to load even with every op type kept in float32 fails for another reason: its own error."""
-    from reprokit.engine.backends.base import BuildError
-
     source = _load_source(model_path, weights_dir, True)
     present = sorted({node.op_type for node in source.graph.node})
     known = sorted(set(_no_kernel_cache(narrow)) & set(present))

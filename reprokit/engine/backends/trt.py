@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.convert import convert_float_model_report, node_names
 from reprokit.engine.backends.base import Availability, Backend, BuildError, RunResult
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.spec import OptionDoc, TargetSpec
@@ -335,8 +336,6 @@ class TrtBackend(Backend):
     def run(self, model_path, feeds, output_names):
         import onnx
 
-        from reprokit.convert import node_names
-
         self.refuse_containers(feeds)
         module, rtx = load_tensorrt()
         version = str(getattr(module, "__version__", "?"))
@@ -373,8 +372,6 @@ class TrtBackend(Backend):
     @staticmethod
     def _convert(model_path, settings, tmp, meta) -> str:
         import onnx
-
-        from reprokit.convert import convert_float_model_report
 
         try:
             model, report = convert_float_model_report(

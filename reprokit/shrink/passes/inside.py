@@ -15,8 +15,13 @@ from __future__ import annotations
 import hashlib
 import os
 
+from reprokit.engine.activations import capture_opened as capture
+from reprokit.graph.branchcut import Layered, Sites
 from reprokit.graph.controlflow import count_nodes
+from reprokit.graph.extract import GraphIndex
+from reprokit.graph.model import mark_outputs, save_model
 from reprokit.shrink.passes import ddmin
+from reprokit.shrink.reducer import Reducer
 
 
 def holds_if(reducer) -> bool:
@@ -29,9 +34,6 @@ def run(reducer) -> bool:
     there is nothing inside to reduce (the caller runs the top-level ddmin instead)."""
     if not reducer.reach_inside:
         return False
-    from reprokit.graph.branchcut import Layered, Sites, capture
-    from reprokit.graph.extract import GraphIndex
-    from reprokit.shrink.reducer import Reducer
 
     best = reducer.extraction(reducer.best)
     model, feeds = best.model, best.feeds
@@ -84,8 +86,6 @@ def _cones(inner, sites, outputs: list[str]) -> None:
 def _reference_runner(reducer, feeds):
     """The reference on a model reprokit built (the opened best), guarded: a failure there is
     reprokit's, said as such, not the user's model."""
-    from reprokit.graph.model import mark_outputs, save_model
-
     def run_reference(model, names):
         path = save_model(mark_outputs(model, list(names)), os.path.join(reducer.workdir, "inside_capture.onnx"))
         call = lambda: reducer.oracle.run_reference(path, feeds, list(names))  # noqa: E731
@@ -97,8 +97,6 @@ def _reference_runner(reducer, feeds):
 def _adopt(reducer, inner, sub, store) -> None:
     """The accepted candidate becomes the model the run works on: every node of it kept, its
     inputs (cut tensors included) fed like the model's own."""
-    from reprokit.graph.extract import GraphIndex
-
     # the reference never ran on the candidates (judged against captured outputs): it runs the
     # adopted model once, so a rewrite it refuses is said to be reprokit's, not left to the pack
     _reference_runner(reducer, sub.feeds)(sub.model, list(sub.outputs)).discard()

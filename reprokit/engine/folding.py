@@ -1,13 +1,16 @@
 """Checked constant folding: a folded model is used only when it loads and computes what the
 unfolded one computes on the feeds.
 
-onnx-graphsurgeon's folding (:func:`reprokit.graph.model.fold_constants`) is an optimization, and on
+onnx-graphsurgeon's folding (:func:`fold_constants`) is an optimization, and on
 some valid models (expanded attention and group-norm function bodies) it folds shapes from
 wrong inferred shapes: onnxruntime then rejects the folded model (Reshape, Squeeze, Expand) or
 computes something else. Blaming the reference for a model reprokit built is wrong, so every
 folded model is run once on the reference and compared with the unfolded model's outputs;
 when it fails or differs it is dropped and the caller says folding was skipped.
-Runs engines only through the ``run`` callable it is given.
+
+It sits in ``engine/``, not ``graph/``: folding runs onnxruntime in this process (through
+onnx-graphsurgeon, its log lines captured by :mod:`reprokit.engine.enginelog`) and checking a
+fold runs the reference in a worker process (:func:`reference_runner`). Owns no verdicts.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.errors import ReprokitError
+from reprokit.engine.enginelog import captured
+from reprokit.engine.worker import run_in_worker
+from reprokit.errors import ReferenceFailure, ReprokitError
+from reprokit.graph.model import external_locations, name_unnamed_nodes, save_model
+from reprokit.standalone.arrays import save_npz
 
 SKIPPED = "constant folding skipped"
 
@@ -86,8 +93,6 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
     caller has them already; otherwise the unfolded model is run first (when that fails, the
     model is returned unfolded and the caller's own reference run reports the user's model,
     never the folded copy)."""
-    from reprokit.graph.model import fold_constants, save_model
-
     folded = fold_constants(model)
     if not folding_changed(model, folded):
         return Folded(model, False)
@@ -114,10 +119,6 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
 def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights_dir: str | None = None):
     """``run(path, feeds) -> outputs`` on the reference ``spec`` through a worker process; an
     engine failure raises ReferenceFailure (the caller decides whom it concerns)."""
-    from reprokit.engine.worker import run_in_worker
-    from reprokit.errors import ReferenceFailure
-    from reprokit.standalone.arrays import save_npz
-
     counter = [0]
 
     def run(path: str, feeds: dict) -> dict:
@@ -140,8 +141,6 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
     """``--input-shapes``: fold the frozen model when the folded one agrees with it on the
     reference (``session.prepare``). Returns the model and the file engines load; says in
     ``notes`` what was done."""
-    from reprokit.graph.model import external_locations, save_model
-
     frozen = f"froze input shapes {options.input_shapes}"
     if external_locations(model):
         notes.append(frozen)
@@ -154,3 +153,47 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
         return result.model, save_model(result.model, path)
     notes.append(frozen + (f"; {result.note}" if result.note else ""))
     return model, path
+
+
+def fold_constants(model):
+    """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept.
+    Models whose weights stay on disk (external data) are left unfolded: folding would pull
+    every weight into memory. Unnamed nodes are named by :func:`node_label` first, so the
+    folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came from
+    (:func:`reprokit.graph.model.node_label`).
+
+    Folding is an optimization that onnx-graphsurgeon sometimes gets wrong (shapes folded from
+    wrong inferred shapes): callers that run the result check it against the unfolded model
+    (:func:`checked_fold`)."""
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    if external_locations(model):
+        return model
+    ir_version, opsets = model.ir_version, list(model.opset_import)
+    # gs folds with onnxruntime in this process: its log lines and gs's own go to the run's log
+    # (reprokit.engine.enginelog), never to the console. Warnings about the folding's own constant
+    # subgraphs say nothing about the user's engine: errors only.
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)
+    except Exception:
+        pass
+    try:
+        with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
+            named = onnx.ModelProto.FromString(model.SerializeToString())
+            name_unnamed_nodes(named)
+            graph = gs.import_onnx(named)
+            graph.fold_constants(error_ok=True).cleanup().toposort()
+            folded = gs.export_onnx(graph, do_type_check=False)
+    except Exception:  # folding is an optimization: keep the model as it was
+        return model
+    folded.ir_version = ir_version
+    del folded.opset_import[:]
+    folded.opset_import.extend(opsets)
+    try:
+        folded = onnx.shape_inference.infer_shapes(folded)
+    except Exception:
+        pass
+    return folded
