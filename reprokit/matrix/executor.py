@@ -111,11 +111,12 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
 
 
 def _runtime_env(address: str) -> dict | None:
-    """A remote cluster gets reprokit's own files (py_modules); its workers need nothing else but
-    uv (the cells build their environments). A local cluster shares this interpreter."""
-    if address in ("local",):
+    """A cluster joined by address gets reprokit's own files (py_modules) and uv: the matrix cells
+    need nothing else on a worker, they build their environments there. ``local`` starts a
+    cluster that shares this interpreter."""
+    if address == "local":
         return None
-    return {"py_modules": [os.path.dirname(reprokit.__file__)], "pip": ["uv"]} if address.startswith("ray://") else None
+    return {"py_modules": [os.path.dirname(reprokit.__file__)], "pip": ["uv"]}
 
 
 def _no_such_kind(fn, args, kind, offered) -> dict:

@@ -42,7 +42,7 @@ def latest_answer(payload: dict) -> str:
                                                + (" (latest)" if row["version"] == latest else ""))
     parts = [f"{word} on {package} {', '.join(versions)}" for word, versions in by.items()]
     text = (f"Yes. `repro.py` ran against {package} release by release, each in a fresh environment "
-            f"(`reprokit verify --versions '{payload['spec']}'`{' --bisect' if payload.get('bisect') else ''}): "
+            f"(`reprokit verify --versions '{payload['spec']}'{' --bisect' if payload.get('bisect') else ''}`): "
             + "; ".join(parts) + ".")
     if latest and not any(row["version"] == latest for row in rows):
         text += f" The latest release on the index, {latest}, was not run."
