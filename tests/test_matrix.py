@@ -91,6 +91,8 @@ def test_issue_answer_replaces_the_latest_release_section():
     (["--bisect"], "go with --versions"),
     (["--versions", "numpy==1.0"], "not an engine package"),
     (["--versions", "onnxruntime==1.28.0", "--bisect", "--gpus", "L4,A100"], "one GPU kind at a time"),
+    (["--versions", "onnxruntime==1.28.0", "--gpus", "L4"], "GPU kinds of a Ray cluster"),
+    (["--versions", "onnxruntime>=>=1"], "not a version range"),
 ])
 def test_verify_versions_usage_errors(tmp_path, args, message):
     archive = tmp_path / "report.tar.gz"

@@ -56,6 +56,8 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
         raise EngineUnavailable("--versions builds environments with uv, which is not installed here", hint=INSTALL)
     if bisect and len(gpus) > 1:
         raise UsageError("--bisect runs on one GPU kind at a time", hint="give one --gpus kind, or drop --bisect")
+    if gpus and ray_address is None:
+        raise UsageError("--gpus places cells on GPU kinds of a Ray cluster", hint="add --ray auto (or an address)")
     out_path = out_path or re.sub(r"(\.tar\.gz|\.tgz|\.zip)?$", "", archive_path, count=1) + ".matrix.tar.gz"
     _check_out(out_path, archive_path)
     with open(archive_path, "rb") as handle:
