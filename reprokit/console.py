@@ -100,7 +100,8 @@ def error_table(errors, metric: str, title: str | None = None) -> Table:
         bad = e.exceeds or e.nonfinite_in_target_only
         table.add_row(
             e.name, _shape_text(e), fmt(e.rel_l2), fmt(e.max_abs),
-            str(e.target_nan), str(e.target_inf), fmt(e.max_abs_reference), fmt(e.error),
+            str(e.target_nan), str(e.target_inf), fmt(e.max_abs_reference),
+            f"exact: {e.mismatched} differ" if getattr(e, "exact", False) else fmt(e.error),
             "[red]no[/]" if bad else "[green]yes[/]",
         )
     return table

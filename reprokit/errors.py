@@ -20,6 +20,7 @@ class ExitCode(enum.IntEnum):
     REFERENCE = 5  # the reference itself fails or is non-finite: nothing to compare against
     NOTHING_TO_REDUCE = 6  # shrink: the original does not diverge (or is flaky)
     NOT_REPRODUCED = 7  # shrink: the reduced model does not reproduce when judged alone
+    NOTHING_REMOVED = 8  # shrink: the run removed no node and did not prove every node needed
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; best-so-far results are kept on disk
     INTERNAL = 70  # a bug in reprokit: rerun with --debug and report it
 
@@ -65,6 +66,13 @@ class NothingToReduce(ReprokitError):
     """shrink was asked to reduce a model that does not diverge."""
 
     exit_code = ExitCode.NOTHING_TO_REDUCE
+
+
+class NothingRemoved(ReprokitError):
+    """shrink confirmed the bug but removed no node (the budget ran out, or no smaller candidate
+    showed the bug) without proving every node needed: not a minimal repro."""
+
+    exit_code = ExitCode.NOTHING_REMOVED
 
 
 class NotReproduced(ReprokitError):

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from reprokit.audit.precision import fp32_nodes_support
+from reprokit.engine.bug import shows_bug
 from reprokit.engine.oracle import check_reference_finite
 from reprokit.engine.session import make_oracle
 from reprokit.errors import EngineUnavailable, ReferenceFailure, ReprokitError
@@ -195,7 +196,7 @@ def run_setting(bench: Bench, setting: Setting, signature, original) -> SweepRow
         row.fixes = not verdict.diverges
         if original.metric.value != "allclose" and worst is not None and verdict.kind.value in ("agree", "mismatch"):
             row.within_original = bool(worst.error <= original.tolerance)
-        if verdict.diverges and not verdict.signature.same_bug(signature):
+        if verdict.diverges and not shows_bug(signature, verdict):
             row.note = (row.note + "; " if row.note else "") + f"a different failure: {verdict.signature.describe()}"
         if verdict.message and not row.note:
             row.note = verdict.message.splitlines()[0][:200]
@@ -273,7 +274,7 @@ def explain(bench: Bench, oracle, signature, seed: int) -> dict:
             worst = verdict.worst()
             entry.update(diverges=verdict.diverges, verdict=verdict.kind.value,
                          error=(float(worst.error) if worst and np.isfinite(worst.error) else (str(worst.error) if worst else None)),
-                         same_bug=verdict.diverges and signature.same_bug(verdict.signature))
+                         same_bug=shows_bug(signature, verdict))
         out[key] = entry
     out["conclusion"] = conclude(out["random_inputs"].get("diverges"), out["random_weights"].get("diverges"))
     return out

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.engine.digest import feeds_digest, file_digest  # noqa: F401  (re-exported: callers' import)
+from reprokit.engine.messages import _last_lines, normalize_message, quote_message  # noqa: F401  (re-exported)
 from reprokit.engine.worker import WorkerResult, run_in_worker
 from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
 from reprokit.standalone.arrays import save_npz
@@ -75,6 +77,9 @@ class Verdict:
     target_meta: dict = field(default_factory=dict, hash=False, compare=False)
     seconds: float = 0.0
     cached: bool = False
+    # the target's own output values, kept only when asked (``keep_outputs``) for a numeric
+    # divergence: what the causal test (bug.py) injects into the original's reference run
+    target_outputs: dict | None = field(default=None, hash=False, compare=False, repr=False)
 
     @property
     def diverges(self) -> bool:
@@ -112,95 +117,6 @@ class Verdict:
             "target_meta": self.target_meta,
             "seconds": round(self.seconds, 3),
         }
-
-
-def normalize_message(message: str) -> str:
-    """A stable form of an engine error: first error-looking line, names/numbers/paths masked."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if not lines:
-        return ""
-    chosen = next((line for line in lines if re.search(r"error|fail|unsupported|invalid", line, re.I)), lines[0])
-    chosen = re.sub(r"(?<![\w>])(?:/[\w.\-]+){2,}", "<path>", chosen)
-    # A quote opens a name only where no letter precedes it and closes one only where none
-    # follows: the apostrophes of "can't" or "model's" are not quotes.
-    # Quoted operator types stay: "unsupported op 'Unique'" and "… 'NonZero'" are two bugs. The
-    # set of every op type onnx knows is kept on the function itself: repro.py embeds this
-    # function's source alone, so it may not call a helper of this module.
-    if not hasattr(normalize_message, "op_types"):
-        try:
-            import onnx.defs
-
-            normalize_message.op_types = frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
-        except Exception:  # no onnx: every quoted name is masked
-            normalize_message.op_types = frozenset()
-    chosen = re.sub(r"(?<!\w)(['\"`])(.*?)\1(?!\w)",
-                    lambda m: m.group(0) if m.group(2) in normalize_message.op_types else "<name>", chosen)
-    chosen = re.sub(r"0x[0-9a-fA-F]+|(?<![A-Za-z])\d+", "N", chosen)
-    return chosen[:200]
-
-
-def _last_lines(text: str, count: int = 3) -> str:
-    return "\n".join([line for line in text.splitlines() if line.strip()][-count:])
-
-
-def quote_message(message: str, limit: int = 300) -> str:
-    """An engine's message on one line, at most ``limit`` characters, cut only between words.
-
-    Engines put the context first and the reason last ("… while running Mul node. Name:'m'
-    Status Message: …"), so a long line keeps its start and its end around an ellipsis; a first
-    line that only introduces ("Exception from core.cpp:117:") is followed by the last line."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    text = lines[0]
-    if len(lines) > 1 and text.endswith(":"):
-        text = f"{text} … {lines[-1]}"
-    if len(text) <= limit:
-        return text
-    head = text[: limit // 3].rsplit(" ", 1)[0]
-    tail = text[-(limit - len(head) - 3):]
-    tail = tail.split(" ", 1)[1] if " " in tail else tail
-    return f"{head} … {tail}"
-
-
-def feeds_digest(feeds: dict) -> str:
-    """A digest of the feeds' values: any ONNX dtype (ml_dtypes' bfloat16, float8, int4 …),
-    strings by content, sequences (lists) element by element, empty optionals (None)."""
-    digest = hashlib.sha256()
-    for name in sorted(feeds):
-        _digest_value(digest, name, feeds[name])
-    return digest.hexdigest()
-
-
-def _digest_value(digest, name: str, value) -> None:
-    if value is None:
-        digest.update(f"{name}|none|".encode())
-        return
-    if isinstance(value, (list, tuple)):
-        digest.update(f"{name}|sequence {len(value)}|".encode())
-        for index, item in enumerate(value):
-            _digest_value(digest, f"{name}[{index}]", item)
-        return
-    array = np.ascontiguousarray(value)
-    if array.dtype.kind == "O":  # strings (or bytes): by content, never by object address
-        digest.update(f"{name}|object|{array.shape}|".encode())
-        for item in array.flat:
-            data = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogatepass")
-            digest.update(f"{type(item).__name__}:{len(data)}:".encode() + data)
-        return
-    # numpy's own dtypes keep the header they always had (digests saved by --resume still match);
-    # ml_dtypes' types say their name, their str ('<V2', '<i1') being ambiguous
-    label = array.dtype.str if array.dtype.isbuiltin != 2 else f"{array.dtype.str}:{array.dtype.name}"
-    digest.update(f"{name}|{label}|{array.shape}|".encode())
-    digest.update(memoryview(array.reshape(-1).view(np.uint8)))
-
-
-def file_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -313,13 +229,17 @@ class Oracle:
         *,
         reference_outputs: dict[str, np.ndarray] | None = None,
         output_names: list[str] | None = None,
+        keep_outputs: bool = False,
     ) -> Verdict:
-        """Verdict for one model and feeds. Cached: an identical call is never run twice."""
+        """Verdict for one model and feeds. Cached: an identical call is never run twice.
+        ``keep_outputs``: a numeric divergence keeps the target's output values (``target_outputs``)."""
         key = self.cache_key(model_path, feeds, output_names)
         # One computation per key, even under --jobs: a second thread asking for the same model
         # waits for the first one's verdict instead of building the engine again.
         with self._lock:
             hit = self._cache.get(key)
+            if hit is not None and keep_outputs and hit.target_outputs is None and hit.kind in _NUMERIC:
+                hit = None  # judged before without its values: once more, keeping them
             if hit is None:
                 owner = key not in self._pending
                 pending = self._pending.setdefault(key, threading.Event())
@@ -329,9 +249,10 @@ class Oracle:
             return Verdict(**{**hit.__dict__, "cached": True})
         if not owner:
             pending.wait()
-            return self.judge(model_path, feeds, reference_outputs=reference_outputs, output_names=output_names)
+            return self.judge(model_path, feeds, reference_outputs=reference_outputs, output_names=output_names,
+                              keep_outputs=keep_outputs)
         try:
-            verdict = self._judge_uncached(model_path, feeds, reference_outputs, output_names)
+            verdict = self._judge_uncached(model_path, feeds, reference_outputs, output_names, keep_outputs)
             with self._lock:
                 self._cache[key] = verdict
         finally:
@@ -340,7 +261,7 @@ class Oracle:
             pending.set()
         return verdict
 
-    def _judge_uncached(self, model_path, feeds, reference_outputs, output_names) -> Verdict:
+    def _judge_uncached(self, model_path, feeds, reference_outputs, output_names, keep_outputs=False) -> Verdict:
         reference_run = result = None
         try:  # every call's folder goes, whatever the outcome: crash hunts leave no feeds behind
             if reference_outputs is None:
@@ -348,7 +269,7 @@ class Oracle:
                 reference_outputs = reference_run.outputs
                 check_reference_finite(reference_outputs, self.reference)
             result = self.run_target(model_path, feeds, output_names)
-            verdict = self.verdict_from(result, reference_outputs)
+            verdict = self.verdict_from(result, reference_outputs, keep_outputs=keep_outputs)
         finally:
             for run in (result, reference_run):
                 if run is not None:
@@ -363,7 +284,7 @@ class Oracle:
         finally:
             result.discard()
 
-    def verdict_from(self, result: WorkerResult, reference_outputs: dict) -> Verdict:
+    def verdict_from(self, result: WorkerResult, reference_outputs: dict, *, keep_outputs: bool = False) -> Verdict:
         base = dict(criterion=self.criterion, reference=self.reference, target=self.target,
                     precision=self.precision, target_meta=result.meta, seconds=result.seconds)
         if result.status == "timeout":
@@ -404,7 +325,13 @@ class Oracle:
             signature = Signature(Kind.MISMATCH, tuple(e.name for e in errors if e.exceeds))
         else:
             signature = Signature(Kind.AGREE)
-        return Verdict(signature, tuple(errors), message="", **base)
+        kept = None
+        if keep_outputs and signature.kind in _NUMERIC:  # copies: the worker's files go with the call
+            kept = {name: np.array(value) for name, value in result.outputs.items() if name in reference_outputs}
+        return Verdict(signature, tuple(errors), message="", target_outputs=kept, **base)
+
+
+_NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)
 
 
 OLDEST_OPSET = 7  # onnxruntime has no kernels for ai.onnx opsets before 7 (Add-6, BatchNormalization-6 ...)

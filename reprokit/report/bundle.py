@@ -20,6 +20,7 @@ import numpy as np
 from reprokit import __version__
 from reprokit.convert import convert_float_model
 from reprokit.engine.backends import backend_class
+from reprokit.engine.bug import shows_bug
 from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.oracle import normalize_message
@@ -109,7 +110,7 @@ def _redacted(result, target, options, tmp, notes):
         inputs = os.path.join(tmp, f"redacted-{randomize}.npz")
         save_npz(inputs, red.feeds)
         again = check(path, target, options=_with_inputs(options, inputs), workdir=os.path.join(tmp, f"red-{randomize}"))
-        if again.verdict.diverges and again.verdict.signature.same_bug(result.verdict.signature):
+        if shows_bug(result.verdict.signature, again.verdict):
             info = {"renamed_tensors": len(red.names), "randomized_weights": len(red.randomized),
                     "weights": "replaced by random values (same shape, mean, std)" if randomize else "KEPT",
                     # kind and detail only: output names would leak the real tensor names

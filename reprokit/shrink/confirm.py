@@ -1,6 +1,7 @@
 """The confirming step of a shrink run: the original must diverge, every replay alike (a flaky
-target is diagnosed with a tally, never reduced), and a check command that fails like a broken
-check fails a one-node probe too before anything is reduced.
+target is diagnosed with a tally, never reduced), and a check command must pass a one-node
+Identity probe that holds nothing of the user's: a check that fails there too does not depend on
+the model, and is refused before anything is reduced (exit 4, with its own words).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import re
 
 import numpy as np
 
-from reprokit.engine.oracle import Kind, quote_message
+from reprokit.engine.bug import shows_bug
+from reprokit.engine.oracle import quote_message
 from reprokit.errors import EngineUnavailable, NothingToReduce
 from reprokit.graph.model import save_model
 from reprokit.shrink.runstate import rerun_command
@@ -36,11 +38,11 @@ def confirm(run, graph_outputs: dict, replays: int):
         raise NothingToReduce(
             f"the original model does not diverge under {run.target} ({verdict.criterion.describe()}; {numbers})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")
-    _refuse_broken_check(run, verdict)
+    _refuse_model_blind_check(run, verdict)
     seen = [verdict]
     for _ in range(replays):
         seen.append(oracle.run_again(model_file, run.feeds, graph_outputs))
-        if not signature.same_bug(seen[-1].signature):
+        if not shows_bug(signature, seen[-1]):
             raise _flaky_original(seen, signature, rerun)
     run.event(f"diverges: {signature.describe()}")
     return verdict
@@ -59,31 +61,39 @@ _BROKEN_CHECK = re.compile(
     r"cannot open shared object|error while loading shared libraries|is not recognized as")
 
 
-def _refuse_broken_check(run, verdict) -> None:
-    """A check command that fails whatever the model is broken, not a bug to reduce. When the
-    failure's words look like the check itself broke (a traceback, a missing module or file),
-    one more call runs it on a one-node model that holds nothing of the user's; the same
-    failure there stops the run with the check's own message."""
-    if parse_target(run.target).engine != "cmd" or verdict.kind not in (Kind.BUILD_ERROR, Kind.CRASH):
-        return
-    if not _BROKEN_CHECK.search(verdict.message or ""):
-        return
+def probe_model():
+    """x[1] → Identity → y: a model without anyone's bug; a check must pass it."""
     from onnx import TensorProto, helper
 
-    probe = helper.make_model(helper.make_graph(
+    return helper.make_model(helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"], name="reprokit_probe")], "reprokit_probe",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]),
         opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    path = save_model(probe, os.path.join(run.models_dir, "probe.onnx"))
-    feeds = {"x": np.ones((1,), np.float32)}
-    seen = run.oracle.run_again(path, feeds, {"y": feeds["x"]})
-    if seen.diverges and verdict.signature.same_bug(seen.signature):
-        raise EngineUnavailable(
-            f"the check command fails the same way on a one-node Identity model that holds nothing of "
-            f"yours, so it is broken, not your model: {quote_message(verdict.message, 240)}",
-            hint="run the check by hand on your model and fix it (its interpreter, imports, paths); "
-                 "a check must pass on a model without the bug")
+
+
+PROBE_FEEDS = {"x": np.ones((1,), np.float32)}
+
+
+def _refuse_model_blind_check(run, verdict) -> None:
+    """A check command that fails whatever the model is does not depend on the model: one more
+    call runs it on a one-node Identity model that holds nothing of the user's; the same failure
+    there stops the run with the check's own words (exit 4) before any reduction."""
+    if parse_target(run.target).engine != "cmd":
+        return
+    path = save_model(probe_model(), os.path.join(run.models_dir, "probe.onnx"))
+    seen = run.oracle.run_again(path, PROBE_FEEDS, {"y": PROBE_FEEDS["x"]})
+    run.probe_calls += 1
+    if not shows_bug(verdict.signature, seen):
+        return
+    broken = _BROKEN_CHECK.search(verdict.message or "")
+    raise EngineUnavailable(
+        "the check command fails the same way on a one-node Identity model that holds nothing of yours: "
+        f"it does not depend on the model{', it is broken' if broken else ''}: "
+        f"{quote_message(verdict.message, 240) or verdict.signature.describe()}",
+        hint=("run the check by hand on your model and fix it (its interpreter, imports, paths); "
+              if broken else "make the check fail only on what is wrong with the model (--fail-regex, "
+              "--fail-code); ") + "a check must pass on a model without the bug")
 
 
 def flaky_tally(verdicts: list, signature) -> str:

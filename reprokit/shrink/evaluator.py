@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.engine.bug import largest_error, shows_bug, why_not
 from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
@@ -83,14 +84,33 @@ def _prepare(reducer, nodes: frozenset, *, check: bool):
     return sub, None
 
 
-def _outcome(reducer, verdict, *, packed: bool) -> Outcome:
-    interesting = verdict.diverges and reducer.signature.same_bug(verdict.signature)
-    error = max((o.error for o in verdict.outputs), default=None)
-    if interesting and reducer.severity is not None and error is not None and not error >= reducer.severity:
+def causal_test(reducer):
+    """The reducer's causal test where its candidates are top-level nodes of the model the test
+    injects into (not inside a branch, not wrapped back into control flow), else None."""
+    if reducer.build is not None or reducer.wrap is not None:
+        return None
+    return reducer.causal
+
+
+def _causal_for(reducer, member):
+    """The causal test for this member: none for a shape try (it carries its own reference and
+    has no full-size values to inject; the node-minimal model it crops passed the test)."""
+    if member.reference is not None or member.crop or member.nodes is None:
+        return None
+    return causal_test(reducer)
+
+
+def _outcome(reducer, verdict, *, packed: bool, member=None) -> Outcome:
+    causal = _causal_for(reducer, member) if member is not None else None
+    why = why_not(reducer.signature, verdict, severity=reducer.severity, causal=causal,
+                  nodes=member.nodes if member is not None else None)
+    interesting = why is None
+    error = largest_error(verdict)
+    if why is not None and why.startswith(("milder", "not causal")):
         # A mismatch much milder than the original's is another, smaller effect: a repro a
-        # maintainer would dismiss as noise. Counted, never followed.
-        interesting = False
-        label = f"milder mismatch (error below {reducer.severity:.3g})"
+        # maintainer would dismiss as noise; a value that never reaches the failing outputs is
+        # a look-alike. Counted, never followed.
+        label = why if why.startswith("milder") else "same signature, not the cause (causal test)"
         reducer.findings[label] = reducer.findings.get(label, 0) + 1
     if interesting and reducer.message_key and verdict.message:
         # Same failure class, other words (a check printing which node it saw): counted, so the
@@ -122,12 +142,14 @@ def judge_member(reducer, member: Member):
     path = _save(reducer, sub.model)
     start = time.monotonic()
     try:
-        verdict = reducer.oracle.judge(path, sub.feeds, reference_outputs=_reference(reducer, member))
+        verdict = reducer.oracle.judge(path, sub.feeds, reference_outputs=_reference(reducer, member),
+                                       keep_outputs=_causal_for(reducer, member) is not None)
     finally:
         os.remove(path)
     if not verdict.cached:
         reducer.note_call(len(sub.model.graph.node), 1, time.monotonic() - start)
-    return reducer.record(member.nodes, _outcome(reducer, verdict, packed=False), crop=member.crop), verdict
+    outcome = _outcome(reducer, verdict, packed=False, member=member)
+    return reducer.record(member.nodes, outcome, crop=member.crop), verdict
 
 
 def _reference(reducer, member: Member) -> dict:
@@ -277,7 +299,9 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
                 outcome = Outcome(False, "build-error", "target output missing", None, packed=True)
             else:
                 own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
-                outcome = _outcome(reducer, reducer.oracle.verdict_from(own, reference), packed=True)
+                verdict = reducer.oracle.verdict_from(own, reference,
+                                                      keep_outputs=_causal_for(reducer, member) is not None)
+                outcome = _outcome(reducer, verdict, packed=True, member=member)
             found[member] = reducer.record(member.nodes, outcome, crop=member.crop)
     finally:
         result.discard()
@@ -304,7 +328,7 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
         os.remove(path)
     if not verdict.cached:
         reducer.note_call(pack.nodes, len(prepared), time.monotonic() - start)
-    fails = verdict.diverges and reducer.signature.same_bug(verdict.signature)
+    fails = shows_bug(reducer.signature, verdict)
     if not fails and not verdict.diverges:
         for cand, _ in prepared:
             reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
@@ -381,3 +405,50 @@ def _split(reducer, candidates, run: list[int], *, known_fail: bool, assumed: bo
     if hit is None and len(right) > 1 and not assumed:
         _interaction(reducer, [candidates[i] for i in right])
     return hit
+
+
+def calibrate(reducer, probe) -> tuple[str | None, int, float]:
+    """Is a pack judged as a whole by this check? One call: the known failing best placed after
+    ``probe`` (an Extraction the check passes). A check that reads only the first output, or
+    only some of the outputs, passes that pack: group testing would then clear the culprit with
+    its pack. Returns (None when packs are sound, else why not; nodes built; seconds)."""
+
+    best = reducer.extraction(reducer.best)
+    group = reducer.packing == "group"
+    pack = build_pack([probe, best], keep_node_names=group, same_node_names=reducer.names_select_nodes)
+    path = _save(reducer, pack.model)
+    start = time.monotonic()
+    try:
+        if group:
+            verdict = reducer.oracle.run_again(path, pack.feeds, {})
+        else:
+            result = reducer.oracle.run_target(path, pack.feeds)
+    finally:
+        os.remove(path)
+    why = _calibration_verdict(reducer, best, pack, verdict if group else result)
+    return why, pack.nodes, time.monotonic() - start
+
+
+def _calibration_verdict(reducer, best, pack, seen) -> str | None:
+    if reducer.packing == "group":
+        verdict = seen
+        if shows_bug(reducer.signature, verdict):
+            return None
+        return (f"a pack holding the failing model after a passing one gave "
+                f"{verdict.signature.describe() if verdict.diverges else 'a pass'}: the check does not judge every member")
+    result = seen
+    try:
+        if result.status != "ok":
+            return f"the check failed on a pack as a whole ({result.status}): it cannot judge members one by one"
+        member = pack.members[1]
+        outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
+                   if packed in result.outputs}
+        if set(outputs) != set(member.outputs.values()):
+            return (f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
+                    "outputs: it reads fewer outputs than a pack has")
+        reference = {n: reducer.store.get(n) for n in best.outputs if n in reducer.store}
+        own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
+        why = why_not(reducer.signature, reducer.oracle.verdict_from(own, reference), severity=reducer.severity)
+        return None if why is None else f"the failing model, second in a pack, gave {why}"
+    finally:
+        result.discard()

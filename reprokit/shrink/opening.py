@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from reprokit.engine.bug import shows_bug
 from reprokit.errors import ExitCode, ReferenceFailure, ReprokitError
 from reprokit.graph.controlflow import (
     decisions,
@@ -106,7 +107,7 @@ def keep_opening(run, store, graph_outputs: dict, verdict):
     def shows(model, name, feeds=None) -> bool:
         path = save_model(model, os.path.join(run.models_dir, name), base_dir=run.prepared.base_dir)
         seen = run.oracle.judge(path, feeds if feeds is not None else run.feeds, reference_outputs=graph_outputs)
-        return verdict.signature.same_bug(seen.signature)
+        return shows_bug(verdict.signature, seen)
 
     def use(level: int, note: str):
         model, notes = run.levels[level]

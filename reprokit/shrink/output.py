@@ -150,6 +150,9 @@ class _BestWriter:
             "rerun": rerun_command(self.model_path, self.target, self.options),
             "warnings": self.warnings,
             "shapes": self.shapes,
+            # which test decided "shows the original bug" (engine/bug.py), and what it cost
+            "no_slippage": {**(reducer.causal.report() if reducer.causal is not None else {}),
+                            **reducer.no_slippage},
         }
         if self.samples is not None:
             summary["samples"] = self.samples

@@ -129,6 +129,8 @@ class Reducer:
     build: Callable | None = None  # the candidate's model, when node ids are not top-level positions
     refuse: Callable | None = None  # why a candidate cannot be built (no engine call), or None
     guard: Callable | None = None  # guard(step, run) runs the reference on a model reprokit built
+    causal: object | None = None  # reprokit.engine.bug.CausalTest of a numeric signature, or None
+    no_slippage: dict = field(default_factory=dict)  # which test held the signature, and why (summary)
     _current: str = "setup"
 
     def __post_init__(self):

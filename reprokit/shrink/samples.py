@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from reprokit.engine.activations import ActivationStore, tensor_bytes
+from reprokit.engine.bug import shows_bug
 from reprokit.engine.session import SampleVerdict
 from reprokit.errors import NothingToReduce
 from reprokit.graph.extract import extract
@@ -85,7 +86,7 @@ def judge_minimal(run, reducer, nodes, final, judged_verdict) -> list[dict] | No
     signature = reducer.signature
     # judged on the node-minimal model: shape shrinking (reduce/shapes.py) crops around the
     # reduced sample's worst elements, which another sample need not share
-    found = {reduced: {"reproduces": bool(judged_verdict.diverges and signature.same_bug(judged_verdict.signature)),
+    found = {reduced: {"reproduces": shows_bug(signature, judged_verdict),
                        "minimal_worst": SampleVerdict(reduced, judged_verdict).worst(), "judged_on": "node-minimal"}}
     others = [s.index for s in prepared.sample_verdicts if s.verdict.diverges and s.index != reduced]
     if others:
@@ -135,7 +136,7 @@ def _judge_on_sample(run, reducer, nodes, final, index: int) -> dict:
     reference = {n: store.get(n) for n in sub.outputs if n in store}
     verdict = oracle.judge(path, sub.feeds, reference_outputs=reference)
     same = sub.model.SerializeToString() == final.model.SerializeToString()
-    return {"reproduces": bool(verdict.diverges and reducer.signature.same_bug(verdict.signature)),
+    return {"reproduces": shows_bug(reducer.signature, verdict),
             "minimal_signature": verdict.signature.to_json(), "minimal_worst": SampleVerdict(index, verdict).worst(),
             "same_model": same}
 

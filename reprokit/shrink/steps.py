@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from reprokit.audit import precision
 from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.backends import backend_class
+from reprokit.engine.bug import NUMERIC, CausalTest, shows_bug
 from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
 from reprokit.engine.session import RunOptions, make_oracle, prepare
-from reprokit.errors import InputError, NotReproduced
+from reprokit.errors import InputError, NothingRemoved, NotReproduced, UsageError
 from reprokit.graph.controlflow import count_nodes
-from reprokit.graph.extract import GraphIndex
+from reprokit.graph.extract import Extraction, GraphIndex
 from reprokit.graph.model import (
     check_target_nodes,
     mark_outputs,
@@ -28,7 +29,8 @@ from reprokit.graph.model import (
     save_model,
 )
 from reprokit.shrink import pipeline
-from reprokit.shrink.confirm import confirm, flaky_tally
+from reprokit.shrink.confirm import PROBE_FEEDS, confirm, flaky_tally, probe_model
+from reprokit.shrink.evaluator import calibrate, causal_test
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
 from reprokit.shrink.passes.shapes import MIN_ELEMENTS, ShapeJudge, elements, shrink_shapes
@@ -63,8 +65,10 @@ def severity_floor(verdict) -> float | None:
     if verdict.kind is not Kind.MISMATCH or verdict.criterion.metric is Metric.ALLCLOSE:
         return None
     tolerance = verdict.criterion.tolerance
-    worst = max((o.error for o in verdict.outputs if o.exceeds), default=tolerance)
-    return max(tolerance, min(worst / 10, 10 * tolerance))
+    floats = [o.error for o in verdict.outputs if o.exceeds and not o.exact]
+    if not floats:  # only exact outputs (ids, indices) differ: every differing element counts
+        return None
+    return max(tolerance, min(max(floats) / 10, 10 * tolerance))
 
 
 def default_replays(target: str) -> tuple[int, int]:
@@ -113,6 +117,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish."""
     options = options or RunOptions()
     limits = limits or Limits()
+    _check_budget(target, limits.max_calls, replays, resume)
     run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None))
     run.shrink_shapes = shrink_shapes
     store = reprokit_built(
@@ -143,16 +148,27 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)
     reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
+    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
+    if reducer.packing is not None and parse_target(run.target).engine == "cmd":
+        _calibrate_packs(run, reducer)
+    if accept_milder and signature.kind is Kind.MISMATCH:
+        reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "
+                                   "milder one need not cause the original's")
+    elif signature.kind in NUMERIC:
+        reducer.causal = CausalTest(run.oracle, run.model, run.index, store, run.feeds, signature,
+                                    run.oracle.criterion, run.models_dir)
+    else:
+        reducer.no_slippage.update(test="signature", why=f"a {signature.kind.value} has no output values to "
+                                   "inject: the same failure class (and message) is what is held")
     if not accept_milder:
         reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
         reducer.message_key = normalize_message(verdict.message)
     reducer.pack_bytes = limits.capture_chunk_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
-    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) + opening_calls
-                 + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0)
+                 + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0) + run.probe_calls
                  + (inside_allowance(count_nodes(run.model.graph) - original_nodes + (original_nodes if wrap else 0))
                     if reducer.reach_inside else 0)
                  if limits.max_calls == -1 else limits.max_calls)
@@ -180,12 +196,14 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
             run.event(note)
         if reducer.contradictions and minimal_replays:
             # groups that failed with no member failing alone: a flaky check, or members that
-            # fail only together; either way the result earns two more runs before "done"
-            minimal_replays += 2
+            # fail only together; either way the result earns two more runs before "done" —
+            # within the budget, which is a promise
+            spare = None if not max_calls else max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays
+            minimal_replays += 2 if spare is None else max(0, min(2, spare))
         return _finish(run, reducer, writer, store, minimal_replays, note)
     except BaseException as exc:
         reducer.close(interrupted=True)
-        if isinstance(exc, NotReproduced):
+        if isinstance(exc, (NotReproduced, NothingRemoved)):
             raise
         interrupted = isinstance(exc, KeyboardInterrupt)
         try:
@@ -216,10 +234,25 @@ class _Run:
     given: object = None  # the model as given (run.model may have its control flow opened)
     levels: list = field(default_factory=list)  # (model, notes) per level of opened control flow
     shrink_shapes: bool = True  # halve the result's input shapes while the signature holds
+    probe_calls: int = 0  # target calls on the Identity probe and the pack calibration (cmd checks)
 
     @property
     def feeds(self) -> dict:
         return self.prepared.feeds.arrays
+
+
+def _calibrate_packs(run: _Run, reducer) -> None:
+    """A user's check may judge only part of a pack: one calibration call decides whether this
+    run packs candidates at all (evaluator.calibrate); the summary says which and why."""
+    why, built, seconds = calibrate(reducer, Extraction(probe_model(), dict(PROBE_FEEDS), ["y"]))
+    run.probe_calls += 1
+    reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
+    if why is None:
+        reducer.no_slippage["packs"] = "packed: the check failed a pack with the failing model after a passing one"
+        return
+    reducer.packing = None
+    reducer.no_slippage["packs"] = f"one candidate per call: {why}"
+    run.event(f"packs: one candidate per call ({why})")
 
 
 def _earlier_calls(out_dir: str) -> int:
@@ -277,18 +310,25 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
     tried = []
     for nodes in list(dict.fromkeys(reversed(reducer.history)))[:3] or [reducer.best]:
         calls_before = run.oracle.stats.target
+        if tried and writer.max_calls and calls_before + 1 + replays > writer.max_calls - writer.earlier_calls:
+            break  # a fallback would pass the budget (--max-calls is a promise): not reproduced
+
+        started = time.monotonic()
         final = reducer.extraction(nodes)
         judged = save_model(final.model, os.path.join(run.models_dir, "final.onnx"),
                             base_dir=run.prepared.base_dir, self_contained=True)
         reference = {n: store.get(n) for n in final.outputs if n in store}
-        verdicts = [run.oracle.judge(judged, final.feeds, reference_outputs=reference)]
+        verdicts = [run.oracle.judge(judged, final.feeds, reference_outputs=reference,
+                                     keep_outputs=reducer.causal is not None)]
         for _ in range(replays if verdicts[0].diverges else 0):
             verdicts.append(run.oracle.run_again(judged, final.feeds, reference))
         made = run.oracle.stats.target - calls_before
         reducer.stats["final"].calls += made
         reducer.stats["final"].nodes_built += made * len(nodes)
+        reducer.stats["final"].candidates += 1
+        reducer.stats["final"].seconds += time.monotonic() - started
         tried.append(f"{len(nodes)} nodes: " + ", ".join(v.signature.describe() for v in verdicts))
-        shows = [v.diverges and reducer.signature.same_bug(v.signature) for v in verdicts]
+        shows = [shows_bug(reducer.signature, v, causal=causal_test(reducer), nodes=nodes) for v in verdicts]
         if shows[0] and not all(shows):
             # One model, two answers: the target is flaky. A larger model would only be luckier.
             said = flaky_tally(verdicts, reducer.signature)
@@ -299,6 +339,8 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
                      "tactics, a timing cache, a deterministic checker), or raise --replays to be sure")
         if all(shows):
             reducer.best = frozenset(nodes)
+            if len(nodes) >= len(run.model.graph.node) > 1 and not reducer.one_minimal:
+                _nothing_removed(run, reducer, writer, final, verdicts[0], reference, note)
             if len(tried) > 1:
                 note = (note + "; " if note else "") + ("smaller results did not reproduce alone: "
                                                           + " | ".join(tried[:-1]))
@@ -319,6 +361,43 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
         f"the reduced model does not show {reducer.signature.describe()} when judged alone ({tried[0]})",
         hint="the target is flaky or the divergence needs more context; rerun with --replays 2, or "
              f"look at {run.out_dir}/summary.json (steps, other_findings)")
+
+
+def fixed_calls(target: str, replays: int | None) -> int:
+    """Target calls a run makes whatever the search does: the confirming call and its replays,
+    for a check command the Identity probe and the pack calibration, the result judged alone
+    and its replays (steps confirm, calibrate, final)."""
+    original, minimal = default_replays(target) if replays is None else (replays, replays)
+    return 1 + original + (2 if parse_target(target).engine == "cmd" else 0) + 1 + minimal
+
+
+def _check_budget(target: str, max_calls: int | None, replays: int | None, resume: bool) -> None:
+    """A --max-calls below what a run spends outside the search cannot be kept: refused before
+    any call (a resumed run counts its earlier calls, so it is not checked here)."""
+    if resume or max_calls is None or max_calls == -1:
+        return
+    needed = fixed_calls(target, replays)
+    if max_calls < needed:
+        raise UsageError(f"--max-calls {max_calls} is below the {needed} target calls every run of this target "
+                         "makes outside the search (the confirming call, the result judged alone, their replays"
+                         + (", the check's Identity probe and pack calibration" if parse_target(target).engine == "cmd"
+                            else "") + ")",
+                         hint=f"give --max-calls {needed + 10} or more (or 'auto'), or fewer --replays")
+
+
+def _nothing_removed(run: _Run, reducer, writer, final, verdict, reference, note: str) -> None:
+    """No node removed and none proven needed: the bug is confirmed, the model is not reduced.
+    Its own status and exit code, never "done"."""
+    why = ("the call budget ran out first" if reducer.stopped else
+           "no smaller candidate showed the bug on its own (nodes that fail only together, or a check "
+           "that needs the whole model)")
+    writer.write(reducer, "nothing-removed", final_verdict=verdict, minimal_model=final.model, feeds=final.feeds,
+                 reference=reference, note=(note + "; " if note else "") + f"nothing removed: {why}")
+    raise NothingRemoved(
+        f"the bug is confirmed ({reducer.signature.describe()}) but no node was removed: {why}",
+        hint=(f"continue with a larger budget: reprokit shrink --resume {run.out_dir} --max-calls 0"
+              if reducer.stopped else "name the failure with --fail-regex, or try --one-by-one; "
+              f"{run.out_dir}/summary.json says what was tried"))
 
 
 def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:

@@ -1,7 +1,9 @@
 """Error numbers between a reference and a target array, and the tolerance policy inputs.
 
 Owns metrics (relative L2, max-abs, cosine distance, elementwise allclose) and the default
-tolerance per precision. Must not decide verdict policy: that is ``oracle.py``'s.
+tolerance per precision. Integer, bool and string outputs compare exactly (a class id or a token
+id that flips is a bug whatever its relative error): any element that differs fails, and the
+error is the count of differing elements. Complex outputs compare on both parts. Must not decide verdict policy: that is ``oracle.py``'s.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class OutputError:
     exceeds: bool
     target_shape: tuple[int, ...] | None = None  # set only when it differs from ``shape``
     reference_note: str = ""  # why relative error means little on this reference (degenerate_reference)
+    exact: bool = False  # integer/bool/string: compared element by element, ``error`` counts the differing ones
 
     @property
     def shape_mismatch(self) -> bool:
@@ -144,16 +147,16 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         same = ref.dtype == tgt.dtype and ref.tobytes() == tgt.tobytes()
         gap = 0.0 if same else float("inf")
         differ = 0 if same else int(ref.size)
-        error = float(differ) if criterion.metric is Metric.ALLCLOSE else gap
-        return OutputError(name, tuple(ref.shape), gap, gap, gap, 0.0, 0, 0, 0, 0, differ, error, not same)
+        return OutputError(name, tuple(ref.shape), gap, gap, gap, 0.0, 0, 0, 0, 0, differ, float(differ), not same,
+                           exact=True)
     if ref.dtype.kind in "OSU" or tgt.dtype.kind in "OSU":
         # Strings have no distance: equal or not, elementwise.
         differ = int(np.count_nonzero(ref.astype(str) != tgt.astype(str)))
         gap = float("inf") if differ else 0.0
-        error = float(differ) if criterion.metric is Metric.ALLCLOSE else gap
-        return OutputError(name, tuple(ref.shape), gap, gap, gap, 0.0, 0, 0, 0, 0, differ, error, bool(differ))
-    r = ref.astype(np.float64).ravel()
-    t = tgt.astype(np.float64).ravel()
+        return OutputError(name, tuple(ref.shape), gap, gap, gap, 0.0, 0, 0, 0, 0, differ, float(differ),
+                           bool(differ), exact=True)
+    exact = ref.dtype.kind in "biu" and tgt.dtype.kind in "biu"
+    r, t = _as_float64(ref), _as_float64(tgt)
     finite_r, finite_t = np.isfinite(r), np.isfinite(t)
     all_finite = bool(finite_r.all()) and bool(finite_t.all())
     ref_nan, ref_inf = (0, 0) if all_finite else _nonfinite(r)
@@ -191,11 +194,22 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         Metric.ALLCLOSE: float(mismatched),
     }[criterion.metric]
     exceeds = mismatched > 0 if criterion.metric is Metric.ALLCLOSE else not (error <= criterion.tolerance)
+    if exact:  # ids, indices, masks: any element that differs is a divergence
+        mismatched = int(np.count_nonzero(r != t))
+        error, exceeds = float(mismatched), mismatched > 0
     return OutputError(
         name, tuple(ref.shape), rel_l2, max_abs, cosine, max_ref, tgt_nan, tgt_inf, ref_nan,
         ref_inf, mismatched, error, bool(exceeds),
-        reference_note=(degenerate_reference(ref) or "") if full else "",
+        reference_note=(degenerate_reference(ref) or "") if full and not exact else "", exact=exact,
     )
+
+
+def _as_float64(array) -> np.ndarray:
+    """The values as one flat float64 vector; a complex array as its real parts then its
+    imaginary parts (casting it would drop the imaginary part)."""
+    if array.dtype.kind == "c":
+        return np.concatenate([array.real.ravel(), array.imag.ravel()]).astype(np.float64)
+    return array.astype(np.float64).ravel()
 
 
 # Below sqrt(float32 eps) ~ 3.5e-4 everywhere, an output is a saturated tail (a sigmoid

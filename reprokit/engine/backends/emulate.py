@@ -22,7 +22,13 @@ from reprokit.engine.backends.ort import make_session, run_session
 from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.spec import OptionDoc, TargetSpec
-from reprokit.standalone.emulation import NARROW, CannotEmulate, emulate_model, round_through
+from reprokit.standalone.emulation import (
+    NARROW,
+    CannotEmulate,
+    emulate_model,
+    lift_changes,
+    round_through,
+)
 
 
 class EmulateBackend(Backend):
@@ -67,6 +73,9 @@ class EmulateBackend(Backend):
             name_unnamed_nodes(source)
         try:
             model = emulate_model(source, self.narrow(), keep)
+            changed = lift_changes(source, feeds) if self.narrow() == "bf16" else None
+            if changed:  # the rewrite's fault, not the engine's: never a verdict
+                raise CannotEmulate(changed)
         except CannotEmulate as exc:
             raise EngineUnavailable(
                 f"emulate:{self.narrow()} cannot emulate this model: {exc}",
