@@ -105,3 +105,14 @@ def test_verify_versions_usage_errors(tmp_path, args, message):
 
 def test_verify_help_names_versions():
     assert "--versions" in CliRunner().invoke(cli, ["verify", "--help"]).output
+
+
+def test_without_uv_the_matrix_says_what_to_install(monkeypatch, tmp_path):
+    """Exit 4 (environment) and the extra to install, before any archive is read."""
+    from reprokit.errors import EngineUnavailable, ExitCode
+    from reprokit.matrix import run
+
+    monkeypatch.setattr(run, "find_uv", lambda: None)
+    with pytest.raises(EngineUnavailable) as caught:
+        run.verify_versions(str(tmp_path / "report.tar.gz"), "onnxruntime==1.27.0")
+    assert caught.value.exit_code == ExitCode.ENVIRONMENT and "reprokit[matrix]" in caught.value.hint

@@ -310,7 +310,12 @@ def _module_source(name: str) -> str:
 def _latest_release(spec, env) -> str:
     version = env["tensorrt"]["version"]
     if spec.engine == "trt" and version:
-        return f"Reproduced with TensorRT {version} (see Environment). Not yet tried with a newer release."
+        package = env["tensorrt"].get("distribution") or "tensorrt"
+        if "rtx" in package:  # TensorRT-RTX: not a package the matrix varies
+            return f"Reproduced with TensorRT {version} (see Environment). Not yet tried with a newer release."
+        return (f"Reproduced with TensorRT {version} (see Environment). Not yet tried with a newer release: "
+                f"`reprokit verify ARCHIVE --versions '{package}>={version}' --bisect --ray auto --gpus KIND` "
+                "runs `repro.py` on each newer release (docs/matrix.md).")
     return ("Not run on TensorRT: this archive was made on a machine without it, with the target "
             f"`{spec}`. `commands.sh` has the TensorRT command to run with the latest release.")
 
