@@ -39,6 +39,7 @@ def verify_matrix(archive: str, versions: str, *, target, timeout, as_json, bise
     found = payload.get("bisect")
     if found:
         words = [b_words(b) for b in found["boundaries"]]
-        err.print(f"bisect over {len(found['versions'])} releases with {found['environments']} environments: "
+        out.print(f"bisect over {len(found['versions'])} releases with {found['environments']} "
+                  f"environment{'s' if found['environments'] != 1 else ''}: "
                   + ("; ".join(words) if words else found.get("note", "")))
     err.print(f"[dim]wrote {result.archive} (matrix.json, ISSUE.md answers 'the latest release')[/]")

@@ -51,7 +51,7 @@ def latest_answer(payload: dict) -> str:
         words = [b_words(b) for b in found["boundaries"]]
         span = f"{found['versions'][0]} to {found['versions'][-1]}"
         text += (f"\n\nBisected over {len(found['versions'])} releases ({span}) with {found['environments']} "
-                 "environments: " + ("; ".join(words) if words else found.get("note", "no change found")) + ".")
+                 f"environment{'s' if found['environments'] != 1 else ''}: " + ("; ".join(words) if words else found.get("note", "no change found")) + ".")
     text += "\n\nThe whole table is in `matrix.json` and below.\n\n" + markdown_table(rows, package, latest)
     return text
 
