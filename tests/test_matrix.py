@@ -103,6 +103,12 @@ def test_verify_versions_usage_errors(tmp_path, args, message):
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_missing_archive_is_an_input_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "reprokit", "verify", str(tmp_path / "nothere.tar.gz"), "--versions",
+                           "onnxruntime==1.27.0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and "archive not found" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_verify_help_names_versions():
     assert "--versions" in CliRunner().invoke(cli, ["verify", "--help"]).output
 
@@ -113,6 +119,7 @@ def test_without_uv_the_matrix_says_what_to_install(monkeypatch, tmp_path):
     from reprokit.matrix import run
 
     monkeypatch.setattr(run, "find_uv", lambda: None)
+    (tmp_path / "report.tar.gz").write_bytes(b"")
     with pytest.raises(EngineUnavailable) as caught:
         run.verify_versions(str(tmp_path / "report.tar.gz"), "onnxruntime==1.27.0")
     assert caught.value.exit_code == ExitCode.ENVIRONMENT and "reprokit[matrix]" in caught.value.hint

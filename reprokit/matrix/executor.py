@@ -36,16 +36,18 @@ def fanout(argvs: list[list[str]], *, ray_address: str | None = None, jobs: int 
            timeout: float = 3600.0, on_result: Callable[[dict], None] | None = None) -> list[dict]:
     """``reprokit ARGV`` for each argv (one model each), locally or as Ray tasks."""
     kinds = gpus or [None]
-    tasks = [(run_reprokit, (argv, timeout, kind), kind) for argv in argvs for kind in kinds]
+    here = os.getcwd()  # relative paths in ARGV (--inputs) mean the same on a worker of this machine
+    tasks = [(run_reprokit, (argv, timeout, kind, here), kind) for argv in argvs for kind in kinds]
     return _run(tasks, ray_address, jobs, on_result)
 
 
-def run_reprokit(argv: list[str], timeout: float, gpu: str | None = None) -> dict:
-    """One ``python -m reprokit ARGV`` in this environment (a Ray worker's, or ours)."""
+def run_reprokit(argv: list[str], timeout: float, gpu: str | None = None, cwd: str | None = None) -> dict:
+    """One ``python -m reprokit ARGV`` in this environment (a Ray worker's, or ours), in the
+    driver's folder where this machine has it."""
     started = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-m", "reprokit", *argv], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, cwd=cwd if cwd and os.path.isdir(cwd) else None)
         code, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired:
         code, out, err = None, "", f"ran past {timeout:.0f} s"

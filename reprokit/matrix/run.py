@@ -52,6 +52,8 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
                     timeout: float = 600.0, out_path: str | None = None, on_event=None) -> MatrixResult:
     event = on_event or (lambda text: None)
     spec = specs.parse_versions(versions)
+    if not os.path.isfile(archive_path):  # as verify words it, before uv or the index is asked
+        raise InputError(f"archive not found: {archive_path}", hint="check the path")
     if find_uv() is None:
         raise EngineUnavailable("--versions builds environments with uv, which is not installed here", hint=INSTALL)
     if bisect and len(gpus) > 1:
