@@ -85,6 +85,7 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
     results: list[dict | None] = [None] * len(tasks)
     refs = {}
     shipped = {}
+    remotes = {}
     for index, (fn, args, kind) in enumerate(tasks):
         if kind and f"accelerator_type:{kind}" not in offered:
             results[index] = _no_such_kind(fn, args, kind, offered)
@@ -98,7 +99,9 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
         options = {"num_cpus": 1, "max_retries": 0}
         if kind:
             options.update(num_gpus=1, accelerator_type=kind)
-        refs[ray.remote(fn).options(**options).remote(*args)] = index
+        if fn not in remotes:  # one remote function per kind of task, exported to the cluster once
+            remotes[fn] = ray.remote(fn)
+        refs[remotes[fn].options(**options).remote(*args)] = index
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import tarfile
@@ -113,7 +114,7 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
         payload = {"schema": SCHEMA, "spec": str(spec), "package": spec.package, "target": chosen_target,
                    "reference": "reference_outputs.npz (as packed: " + str(recorded.get("reference")) + ")",
                    "packed_with": packed, "latest": releases[-1].version if releases else None,
-                   "python": _python(), "ray": ray_address, "gpus": list(gpus), "env_cache": cache_root(),
+                   "python": platform.python_version(), "ray": ray_address, "gpus": list(gpus), "env_cache": cache_root(),
                    "bisect": found.to_json() if found else None,
                    "rows": [{k: v for k, v in r.items() if k not in ("cell", "env_path")} for r in rows]}
         _write(top, payload, out_path)
@@ -161,12 +162,6 @@ def _reproduced_when_packed(top: str) -> bool:
             return "[exit code 1]" in handle.read()
     except OSError:
         return False
-
-
-def _python() -> str:
-    import platform
-
-    return platform.python_version()
 
 
 def _check_out(out_path: str, archive_path: str) -> None:
