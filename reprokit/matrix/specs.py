@@ -3,7 +3,8 @@
 SPEC is ``PACKAGE==V1,V2,latest`` (exact releases; ``10.0.*`` means the newest 10.0 release) or
 ``PACKAGE`` with a PEP 440 range (``openvino>=2024.0``, ``onnxruntime>=1.20,<1.30``: every release
 in it). Releases are listed from the package index's JSON simple API (PEP 691/700), keeping only
-those with a wheel this interpreter can install, and with their upload time (the date the
+those with a wheel this interpreter can install or an sdist alone (TensorRT's packages), and with
+their upload time (the date the
 companion packages of a cell are resolved at, see ``envs``). Owns no environment and runs nothing.
 """
 
@@ -18,7 +19,13 @@ from dataclasses import dataclass
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import sys_tags
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion, Version
 
 from reprokit.errors import EngineUnavailable, UsageError
@@ -90,7 +97,8 @@ def index_url() -> str:
 
 
 def list_releases(package: str, *, timeout: float = 60.0) -> list[Release]:
-    """Final releases of ``package`` with a wheel this interpreter can install, oldest first."""
+    """Final releases of ``package`` with a wheel this interpreter can install (or an sdist alone),
+    oldest first, each with the upload time of its newest such file."""
     url = f"{index_url()}/{canonicalize_name(package)}/"
     request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
@@ -102,18 +110,31 @@ def list_releases(package: str, *, timeout: float = 60.0) -> list[Release]:
                                      "(--versions 'PKG==1.2.3,1.2.4'), which need no listing") from exc
     tags = set(sys_tags())
     found: dict[Version, str | None] = {}
+    sdists: dict[Version, str | None] = {}
+    wheels: set[Version] = set()
     for item in data.get("files", []):
-        if item.get("yanked") or not item["filename"].endswith(".whl"):
+        if item.get("yanked"):
             continue
+        name = item["filename"]
         try:
-            _, version, _, wheel_tags = parse_wheel_filename(item["filename"])
-        except (InvalidWheelFilename, InvalidVersion):
+            if name.endswith(".whl"):
+                _, version, _, wheel_tags = parse_wheel_filename(name)
+                wheels.add(version)
+                fits = bool(wheel_tags & tags)
+            else:
+                _, version = parse_sdist_filename(name)
+                fits = False
+        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
             continue
-        if version.is_prerelease or version.is_devrelease or not (wheel_tags & tags):
+        if version.is_prerelease or version.is_devrelease:
             continue
         uploaded = item.get("upload-time")
-        known = found.get(version)
-        found[version] = min(filter(None, (known, uploaded)), default=None)
+        chosen = found if fits else sdists if not name.endswith(".whl") else None
+        if chosen is not None:
+            chosen[version] = max(filter(None, (chosen.get(version), uploaded)), default=None)
+    # A release published as an sdist alone (tensorrt-cu12 fetches its libraries from NVIDIA's
+    # index at install time) is installable too; one whose wheels all fit other machines is not.
+    found.update({v: t for v, t in sdists.items() if v not in wheels and v not in found})
     return [Release(str(v), found[v]) for v in sorted(found)]
 
 
