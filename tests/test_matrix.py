@@ -45,6 +45,25 @@ def test_choose_pins_wildcards_latest_and_ranges():
         choose(parse_versions("onnxruntime==1.25.0"), RELEASES)
 
 
+def test_releases_from_an_index_page():
+    """Wheels for this interpreter count, a release of foreign wheels does not, an sdist alone does
+    (TensorRT's packages), yanked files and pre-releases do not."""
+    from packaging.tags import sys_tags
+
+    from reprokit.matrix.specs import releases_from
+
+    tag = next(iter(sys_tags()))
+    here = f"{tag.interpreter}-{tag.abi}-{tag.platform}"
+    files = [{"filename": f"eng-1.0.0-{here}.whl", "upload-time": "2026-01-02T00:00:00Z"},
+             {"filename": "eng-1.0.0.tar.gz", "upload-time": "2026-01-01T00:00:00Z"},
+             {"filename": "eng-1.1.0-cp27-cp27m-win32.whl"}, {"filename": "eng-1.1.0.tar.gz"},
+             {"filename": "eng-1.2.0.tar.gz", "upload-time": "2026-03-01T00:00:00Z"},
+             {"filename": f"eng-1.3.0-{here}.whl", "yanked": True},
+             {"filename": f"eng-1.4.0rc1-{here}.whl"}]
+    assert releases_from({"files": files}) == [Release("1.0.0", "2026-01-02T00:00:00Z"),
+                                               Release("1.2.0", "2026-03-01T00:00:00Z")]
+
+
 def _fake_judge(first_fixed: int, cannot: frozenset = frozenset()):
     """Pure algorithm test: release i reproduces below ``first_fixed``; ``cannot`` cannot run."""
     calls = []

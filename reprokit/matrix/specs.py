@@ -108,6 +108,11 @@ def list_releases(package: str, *, timeout: float = 60.0) -> list[Release]:
         raise EngineUnavailable(f"cannot list the releases of {package} from {url}: {exc}",
                                 hint="check the network or set UV_INDEX_URL; or name exact versions "
                                      "(--versions 'PKG==1.2.3,1.2.4'), which need no listing") from exc
+    return releases_from(data)
+
+
+def releases_from(data: dict) -> list[Release]:
+    """The releases of one PEP 691 project page (see ``list_releases``)."""
     tags = set(sys_tags())
     found: dict[Version, str | None] = {}
     sdists: dict[Version, str | None] = {}
