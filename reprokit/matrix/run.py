@@ -117,6 +117,10 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
                    "python": platform.python_version(), "ray": ray_address, "gpus": list(gpus), "env_cache": cache_root(),
                    "bisect": found.to_json() if found else None,
                    "rows": [{k: v for k, v in r.items() if k not in ("cell", "env_path")} for r in rows]}
+        if recorded.get("redaction"):  # a --redact archive names no machine: nor does its matrix
+            payload["env_cache"] = None
+            for row in payload["rows"]:
+                row["host"] = None
         _write(top, payload, out_path)
     return MatrixResult(payload, out_path, rows)
 
