@@ -12,7 +12,8 @@ import pytest
 from conftest import PY, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from reprokit.graph.controlflow import count_nodes, open_control_flow
+from reprokit.graph.controlflow import open_control_flow
+from reprokit.graph.index import count_nodes
 
 F = TensorProto.FLOAT
 

@@ -9,15 +9,16 @@ import pytest
 from onnx import numpy_helper
 
 from reprokit.api import RunOptions, check, prepare
+from reprokit.engine.feedfiles import load_feeds
 from reprokit.engine.inputs import (
-    load_feeds,
     parse_shape_args,
     parse_val_ranges,
     random_feeds,
     validate_feeds,
 )
 from reprokit.errors import ExitCode, InputError, UsageError
-from reprokit.graph.model import InputInfo, input_infos, load_model
+from reprokit.graph.io import load_model
+from reprokit.graph.model import InputInfo, input_infos
 
 X = InputInfo("x", np.dtype("float32"), (1, 8))
 

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from reprokit.api import RunOptions, make_oracle
 from reprokit.engine.activations import ActivationStore
 from reprokit.engine.oracle import Kind, Signature
-from reprokit.graph.extract import GraphIndex
+from reprokit.graph.index import GraphIndex
 from reprokit.shrink.reducer import Journal, Reducer
 from reprokit.shrink.steps import Limits, default_replays
 from reprokit.shrink.steps import shrink as shrink_run

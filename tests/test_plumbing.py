@@ -53,12 +53,12 @@ def overflow_chain():
 
 
 def test_best_so_far_writes_leave_one_data_file_under_the_final_name(tmp_path, monkeypatch):
-    import reprokit.graph.model
+    import reprokit.graph.io
     from tests.models import save_external
 
     # A big model as exported: weights in an external file, read from where they are. The
     # minimal model is saved self-contained, so past the (lowered) threshold it gets its own data.
-    monkeypatch.setattr(reprokit.graph.model, "_TWO_GB", 500)
+    monkeypatch.setattr(reprokit.graph.io, "_TWO_GB", 500)
     path = save_external(overflow_chain(), tmp_path / "chain.onnx")
     out = tmp_path / "out"
     result = shrink(path, "emulate:fp16", str(out), options=RunOptions(seed=1), limits=Limits(max_calls=None))
@@ -80,10 +80,10 @@ def test_best_so_far_writes_leave_one_data_file_under_the_final_name(tmp_path, m
 
 
 def test_saving_again_replaces_the_data_file_and_a_small_model_removes_it(tmp_path, monkeypatch):
-    import reprokit.graph.model
-    from reprokit.graph.model import save_model
+    import reprokit.graph.io
+    from reprokit.graph.io import save_model
 
-    monkeypatch.setattr(reprokit.graph.model, "_TWO_GB", 500)
+    monkeypatch.setattr(reprokit.graph.io, "_TWO_GB", 500)
     model = overflow_chain()
     target = str(tmp_path / "m.onnx")
     for _ in range(2):
@@ -91,7 +91,7 @@ def test_saving_again_replaces_the_data_file_and_a_small_model_removes_it(tmp_pa
         assert data_files(tmp_path) == ["m.onnx.data"]
         assert os.path.getsize(tmp_path / "m.onnx.data") == 3 * 16 * 16 * 4
     assert len(model.graph.initializer[0].raw_data) == 1024  # the caller's model keeps its weights
-    monkeypatch.setattr(reprokit.graph.model, "_TWO_GB", 2_000_000_000)
+    monkeypatch.setattr(reprokit.graph.io, "_TWO_GB", 2_000_000_000)
     save_model(model, target)
     assert data_files(tmp_path) == []
     onnx.checker.check_model(onnx.load(target))
@@ -174,7 +174,8 @@ def test_an_interrupted_index_write_leaves_no_half_index(tmp_path, monkeypatch):
     import reprokit.engine.activations
     from reprokit.api import make_oracle
     from reprokit.engine.activations import ActivationStore
-    from reprokit.graph.model import mark_outputs, save_model
+    from reprokit.graph.io import save_model
+    from reprokit.graph.model import mark_outputs
 
     model = sm.pair_chain(length=4, first=1, second=2)
     oracle = make_oracle("emulate:fp16", RunOptions(), str(tmp_path / "calls"))

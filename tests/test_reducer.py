@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reprokit.engine.oracle import Kind, Signature
-from reprokit.graph.extract import GraphIndex
+from reprokit.graph.index import GraphIndex
 from reprokit.shrink.passes import branches, ddmin, localize, window
 from reprokit.shrink.reducer import Journal, Outcome, Reducer
 

@@ -16,7 +16,7 @@ from models import make, planted_overflow, save, vi
 from onnx import helper, numpy_helper
 
 from reprokit.api import RunOptions, check
-from reprokit.engine.inputs import load_feeds, load_samples
+from reprokit.engine.feedfiles import load_feeds, load_samples
 from reprokit.errors import InputError, NothingToReduce
 from reprokit.graph.model import input_infos
 from reprokit.shrink.steps import shrink

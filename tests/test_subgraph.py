@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reprokit.engine.activations import ActivationStore
-from reprokit.graph.extract import GraphIndex, extract
+from reprokit.graph.extract import extract
+from reprokit.graph.index import GraphIndex
 
 
 class Captured:

@@ -21,8 +21,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from reprokit.engine.backends.base import BuildError
-from reprokit.engine.backends.trt import (
-    TrtBackend,
+from reprokit.engine.backends.trt import TrtBackend
+from reprokit.engine.backends.trt_setup import (
     builder_settings,
     capture_polygraphy_log,
     classify_failure,
@@ -303,7 +303,8 @@ def test_rtx_bindings_wheel_is_aliased_for_polygraphy(tmp_path):
     (tmp_path / "tensorrt_rtx_bindings.py").write_text('__version__ = "1.2.0.4"\n')
     code = textwrap.dedent(
         """
-        from reprokit.engine.backends.trt import TrtBackend, load_tensorrt
+        from reprokit.engine.backends.trt import TrtBackend
+        from reprokit.engine.backends.trt_setup import load_tensorrt
         module, rtx = load_tensorrt()
         from polygraphy.mod.trt_importer import lazy_import_trt
         print(rtx, module.__name__, lazy_import_trt().__version__)

@@ -230,7 +230,7 @@ def test_inlining_refuses_a_link_out_of_the_folder_and_keeps_a_link_inside(tmp_p
     import onnx
 
     from reprokit.errors import InputError
-    from reprokit.graph.model import inline_external_data
+    from reprokit.graph.io import inline_external_data
 
     path = linked_weights_model(tmp_path, tmp_path / "model-x")
     with pytest.raises(InputError, match="resolves outside"):

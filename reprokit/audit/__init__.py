@@ -47,14 +47,14 @@ from reprokit.engine.layerwise import LayerwiseReport, compare_marked_run, float
 from reprokit.engine.oracle import check_reference_finite
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import ReprokitError
+from reprokit.graph.index import inferred_value_info
+from reprokit.graph.io import save_model
 from reprokit.graph.model import (
     check_target_nodes,
     freeze_input_shapes,
-    inferred_value_info,
     mark_outputs,
     name_unnamed_nodes,
     node_labels,
-    save_model,
 )
 from reprokit.shrink.pipeline import isolated_attribution
 from reprokit.spec import parse_target
@@ -172,7 +172,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
             event("explain: random inputs, random weights")
             explained = explain(bench, oracle, verdict.signature, seed=options.seed + 1)
         payload = _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
-                           rows, explained, kept_nodes, ledger, started, sweep, explain_inputs)
+                           rows, explained, kept_nodes, ledger, started, sweep)
         payload["isolated"] = isolated
         files = {}
         if out_dir:
@@ -366,7 +366,7 @@ def _no_workaround(rows, target: str, reference: str) -> str:
 
 
 def _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects, rows, explained,
-             kept_nodes, ledger, started, swept, explained_asked) -> dict:
+             kept_nodes, ledger, started, swept) -> dict:
     found, basis = workaround(rows)
     first = layer.first[0] if layer.first else None
     minimal = None

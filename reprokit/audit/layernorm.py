@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.graph.index import consumers_of
 from reprokit.standalone.names import FreshNames
 
 LAYERNORM_OPSET = 17
@@ -39,10 +40,7 @@ class _Graph:
         graph = model.graph
         self.base_dir = base_dir
         self.nodes = list(graph.node)
-        self.consumers: dict[str, list[int]] = {}
-        for index, node in enumerate(self.nodes):
-            for name in node.input:
-                self.consumers.setdefault(name, []).append(index)
+        self.consumers = consumers_of(graph)  # If/Loop bodies' reads count: such a tensor is shared
         # Tensor protos by name, read only when a pattern asks (weights may be external data).
         self.constants = {t.name: t for t in graph.initializer}
         for node in self.nodes:

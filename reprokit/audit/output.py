@@ -11,19 +11,11 @@ import os
 from reprokit.audit.overlay import open_command, write_overlays
 from reprokit.audit.plot import plot_layerwise
 from reprokit.report.render import render
+from reprokit.standalone.compare import jsonable
 
 FILES = {"json": "audit.json", "markdown": "audit.md", "html": "audit.html", "plot": "layerwise.png"}
 
 
-def _json_safe(value):
-    """JSON has no inf/nan: write them as strings, as check --json does."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def table_rows(payload: dict, top: int = 12) -> list[dict]:
@@ -51,7 +43,7 @@ def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     paths = {k: os.path.join(out_dir, v) for k, v in FILES.items()}
     payload["files"] = {k: os.path.basename(v) for k, v in paths.items()}
-    safe = _json_safe(payload)
+    safe = jsonable(payload)
     image = None
     try:
         if layer.rows or ranges.rows:

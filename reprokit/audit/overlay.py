@@ -27,7 +27,8 @@ import json
 import math
 import os
 
-from reprokit.graph.model import load_model, node_label
+from reprokit.graph.io import load_model
+from reprokit.graph.model import node_label
 
 NONFINITE = 3.0e38  # stands for NaN/Inf (JSON has neither); the largest threshold paints it
 RANGE_CODES = {"overflow": 3.0, "cancellation": 2.0, "underflow": 1.0}

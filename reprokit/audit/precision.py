@@ -25,9 +25,10 @@ import os
 import uuid
 from dataclasses import dataclass, field, replace
 
-from reprokit.graph.extract import bodies, rename_outer_refs
+from reprokit.graph.index import bodies, rename_outer_refs
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.spec import TargetSpec, parse_target
+from reprokit.standalone.compare import jsonable
 
 PACK_WIDTH = 8  # whole-model copies per packed call
 
@@ -84,7 +85,7 @@ class Trial:
     kind: str = "agree"  # the verdict's kind: agree, mismatch, nonfinite, …
 
     def to_json(self) -> dict:
-        return {"size": self.size, "agrees": self.agrees, "kind": self.kind, "error": _json(self.error), "packed": self.packed,
+        return {"size": self.size, "agrees": self.agrees, "kind": self.kind, "error": jsonable(self.error), "packed": self.packed,
                 "call": self.call, **({"nodes": list(self.nodes)} if self.size <= 12 else {})}
 
 
@@ -104,7 +105,7 @@ class Workaround:
 
     def to_json(self) -> dict:
         return {"method": self.method, "ranked": self.ranked, "nodes": self.nodes, "size": len(self.nodes),
-                "setting": self.setting, "verdict": self.verdict, "error": _json(self.error),
+                "setting": self.setting, "verdict": self.verdict, "error": jsonable(self.error),
                 "tolerance": self.tolerance, "agrees": self.agrees, "calls": self.calls,
                 "trials": [t.to_json() for t in self.trials], "note": self.note}
 
@@ -381,10 +382,3 @@ def _bisect_prefix(search: Search, ranked: list[str]) -> int | None:
         else:
             good = mid
     return good
-
-
-def _json(value):
-    if value is None:
-        return None
-    value = float(value)
-    return value if value == value and abs(value) != math.inf else str(value)

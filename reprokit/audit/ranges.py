@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from reprokit.engine.layerwise import float_node_outputs
-from reprokit.standalone.compare import RANGE, UNDERFLOW_SHARE
+from reprokit.graph.index import consumers_of
+from reprokit.standalone.compare import RANGE, UNDERFLOW_SHARE, jsonable
 
 # Unit roundoff of each storage type: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8, "fp8": 2.0**-4, "tf32": 2.0**-11}
@@ -47,7 +48,7 @@ class RangeRow:
     def to_json(self) -> dict:
         out = asdict(self)
         for key in ("max_abs", "min_nonzero"):
-            out[key] = _finite_or_str(out[key])
+            out[key] = jsonable(out[key])
         return out
 
 
@@ -84,8 +85,6 @@ class RangeReport:
         }
 
 
-def _finite_or_str(value: float):
-    return value if np.isfinite(value) else str(value)
 
 
 def _stats(array, maximum: float, tiny: float) -> tuple[float, float, int, int, int]:
@@ -245,10 +244,7 @@ def overflow_region(model, report: RangeReport, start: RangeRow, limit: int = 3)
     """The producer of ``start`` and the connected producers downstream whose outputs show the
     same finding, topological order, at most ``limit`` nodes: what to keep in fp32 together."""
     by_tensor = {r.tensor: r for r in report.rows}
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _reader_nodes(model.graph)
     chosen, frontier = [start.node], [start.tensor]
     while frontier and len(chosen) < limit:
         tensor = frontier.pop(0)
@@ -270,10 +266,7 @@ def close_over_readers(model, report: RangeReport, group: list[str], limit: int 
     at most ``limit`` nodes."""
     by_tensor = {r.tensor: r for r in report.rows}
     nodes = {n.name: n for n in model.graph.node if n.name}
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _reader_nodes(model.graph)
     chosen = [n for n in group if n in nodes]
     frontier = list(chosen)
     while frontier and len(chosen) < limit:
@@ -299,3 +292,8 @@ def suspects_from_ranges(model, report: RangeReport) -> list[str]:
     if first.finding == "cancellation":
         return list(dict.fromkeys(first.large_inputs))[:3]
     return overflow_region(model, report, first)
+
+
+def _reader_nodes(graph) -> dict[str, list]:
+    """tensor → the nodes of ``graph`` that read it (an If/Loop reading it in a body included)."""
+    return {tensor: [graph.node[i] for i in readers] for tensor, readers in consumers_of(graph).items()}

@@ -18,7 +18,7 @@ from reprokit.engine.bug import shows_bug
 from reprokit.engine.oracle import check_reference_finite
 from reprokit.engine.session import make_oracle
 from reprokit.errors import EngineUnavailable, ReferenceFailure, ReprokitError
-from reprokit.graph.model import save_model
+from reprokit.graph.io import save_model
 from reprokit.report.redact import _SMALL, _like
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.compare import compare_arrays

@@ -33,8 +33,9 @@ import onnx
 
 from reprokit.convert.casts import CastWriter
 from reprokit.convert.planning import TypePlan
-from reprokit.convert.scopes import Scope, node_names, rename_refs, subgraphs
+from reprokit.convert.scopes import Scope
 from reprokit.convert.values import NARROW, NARROW_TYPES, WIDE
+from reprokit.graph.index import bodies, node_names, rename_outer_refs
 from reprokit.standalone.names import FreshNames
 
 __all__ = ["ConversionReport", "convert_float_model", "convert_float_model_report", "node_names"]
@@ -99,10 +100,10 @@ def _convert_graph(plan: TypePlan, writer: CastWriter, graph, io_wide: bool) -> 
         for name in (renames.get(n, n) for n in implicit):
             if plan.domain.get(name, NARROW) != NARROW:
                 new = writer.converted(scope, name, NARROW)
-                for sub in subgraphs(node):
-                    rename_refs(sub, name, new)
+                for sub in bodies(node):
+                    rename_outer_refs(sub, {name: new})
     writer.retype(scope, io_wide)
     scope.rebuild()
     for node in graph.node:
-        for sub in subgraphs(node):
+        for sub in bodies(node):
             _convert_graph(plan, writer, sub, io_wide=False)

@@ -12,8 +12,9 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from reprokit.convert.planning import TypePlan
-from reprokit.convert.scopes import Scope, rename_reads
+from reprokit.convert.scopes import Scope
 from reprokit.convert.values import FLOAT, NARROW, TYPE_ATTR, WIDE, constant_value, narrow_tensor
+from reprokit.graph.index import rename_reads
 
 
 class CastWriter:
@@ -46,7 +47,7 @@ class CastWriter:
             renamed = self._fresh(f"{name}__rk_{self._label(plan.domain[name])}")
             node = scope.graph.node[scope.producer[name]]
             node.output[list(node.output).index(name)] = renamed
-            rename_reads(scope.graph, name, renamed)
+            rename_reads(scope.graph, {name: renamed})
             plan.types[renamed], plan.domain[renamed] = FLOAT, plan.domain[name]
             scope.producer[renamed] = scope.producer.pop(name)
             scope.place(renamed, self.cast(renamed, name, scope.io))

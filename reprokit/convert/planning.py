@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from reprokit.convert.scopes import Scope, outer_refs, subgraphs
+from reprokit.convert.scopes import Scope
 from reprokit.convert.values import (
     ANY_INPUT,
     FLOAT,
@@ -21,6 +21,7 @@ from reprokit.convert.values import (
     WIDE,
     constant_value,
 )
+from reprokit.graph.index import bodies, has_bodies, outer_refs
 from reprokit.standalone.names import FreshNames
 
 
@@ -76,7 +77,7 @@ class TypePlan:
             self.used.take(node.output)
             if node.op_type == "Constant" and constant_value(node) is not None:
                 self.types[node.output[0]] = FLOAT
-            for sub in subgraphs(node):
+            for sub in bodies(node):
                 self.collect_types(sub)
         self.used.take(self.types)
 
@@ -93,7 +94,7 @@ class TypePlan:
     def _requirements(self, node) -> tuple[bool, set[int]]:
         """(node computes in float32 as a whole, indices of inputs that must stay float32)."""
         if node.name in self.keep:
-            if any(True for _ in subgraphs(node)):
+            if has_bodies(node):
                 raise ValueError(f"cannot keep {node.name!r} in fp32: it has subgraphs")
             return True, set()
         if (node.domain, node.op_type) in self.functions:  # its body is typed float32 inside
@@ -145,7 +146,7 @@ class TypePlan:
                 wants.append(NARROW)
             if wants[-1]:
                 scope.needs[name].add(wants[-1])
-        implicit = {n for sub in subgraphs(node) for n in outer_refs(sub) if self.is_float(n)}
+        implicit = {n for sub in bodies(node) for n in outer_refs(sub) if self.is_float(n)}
         for name in implicit:
             scope.needs[name].add(NARROW)
         return whole, wants, sorted(implicit)

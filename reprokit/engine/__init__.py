@@ -1,1 +1,1 @@
-"""Engines and verdicts: the Oracle, worker processes, activations, backends. Knows nothing of passes or archives."""
+"""Engines and verdicts: the session (prepare, check), the Oracle, worker processes, activations, checked folding, feeds, the environment fingerprint, backends. Knows nothing of passes or archives."""

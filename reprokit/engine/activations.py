@@ -14,7 +14,7 @@ import numpy as np
 from reprokit.engine.worker import load_npy
 from reprokit.errors import InputError
 from reprokit.graph.controlflow import open_control_flow
-from reprokit.graph.model import inferred_value_info
+from reprokit.graph.index import inferred_value_info
 
 
 class ActivationStore:

@@ -22,7 +22,7 @@ import numpy as np
 from reprokit.engine.oracle import Kind, Signature, feeds_digest
 from reprokit.errors import ReprokitError
 from reprokit.graph.extract import extract
-from reprokit.graph.model import save_model
+from reprokit.graph.io import save_model
 from reprokit.standalone.compare import compare_arrays
 
 NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)

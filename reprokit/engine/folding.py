@@ -24,7 +24,8 @@ import numpy as np
 from reprokit.engine.enginelog import captured
 from reprokit.engine.worker import run_in_worker
 from reprokit.errors import ReferenceFailure, ReprokitError
-from reprokit.graph.model import external_locations, name_unnamed_nodes, save_model
+from reprokit.graph.io import external_locations, save_model
+from reprokit.graph.model import name_unnamed_nodes
 from reprokit.standalone.arrays import save_npz
 
 SKIPPED = "constant folding skipped"

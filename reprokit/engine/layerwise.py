@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from reprokit.graph.model import float_tensor_names, mark_outputs, save_model
+from reprokit.graph.io import save_model
+from reprokit.graph.model import float_tensor_names, mark_outputs
 from reprokit.spec import marking_changes_engine
 from reprokit.standalone.compare import OutputError, compare_arrays
 

@@ -14,20 +14,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.engine.backends import backend_class
+from reprokit.engine.feedfiles import load_feeds, load_samples
 from reprokit.engine.folding import fold_prepared
-from reprokit.engine.inputs import Feeds, load_feeds, load_samples, random_feeds
+from reprokit.engine.inputs import Feeds, random_feeds
 from reprokit.engine.layerwise import run_layerwise
 from reprokit.engine.oracle import Oracle, Verdict, check_reference_finite
 from reprokit.errors import InputError, UsageError
 from reprokit.graph import dims
-from reprokit.graph.model import (
-    InputInfo,
-    check_target_nodes,
-    freeze_input_shapes,
-    input_infos,
-    load_model,
-    save_model,
-)
+from reprokit.graph.io import load_model, save_model
+from reprokit.graph.model import InputInfo, check_target_nodes, freeze_input_shapes, input_infos
 from reprokit.spec import marking_changes_engine, parse_target
 from reprokit.standalone.checkpolicy import CheckPolicy
 from reprokit.standalone.compare import Criterion

@@ -26,7 +26,7 @@ from reprokit.engine.backends import create_backend
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.cmd import CmdBackend, CommandCrash
 from reprokit.errors import EngineUnavailable, ReprokitError
-from reprokit.graph.model import external_locations, stage_external_data
+from reprokit.graph.io import external_locations, stage_external_data
 from reprokit.spec import parse_target
 from reprokit.standalone.arrays import load_npz, restored, storable
 from reprokit.standalone.checkpolicy import CheckPolicy
@@ -121,7 +121,17 @@ def run_in_worker(
         json.dump(job, handle)
     stderr_path = os.path.join(job_dir, "stderr.log")
     start = time.monotonic()
-    child_env = dict(os.environ, **(env or {}))
+    label = f"{spec} on {os.path.basename(model_path)} ({os.path.basename(job_dir)})"
+    code = _run_child(job_dir, stderr_path, timeout, dict(os.environ, **(env or {})), label)
+    seconds = time.monotonic() - start
+    if code is None:
+        return WorkerResult("timeout", message=f"no answer within {timeout:g} s; the process group was killed",
+                            log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
+    return _read_result(job_dir, code, stderr_path, seconds)
+
+
+def _run_child(job_dir: str, stderr_path: str, timeout: float, env: dict, label: str) -> int | None:
+    """The child's exit code; None when it ran past ``timeout`` (its process group killed)."""
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reprokit.engine.worker", job_dir],
@@ -129,21 +139,15 @@ def run_in_worker(
             stdout=err,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a kill takes its children too
-            env=child_env,
+            env=env,
         )
         with _RUNNING_LOCK:
             _RUNNING.add(proc)
         try:
-            code = proc.wait(timeout=timeout)
+            return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            return WorkerResult(
-                "timeout",
-                message=f"no answer within {timeout:g} s; the process group was killed",
-                log=_tail(stderr_path),
-                seconds=time.monotonic() - start,
-                job_dir=job_dir,
-            )
+            return None
         except BaseException:
             _kill_group(proc)
             raise
@@ -152,9 +156,11 @@ def run_in_worker(
                 _RUNNING.discard(proc)
             # The engine's own lines (onnxruntime, OpenVINO, polygraphy) go to the run's log,
             # never to the console (reprokit.engine.enginelog).
-            enginelog.record_file(f"{spec} on {os.path.basename(model_path)} ({os.path.basename(job_dir)})",
-                                  stderr_path)
-    seconds = time.monotonic() - start
+            enginelog.record_file(label, stderr_path)
+
+
+def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float) -> WorkerResult:
+    """The child's result.json as a WorkerResult; a crash when it died without writing one."""
     result_path = os.path.join(job_dir, "result.json")
     if code != 0 or not os.path.exists(result_path):
         if code < 0:

@@ -1,1 +1,1 @@
-"""ONNX surgery: index, extraction, packs, control flow, folding, dims, load/save. Runs no engine, judges no verdict."""
+"""ONNX surgery: the index and scope walker, extraction, packs, control flow, branch cuts, dims, model files. Runs no engine, judges no verdict."""

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.graph.extract import (
-    _RANDOM,
-    Extraction,
+from reprokit.graph.extract import Extraction, extract
+from reprokit.graph.index import (
+    RANDOM,
     GraphIndex,
     bodies,
-    extract,
-    outer_scope_names,
+    has_bodies,
+    iter_graphs,
+    node_reads,
 )
 
 BRANCHES = ("then_branch", "else_branch")
@@ -127,8 +128,7 @@ class Sites:
                     if attr.name in BRANCHES and j < len(attr.g.output):
                         todo.append(attr.g.output[j].name)
             else:
-                todo.extend(i for i in node.input if i)
-                todo.extend(outer_scope_names(node))
+                todo.extend(node_reads(node))
         for number in list(needed):  # the If nodes around a needed site
             path = self.sites[number].path
             for depth in range(len(path)):
@@ -195,8 +195,7 @@ class Sites:
         own_outputs = set() if top else {o.name for o in graph.output}
         reads = set(own_outputs)
         for node in kept:
-            reads.update(i for i in node.input if i)
-            reads |= outer_scope_names(node)
+            reads.update(node_reads(node))
         survivors = []
         for position, node in enumerate(kept):
             if position in gone_in:
@@ -213,8 +212,7 @@ class Sites:
         gone = defined - {o for n in survivors for o in n.output if o}
         reads = set(own_outputs)
         for node in survivors:
-            reads.update(i for i in node.input if i)
-            reads |= outer_scope_names(node)
+            reads.update(node_reads(node))
         for name in sorted((gone & reads) - own_outputs):  # the If around decides on its outputs
             if name in self.ambiguous:
                 raise Refused(f"{name!r} names several tensors")
@@ -250,21 +248,18 @@ def _constants(graph, known: set, found: set) -> None:
             for body in bodies(node):
                 _constants(body, known | found, found)
             continue
-        if node.op_type in _RANDOM or any(True for _ in bodies(node)):
+        if node.op_type in RANDOM or has_bodies(node):
             continue
         if all(i in known or i in found for i in node.input if i):
             found.update(o for o in node.output if o)
 
 
 def _count_defined(graph, counts: dict) -> None:
-    for name in [i.name for i in graph.input] + [t.name for t in graph.initializer]:
-        counts[name] = counts.get(name, 0) + 1
-    for node in graph.node:
-        for out in node.output:
-            if out:
-                counts[out] = counts.get(out, 0) + 1
-        for body in bodies(node):
-            _count_defined(body, counts)
+    """How many times each name is defined in ``graph`` and its bodies (several: ambiguous)."""
+    for scope in iter_graphs(graph):
+        names = [i.name for i in scope.input] + [t.name for t in scope.initializer]
+        for name in names + [o for node in scope.node for o in node.output if o]:
+            counts[name] = counts.get(name, 0) + 1
 
 
 def _inner_value_info(model) -> dict:
@@ -276,16 +271,10 @@ def _inner_value_info(model) -> dict:
     except Exception:
         return {}
     found: dict = {}
-
-    def walk(graph, top: bool):
-        if not top:
-            for info in graph.value_info:
+    for scope in iter_graphs(inferred.graph):
+        if scope is not inferred.graph:
+            for info in scope.value_info:
                 found.setdefault(info.name, info)
-        for node in graph.node:
-            for body in bodies(node):
-                walk(body, False)
-
-    walk(inferred.graph, True)
     return found
 
 

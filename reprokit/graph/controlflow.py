@@ -15,21 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from reprokit.graph.extract import Extraction, bodies, rename_outer_refs
+from reprokit.graph.extract import Extraction
+from reprokit.graph.index import bodies, rename_outer_refs
 from reprokit.standalone.names import FreshNames, graph_names
 
 MAX_ROUNDS = 8  # nested control flow opens one level per round
 MAX_UNROLL = 16  # a Loop with more iterations stays a Loop
-
-
-def count_nodes(graph) -> int:
-    """Nodes of ``graph``, those inside subgraph bodies included."""
-    total = 0
-    for node in graph.node:
-        total += 1
-        for body in bodies(node):
-            total += count_nodes(body)
-    return total
 
 
 def has_control_flow(model) -> bool:

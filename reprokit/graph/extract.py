@@ -9,105 +9,13 @@ Must not know about divergence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.graph.model import inferred_value_info
+from reprokit.graph.index import GraphIndex, bodies
 
 _CONST_LIMIT = 4096  # non-float cut tensors up to this many elements become initializers
-_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-
-
-@dataclass(frozen=True)
-class GraphIndex:
-    """Producer/consumer facts of a model, computed once and shared by every extraction."""
-
-    node_inputs: tuple[tuple[str, ...], ...]  # per node: data inputs + implicit outer-scope refs
-    node_outputs: tuple[tuple[str, ...], ...]
-    producer: dict  # tensor -> node index
-    initializers: dict  # name -> TensorProto
-    graph_inputs: frozenset
-    graph_outputs: tuple[str, ...]
-    value_info: dict  # name -> ValueInfoProto (from shape inference)
-    constants: frozenset = frozenset()  # tensors that depend on no graph input (foldable)
-    declared: dict = field(default_factory=dict)  # graph input -> its ValueInfoProto as the model declares it
-
-    @classmethod
-    def build(cls, model) -> GraphIndex:
-        value_info = inferred_value_info(model)
-        node_inputs, node_outputs, producer = [], [], {}
-        for index, node in enumerate(model.graph.node):
-            inputs = [i for i in node.input if i]
-            for extra in sorted(outer_scope_names(node)):
-                if extra not in inputs:
-                    inputs.append(extra)
-            node_inputs.append(tuple(inputs))
-            node_outputs.append(tuple(o for o in node.output if o))
-            for out in node.output:
-                if out:
-                    producer[out] = index
-        initializers = {t.name: t for t in model.graph.initializer}
-        inputs = frozenset(i.name for i in model.graph.input if i.name not in initializers)
-        constants: set[str] = set()
-        for index, node in enumerate(model.graph.node):
-            if node.op_type in _RANDOM or any(True for a in node.attribute if a.graphs or a.HasField("g")):
-                continue
-            if all(t in initializers or t in constants for t in node_inputs[index]):
-                constants.update(node_outputs[index])
-        declared = {i.name: i for i in model.graph.input if i.name in inputs}
-        return cls(tuple(node_inputs), tuple(node_outputs), producer, initializers, inputs,
-                   tuple(o.name for o in model.graph.output), value_info, frozenset(constants), declared)
-
-    def ancestors(self, index: int, within: set[int] | None = None) -> set[int]:
-        """Nodes ``index`` depends on (itself included), optionally only inside ``within``."""
-        seen, stack = {index}, [index]
-        while stack:
-            for tensor in self.node_inputs[stack.pop()]:
-                parent = self.producer.get(tensor)
-                if parent is not None and parent not in seen and (within is None or parent in within):
-                    seen.add(parent)
-                    stack.append(parent)
-        return seen
-
-
-    def descendants(self, index: int, within: set[int] | None = None) -> set[int]:
-        """Nodes that depend on ``index`` (itself included), optionally only inside ``within``."""
-        consumers: dict[str, list[int]] = {}
-        for node, inputs in enumerate(self.node_inputs):
-            for tensor in inputs:
-                consumers.setdefault(tensor, []).append(node)
-        seen, stack = {index}, [index]
-        while stack:
-            for tensor in self.node_outputs[stack.pop()]:
-                for child in consumers.get(tensor, ()):
-                    if child not in seen and (within is None or child in within):
-                        seen.add(child)
-                        stack.append(child)
-        return seen
-
-
-def bodies(node):
-    """The subgraph bodies of ``node`` (If branches, Loop/Scan bodies)."""
-    for attr in node.attribute:
-        yield from attr.graphs
-        if attr.HasField("g"):
-            yield attr.g
-
-
-def rename_outer_refs(body, mapping: dict[str, str], shadow: set[str]) -> None:
-    """Inside a subgraph body, rename references to outer names; names the body (or a body
-    around it) defines itself shadow the outer ones and stay."""
-    local = set(shadow) | {i.name for i in body.input} | {t.name for t in body.initializer}
-    for node in body.node:
-        local.update(o for o in node.output if o)
-    for node in body.node:
-        node.input[:] = [i if (not i or i in local) else mapping.get(i, i) for i in node.input]
-        for inner in bodies(node):
-            rename_outer_refs(inner, mapping, local)
-    for out in body.output:
-        if out.name not in local and out.name in mapping:
-            out.name = mapping[out.name]
 
 
 def if_conditions(nodes) -> set[str]:
@@ -118,21 +26,6 @@ def if_conditions(nodes) -> set[str]:
             names.add(node.input[0])
         for body in bodies(node):
             names |= if_conditions(body.node)
-    return names
-
-
-def outer_scope_names(node) -> set[str]:
-    """Names a node's subgraph bodies read from the enclosing graph."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
-        for graph in graphs:
-            local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-            for inner in graph.node:
-                local.update(o for o in inner.output if o)
-            for inner in graph.node:
-                names.update(i for i in inner.input if i and i not in local)
-                names.update(n for n in outer_scope_names(inner) if n not in local)
     return names
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reprokit.graph.extract import bodies, rename_outer_refs
+from reprokit.graph.index import bodies, rename_outer_refs
 from reprokit.standalone.names import FreshNames
 
 
@@ -42,10 +42,6 @@ class Pack:
 
 def feed_bytes(extraction) -> int:
     return int(sum(np.asarray(v).nbytes for v in extraction.feeds.values()))
-
-
-def has_subgraphs(model) -> bool:
-    return any(True for node in model.graph.node for _ in bodies(node))
 
 
 def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: bool = False) -> Pack:

@@ -1,1 +1,1 @@
-"""The report archive: bundle, archive, redaction, issue words, rendering, environment fingerprint. Never changes a verdict."""
+"""The report archive: bundle, archive, redaction, issue words, rendering. Never changes a verdict."""

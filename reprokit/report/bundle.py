@@ -26,7 +26,8 @@ from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, NothingToReduce, ReprokitError
-from reprokit.graph.model import inline_external_data, name_unnamed_nodes, save_model
+from reprokit.graph.io import inline_external_data, save_model
+from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import check_manifest, safe_extract, write_archive, write_manifest
 from reprokit.report.describe import (
     describe,

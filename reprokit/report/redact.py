@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.graph.index import bodies
+
 _SMALL = 16  # tensors this small (shapes, axes, scalars) are structure, never randomized
 
 
@@ -73,14 +75,14 @@ def _rename_graph(graph, rename, top: bool = False) -> None:
             node.output[slot] = rename(name, "t")
         for attr in node.attribute:
             attr.doc_string = ""
-            for body in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
-                for vi in list(body.input) + list(body.output) + list(body.value_info):
-                    vi.name = rename(vi.name, "t")
-                for tensor in body.initializer:
-                    tensor.name = rename(tensor.name, "weight_")
-                body.name = "body"
-                body.doc_string = ""
-                _rename_graph(body, rename)
+        for body in bodies(node):
+            for vi in list(body.input) + list(body.output) + list(body.value_info):
+                vi.name = rename(vi.name, "t")
+            for tensor in body.initializer:
+                tensor.name = rename(tensor.name, "weight_")
+            body.name = "body"
+            body.doc_string = ""
+            _rename_graph(body, rename)
 
 
 def _like(array: np.ndarray, rng) -> np.ndarray:

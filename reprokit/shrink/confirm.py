@@ -14,7 +14,7 @@ import numpy as np
 from reprokit.engine.bug import shows_bug
 from reprokit.engine.oracle import quote_message
 from reprokit.errors import EngineUnavailable, NothingToReduce
-from reprokit.graph.model import save_model
+from reprokit.graph.io import save_model
 from reprokit.shrink.runstate import rerun_command
 from reprokit.spec import parse_target
 

@@ -34,7 +34,8 @@ from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
-from reprokit.graph.model import mark_outputs, tensor_proto_bytes
+from reprokit.graph.io import tensor_proto_bytes
+from reprokit.graph.model import mark_outputs
 from reprokit.graph.pack import build_pack, feed_bytes
 
 

@@ -18,8 +18,10 @@ from reprokit.graph.controlflow import (
     open_node,
     wrap_in_if,
 )
-from reprokit.graph.extract import GraphIndex, extract
-from reprokit.graph.model import mark_outputs, save_model
+from reprokit.graph.extract import extract
+from reprokit.graph.index import GraphIndex
+from reprokit.graph.io import save_model
+from reprokit.graph.model import mark_outputs
 
 
 def open_levels(model, oracle, feeds, models_dir, event, given_path: str) -> list:

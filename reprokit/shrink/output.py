@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.engine.session import RunOptions
-from reprokit.graph.controlflow import count_nodes
-from reprokit.graph.model import external_locations, load_model, save_model, staged_data
+from reprokit.graph.index import count_nodes
+from reprokit.graph.io import external_locations, load_model, save_model, staged_data
 from reprokit.report.bundle import pack
 from reprokit.shrink.runstate import _atomic_json, _atomic_npz, rerun_command
 

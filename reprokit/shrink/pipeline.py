@@ -23,9 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reprokit.engine.oracle import Kind
-from reprokit.graph.extract import GraphIndex
+from reprokit.graph.index import GraphIndex
 from reprokit.shrink.passes import branches, ddmin, inside, localize, named, survey, window
 from reprokit.shrink.reducer import BudgetExhausted, Journal, Reducer
+from reprokit.standalone.compare import jsonable
 
 NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)
 GROUPED = (Kind.BUILD_ERROR, Kind.CRASH)  # timeouts are not packed: a bigger model is slower
@@ -100,7 +101,7 @@ def attribution(reducer, label, limit: int = 10) -> dict:
     graph, and the nodes to keep in fp32 (``fp32-nodes=``: untested as a set)."""
     isolated = [(i, o) for i, o in reducer.isolated.items() if o.error is not None]
     isolated.sort(key=lambda item: -_finite(item[1].error))
-    top = [{"node": label(i), "op": reducer.model.graph.node[i].op_type, "error": _json(o.error),
+    top = [{"node": label(i), "op": reducer.model.graph.node[i].op_type, "error": jsonable(o.error),
             "kind": o.kind} for i, o in isolated[:limit]]
     largest = _finite(isolated[0][1].error) if isolated else 0.0
     keep = [label(i) for i, o in isolated[:limit] if largest > 0 and _finite(o.error) >= 0.1 * largest]
@@ -109,7 +110,7 @@ def attribution(reducer, label, limit: int = 10) -> dict:
     if report is not None:
         rows = report.rows
         step = max(1, len(rows) // 200)
-        curve = [{"index": r.index, "tensor": r.tensor, "node": r.node, "error": _json(r.error.error)}
+        curve = [{"index": r.index, "tensor": r.tensor, "node": r.node, "error": jsonable(r.error.error)}
                  for r in rows[::step]]
     return {
         "nodes_judged_alone": len(isolated),
@@ -126,9 +127,6 @@ def _finite(value) -> float:
     return value if value == value else float("inf")
 
 
-def _json(value):
-    value = float(value)
-    return value if value == value and abs(value) != float("inf") else str(value)
 
 
 class _Captured:

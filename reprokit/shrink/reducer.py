@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 
 from reprokit.engine.oracle import Signature
 from reprokit.engine.worker import kill_running
-from reprokit.graph.extract import GraphIndex, extract
-from reprokit.graph.model import weight_bytes
+from reprokit.graph.extract import extract
+from reprokit.graph.index import GraphIndex
+from reprokit.graph.io import weight_bytes
 from reprokit.shrink import evaluator
 from reprokit.shrink.evaluator import Outcome
-from reprokit.standalone.compare import unrepresentable
+from reprokit.standalone.compare import jsonable, unrepresentable
 
 __all__ = ["BudgetExhausted", "Journal", "Outcome", "PassStats", "Reducer", "TRIVIAL"]
 
@@ -215,7 +216,7 @@ class Reducer:
         outcome inferred from a group's verdict is journaled as inferred, not as observed."""
         if not self.cancelled:
             entry = {"interesting": outcome.interesting, "kind": outcome.kind, "detail": outcome.detail,
-                     "error": _jsonable(outcome.error), "nodes": len(nodes), "packed": outcome.packed}
+                     "error": jsonable(outcome.error), "nodes": len(nodes), "packed": outcome.packed}
             if outcome.inferred:
                 entry["inferred"] = True
             if crop:
@@ -400,10 +401,3 @@ class Reducer:
             kill_running()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=interrupted)
-
-
-def _jsonable(value):
-    if value is None:
-        return None
-    value = float(value)
-    return value if value == value and abs(value) != float("inf") else str(value)

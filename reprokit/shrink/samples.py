@@ -21,7 +21,8 @@ from reprokit.engine.bug import shows_bug
 from reprokit.engine.session import SampleVerdict
 from reprokit.errors import NothingToReduce
 from reprokit.graph.extract import extract
-from reprokit.graph.model import mark_outputs, save_model
+from reprokit.graph.io import save_model
+from reprokit.graph.model import mark_outputs
 
 
 def choose_sample(oracle, prepared, model, models_dir: str, event) -> None:

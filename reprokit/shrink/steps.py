@@ -19,15 +19,10 @@ from reprokit.engine.bug import NUMERIC, CausalTest, shows_bug
 from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import InputError, NothingRemoved, NotReproduced, UsageError
-from reprokit.graph.controlflow import count_nodes
-from reprokit.graph.extract import Extraction, GraphIndex
-from reprokit.graph.model import (
-    check_target_nodes,
-    mark_outputs,
-    name_unnamed_nodes,
-    node_labels,
-    save_model,
-)
+from reprokit.graph.extract import Extraction
+from reprokit.graph.index import GraphIndex, count_nodes
+from reprokit.graph.io import save_model
+from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes, node_labels
 from reprokit.shrink import pipeline
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, flaky_tally, probe_model
 from reprokit.shrink.evaluator import calibrate, causal_test

@@ -105,10 +105,23 @@ class OutputError:
         out = asdict(self)
         out["shape"] = list(self.shape)
         out["target_shape"] = list(self.target_shape if self.target_shape is not None else self.shape)
-        for key, value in out.items():
-            if isinstance(value, float) and not np.isfinite(value):
-                out[key] = str(value)  # JSON has no inf/nan; keep them readable
-        return out
+        return jsonable(out)
+
+
+def jsonable(value):
+    """``value`` as every reprokit JSON writes it: JSON has no inf/nan, so non-finite floats become
+    strings (``"inf"``, ``"nan"``); dicts, lists and tuples converted item by item; numpy scalars
+    become Python numbers; anything else (None, int, str) as it is."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if np.isfinite(value) else str(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 def widen(array):

@@ -17,9 +17,9 @@ import os
 
 from reprokit.engine.activations import capture_opened as capture
 from reprokit.graph.branchcut import Layered, Sites
-from reprokit.graph.controlflow import count_nodes
-from reprokit.graph.extract import GraphIndex
-from reprokit.graph.model import mark_outputs, save_model
+from reprokit.graph.index import GraphIndex, count_nodes
+from reprokit.graph.io import save_model
+from reprokit.graph.model import mark_outputs
 from reprokit.shrink.passes import ddmin
 from reprokit.shrink.reducer import Reducer
 

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from reprokit.engine.oracle import check_reference_finite
 from reprokit.errors import ReferenceFailure
 from reprokit.graph.extract import Extraction
-from reprokit.graph.model import save_model
+from reprokit.graph.io import save_model
 from reprokit.shrink.evaluator import Member, judge_member, judge_members
 from reprokit.shrink.reducer import BudgetExhausted
 

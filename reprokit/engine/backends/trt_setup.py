@@ -1,0 +1,245 @@
+"""What a TensorRT build is set up with and what its failures mean, apart from the backend that
+runs it (:mod:`reprokit.engine.backends.trt`): the builder settings a target spec asks for (pure,
+testable without TensorRT), loading TensorRT or TensorRT-RTX, polygraphy's log captured while a
+build runs, and a failed build's messages turned into the right error (the GPU or driver, a
+feature this TensorRT lacks, or the model).
+Must not import tensorrt, or polygraphy's TensorRT modules, at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+
+from reprokit.engine.backends.base import BuildError
+from reprokit.errors import EngineUnavailable, ReprokitError, UsageError
+from reprokit.spec import TargetSpec
+
+TRT_HINT = (
+    "pip install 'reprokit[tensorrt]' (needs an NVIDIA GPU and driver); for TensorRT-RTX: "
+    "pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings and set POLYGRAPHY_USE_TENSORRT_RTX=1"
+)
+RTX_HINT = (
+    "pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings (POLYGRAPHY_USE_TENSORRT_RTX=1 "
+    "asks for TensorRT-RTX); or unset POLYGRAPHY_USE_TENSORRT_RTX and pip install 'reprokit[tensorrt]'"
+)
+_NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
+# TensorRT's words when the GPU or its driver, not the model, is the problem.
+_GPU_REFUSED = re.compile(
+    r"compute capability|\bSM ?\d+\b.*not supported|GPU (architecture )?(is )?not supported|"
+    r"CUDA initialization failure|no CUDA-capable device|cudaErrorNoDevice|insufficient driver|"
+    r"driver version is insufficient|Could not load the CUDA runtime",
+    re.IGNORECASE,
+)
+_MISSING_FEATURE = re.compile(r"is not available on TensorRT version", re.IGNORECASE)
+
+
+def rtx_requested() -> bool:
+    """True when POLYGRAPHY_USE_TENSORRT_RTX asks for TensorRT-RTX (polygraphy's own rule)."""
+    return os.environ.get("POLYGRAPHY_USE_TENSORRT_RTX", "0") != "0"
+
+
+@dataclass(frozen=True)
+class BuilderSettings:
+    """How to drive polygraphy's loaders for one target spec on one TensorRT."""
+
+    mode: str  # "weakly-typed" or "strongly-typed"
+    strongly_typed: bool  # ask for the STRONGLY_TYPED network flag
+    config_loader: str  # "CreateConfig" or "CreateConfigRTX" (polygraphy.backend.tensorrt_rtx)
+    create_config: dict = field(default_factory=dict)  # its kwargs, TensorRT enums left out
+    config_flags: dict = field(default_factory=dict)  # BuilderFlag name → on, set afterwards
+    workspace_bytes: int | None = None
+    save_timing_cache: str | None = None
+    convert_to: str | None = None  # strongly typed fp16/bf16: reprokit converts the ONNX
+    fp32_nodes: tuple[str, ...] = ()
+    fp32_layers: bool = False  # weak typing: pin the layers of fp32_nodes to FP32
+    builder_flags: tuple[str, ...] = ()  # the BuilderFlags this asks for, for reports
+    notes: tuple[str, ...] = ()
+
+
+def fp32_nodes(spec: TargetSpec) -> tuple[str, ...]:
+    return tuple(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
+
+
+def compute_capabilities(spec: TargetSpec) -> list[tuple[int, int]]:
+    """``compute-capability=8.9;12.0`` → [(8, 9), (12, 0)]; UsageError when malformed."""
+    text = str(spec.get("compute-capability", ""))
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        major, dot, minor = part.partition(".")
+        if not (dot and major.isdigit() and minor.isdigit()):
+            raise UsageError(f"trt compute-capability needs MAJOR.MINOR values, got {part!r}",
+                             hint="e.g. trt:compute-capability=8.9 or compute-capability=8.9;12.0")
+        out.append((int(major), int(minor)))
+    if not out:
+        raise UsageError("trt compute-capability names none", hint="e.g. trt:compute-capability=8.9")
+    return out
+
+
+def builder_settings(spec: TargetSpec, trt_major: int, rtx: bool) -> BuilderSettings:
+    """Loader arguments for ``spec`` on TensorRT ``trt_major`` (or TensorRT-RTX when ``rtx``)."""
+    if not rtx and trt_major < 8:
+        raise EngineUnavailable(
+            f"TensorRT {trt_major} is too old: reprokit needs 8.6 or later", hint=TRT_HINT
+        )
+    strong = rtx or trt_major >= 11 or spec.has("strongly-typed")
+    tf32 = not spec.has("no-tf32")
+    nodes = fp32_nodes(spec)
+    common: dict = {}
+    if spec.has("opt-level"):
+        common["builder_optimization_level"] = spec.get("opt-level")
+    cache = spec.get("timing-cache")
+    if cache:
+        common["load_timing_cache"] = cache
+    workspace = spec.get("workspace")
+    shared = dict(
+        workspace_bytes=workspace * 2**20 if workspace else None, save_timing_cache=cache or None
+    )
+    if not strong:
+        wanted = {p: spec.has(p) for p in _NARROW_FLAGS}
+        flags = ["TF32"] if tf32 else []
+        flags += [p.upper() for p in _NARROW_FLAGS if wanted[p]]
+        kwargs = {"tf32": tf32, **wanted, **common}
+        if nodes:
+            kwargs["precision_constraints"] = "obey"
+            flags.append("OBEY_PRECISION_CONSTRAINTS")
+        return BuilderSettings(
+            mode="weakly-typed", strongly_typed=False, config_loader="CreateConfig",
+            create_config=kwargs, fp32_nodes=nodes, fp32_layers=bool(nodes),
+            builder_flags=tuple(flags), **shared,
+        )  # fmt: skip
+    if spec.has("fp16") and spec.has("bf16"):
+        raise UsageError(
+            f"{spec}: a strongly typed build computes in one type, fp16 or bf16, not both",
+            hint="drop one of fp16/bf16 (TensorRT ≥ 11 and TensorRT-RTX are always strongly typed)",
+        )
+    convert_to = next((p for p in ("fp16", "bf16") if spec.has(p)), None)
+    notes = []
+    if spec.has("int8") or spec.has("fp8"):
+        notes.append("strongly typed: INT8/FP8 come from the model's Q/DQ nodes, no builder flag")
+    if nodes and not convert_to:
+        notes.append("fp32-nodes has no effect: the model is not converted, it stays float32")
+    if spec.has("compute-capability") and not rtx:
+        notes.append("compute-capability applies to TensorRT-RTX only; ignored")
+    if rtx:  # polygraphy's CreateConfigRTX takes no precision flags, TF32 is set afterwards
+        target = ({"compute_capabilities": compute_capabilities(spec)} if spec.has("compute-capability")
+                  else {"use_gpu": True})
+        loader, kwargs, after = "CreateConfigRTX", {**target, **common}, {"TF32": tf32}
+    else:
+        loader, kwargs, after = "CreateConfig", {"tf32": tf32, **common}, {}
+    return BuilderSettings(
+        mode="strongly-typed", strongly_typed=True, config_loader=loader, create_config=kwargs,
+        config_flags=after, convert_to=convert_to, fp32_nodes=nodes if convert_to else (),
+        builder_flags=("TF32",) if tf32 else (), notes=tuple(notes), **shared,
+    )  # fmt: skip
+
+
+def load_tensorrt():
+    """Import the TensorRT module polygraphy will use; return (module, rtx)."""
+    import importlib
+
+    rtx = rtx_requested()
+    names = ("tensorrt_rtx", "tensorrt_rtx_bindings") if rtx else ("tensorrt",)
+    errors, module = [], None
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+            break
+        except Exception as exc:  # missing, or its CUDA libraries fail to load
+            errors.append(f"{name}: {exc.__class__.__name__}: {exc}")
+    if module is None:
+        what = "TensorRT-RTX (POLYGRAPHY_USE_TENSORRT_RTX=1)" if rtx else "TensorRT"
+        raise EngineUnavailable(
+            f"{what} is not importable here ({'; '.join(errors)})",
+            hint=RTX_HINT if rtx else TRT_HINT,
+        )
+    version = str(getattr(module, "__version__", "0"))
+    if rtx:  # polygraphy imports "tensorrt_rtx"; the bindings wheel alone has another name
+        sys.modules.setdefault("tensorrt_rtx", module)
+    elif tuple(int(p) for p in re.findall(r"\d+", version)[:2]) < (8, 6):
+        raise EngineUnavailable(
+            f"TensorRT {version} is too old: reprokit needs 8.6 or later", hint=TRT_HINT
+        )
+    from polygraphy import config
+
+    if config.USE_TENSORRT_RTX != rtx:
+        # polygraphy binds its lazy TensorRT module when polygraphy.backend.trt is imported
+        if "polygraphy.backend.trt" in sys.modules:
+            raise EngineUnavailable(
+                "polygraphy's TensorRT backend was already loaded for the other TensorRT flavour",
+                hint="set POLYGRAPHY_USE_TENSORRT_RTX before reprokit starts",
+            )
+        config.USE_TENSORRT_RTX = rtx
+    return module, rtx
+
+
+def _major(version: str) -> int:
+    found = re.match(r"\d+", version or "")
+    return int(found.group()) if found else 0
+
+
+class _LogCapture(logging.Handler):
+    """Keeps polygraphy's log lines (TensorRT's own messages included) for reports and errors."""
+
+    def __init__(self):
+        super().__init__(level=1)
+        self.records: list[tuple[int, str]] = []
+
+    def emit(self, record):
+        self.records.append((record.levelno, re.sub(r"^\[[A-Z!]\]\s*", "", record.getMessage())))
+
+    def text(self) -> str:
+        return "\n".join(message for _, message in self.records)
+
+    def errors(self) -> list[str]:
+        return [message for level, message in self.records if level >= logging.ERROR]
+
+
+@contextlib.contextmanager
+def capture_polygraphy_log():
+    """Route polygraphy's G_LOGGER (INFO and up) into a :class:`_LogCapture`, then restore it."""
+    from polygraphy.logger import G_LOGGER
+
+    saved = (G_LOGGER.use_python_logging_system, G_LOGGER.colors, G_LOGGER.module_severity)
+    G_LOGGER.use_python_logging_system = True
+    G_LOGGER.colors = False
+    if G_LOGGER.module_severity.get() > G_LOGGER.INFO:
+        G_LOGGER.module_severity = G_LOGGER.INFO
+    python_logger = G_LOGGER.python_logger
+    kept = (python_logger.level, python_logger.propagate)
+    capture = _LogCapture()
+    python_logger.addHandler(capture)
+    python_logger.setLevel(1)
+    python_logger.propagate = False
+    try:
+        yield capture
+    finally:
+        python_logger.removeHandler(capture)
+        python_logger.setLevel(kept[0])
+        python_logger.propagate = kept[1]
+        G_LOGGER.use_python_logging_system, G_LOGGER.colors = saved[0], saved[1]
+        G_LOGGER.module_severity = saved[2]
+
+
+def classify_failure(messages: list[str], rtx: bool = False) -> ReprokitError:
+    """Turn TensorRT's messages about a failed build/run into the error reprokit reports."""
+    lines = list(dict.fromkeys(m.strip() for m in messages if m and m.strip()))
+    refused = [m for m in lines if _GPU_REFUSED.search(m)]
+    name = "TensorRT-RTX" if rtx else "TensorRT"
+    if refused:
+        return EngineUnavailable(
+            f"{name} cannot use this GPU: {' / '.join(refused)}",
+            hint="run on a GPU and driver this TensorRT supports"
+            + ("; or unset POLYGRAPHY_USE_TENSORRT_RTX to use TensorRT" if rtx else ""),
+        )
+    missing = [m for m in lines if _MISSING_FEATURE.search(m)]
+    if missing:
+        return EngineUnavailable(
+            f"{name} here lacks a feature this target needs: {missing[0]}", hint=TRT_HINT
+        )
+    first = next((m for m in lines if re.search(r"error", m, re.IGNORECASE)), lines[0] if lines else "")
+    return BuildError(f"{name} could not build or run the model: {first}\n" + "\n".join(lines))
