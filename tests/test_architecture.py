@@ -22,6 +22,12 @@ def run_checker(root: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def test_the_tree_has_no_cycle_no_upward_and_no_hidden_import():
+    proc = run_checker(ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("no cycle, no upward import"), proc.stdout
+
+
 def make_tree(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / "reprokit" / name

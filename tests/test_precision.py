@@ -1,4 +1,4 @@
-"""The tested precision workaround (audit/precision.py) and per-node precision on OpenVINO:
+"""The tested precision workaround (shrink/precision.py) and per-node precision on OpenVINO:
 packed fp32 sets judge what one call of each set alone judges, the set offered for an
 accumulated error agrees when run exactly as printed, and ``openvino:bf16,fp32-nodes=`` keeps
 the named nodes in f32 on the CPU plugin."""
@@ -15,8 +15,8 @@ from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from reprokit.api import RunOptions, make_oracle
-from reprokit.audit import precision
 from reprokit.errors import UsageError
+from reprokit.shrink import precision
 from reprokit.spec import parse_target
 
 

@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from reprokit.audit.precision import fp32_nodes_support
 from reprokit.engine.bug import shows_bug
 from reprokit.engine.oracle import check_reference_finite
 from reprokit.engine.session import make_oracle
 from reprokit.errors import EngineUnavailable, ReferenceFailure, ReprokitError
 from reprokit.graph.io import save_model
 from reprokit.report.redact import _SMALL, _like
+from reprokit.shrink.precision import fp32_nodes_support
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.compare import compare_arrays
 

@@ -12,7 +12,6 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.audit import precision
 from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.backends import backend_class
 from reprokit.engine.bug import NUMERIC, CausalTest, shows_bug
@@ -23,7 +22,7 @@ from reprokit.graph.extract import Extraction
 from reprokit.graph.index import GraphIndex, count_nodes
 from reprokit.graph.io import save_model
 from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes, node_labels
-from reprokit.shrink import pipeline
+from reprokit.shrink import pipeline, precision
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, flaky_tally, probe_model
 from reprokit.shrink.evaluator import calibrate, causal_test
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
@@ -438,7 +437,7 @@ def _accumulated(run: _Run, reducer, writer, verdict) -> ShrinkResult:
 
 
 def _tested_workaround(run: _Run, reducer, label) -> dict:
-    """The precision workaround search (audit/precision.py) on the user's model, fed with the
+    """The precision workaround search (shrink/precision.py) on the user's model, fed with the
     run's feeds and judged against the captured reference outputs."""
     supported, why = precision.fp32_nodes_support(run.user_target)
     if not supported:

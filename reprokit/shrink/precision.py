@@ -16,6 +16,9 @@ Two searches, chosen by the engine, never by the caller:
 Whatever the search, the answer offered is one call of the printed target spec on the model the
 user gave (its result travels beside it). Owns no oracle construction (the caller passes
 ``oracle_for``), no archive and no words for the console.
+
+It sits in ``shrink/`` (shrink's last step offers it) and ``audit/`` uses it from there: audit
+sits above shrink, so shrink could not import it from ``audit/``.
 """
 
 from __future__ import annotations
