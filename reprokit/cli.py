@@ -54,6 +54,7 @@ from reprokit.graph.dims import say_in_error
 from reprokit.matrix.cli import verify_matrix
 from reprokit.matrix.fanout import check_many
 from reprokit.report import bundle as report
+from reprokit.report import verify as verifying
 from reprokit.shrink import steps as shrinking
 from reprokit.shrink.output import pack_accumulated
 from reprokit.spec import parse_target
@@ -522,7 +523,7 @@ def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpu
         verify_matrix(archive, versions, target=target, timeout=timeout, as_json=as_json, bisect=bisect,
                       ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path)
         return
-    result = report.verify(archive, target, timeout=timeout)
+    result = verifying.verify(archive, target, timeout=timeout)
     if as_json:
         click.echo(json.dumps({"schema": "reprokit.verify/1", "archive": archive, "target": result.target,
                                "reproduces": result.reproduces, "recorded": result.recorded,

@@ -177,7 +177,7 @@ def _save(model, folder) -> str:
 @BUDGET
 @given(model=graphs())
 def test_random_graphs_check_shrink_pack_verify_under_fp16_emulation(model, tmp_path_factory):
-    from reprokit.report.bundle import verify
+    from reprokit.report.verify import verify
     from reprokit.shrink.steps import pack_result
 
     folder = tmp_path_factory.mktemp("fp16")

@@ -17,7 +17,8 @@ from conftest import pack_matmul_softmax
 
 from reprokit.api import RunOptions
 from reprokit.report.archive import check_manifest, safe_extract
-from reprokit.report.bundle import pack, verify
+from reprokit.report.bundle import pack
+from reprokit.report.verify import verify
 from tests.models import bf16_steps, matmul_overflow_softmax, save
 
 GOLDEN = Path(__file__).parent / "golden"

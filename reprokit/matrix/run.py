@@ -34,7 +34,7 @@ from reprokit.report.archive import (
     write_archive,
     write_manifest,
 )
-from reprokit.report.bundle import trusted_archive_spec
+from reprokit.report.verify import trusted_archive_spec
 
 # Which package a target's engine loads (emulate runs its rounded graph on onnxruntime).
 TARGET_PACKAGES = {"ort": ("onnxruntime", "onnxruntime-gpu"), "emulate": ("onnxruntime", "onnxruntime-gpu"),

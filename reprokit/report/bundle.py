@@ -1,6 +1,7 @@
 """The report archive: bundle a small diverging model with its inputs, both engines' outputs,
 the verdict, an environment fingerprint, polygraphy commands and logs, a standalone repro.py, a
-ready-to-file ISSUE.md, a README and a manifest; and ``verify`` an archive someone sent.
+ready-to-file ISSUE.md, a README and a manifest. Verifying an archive someone sent is
+:mod:`reprokit.report.verify`'s.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.session import RunOptions, check
-from reprokit.errors import InputError, NothingToReduce, ReprokitError
+from reprokit.errors import InputError, NothingToReduce
 from reprokit.graph.io import inline_external_data, save_model
 from reprokit.graph.model import name_unnamed_nodes
-from reprokit.report.archive import check_manifest, safe_extract, write_archive, write_manifest
+from reprokit.report.archive import write_archive, write_manifest
 from reprokit.report.describe import (
     describe,
     environment_lines,
@@ -41,7 +42,6 @@ from reprokit.report.render import render
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
-from reprokit.standalone.checkpolicy import CheckPolicy
 
 # What `pip install numpy onnx onnxruntime …` needs on top for each engine, and in words.
 ENGINE_PACKAGES = {"ort": "", "emulate": "", "openvino": "openvino", "trt": "tensorrt polygraphy", "cmd": ""}
@@ -364,164 +364,3 @@ def _write_logs(stage, result, spec, values) -> None:
     with open(os.path.join(logs, f"target_{spec.engine}.log"), "w") as handle:
         handle.write(f"target {result.verdict.target}; engine settings: {json.dumps(result.verdict.target_meta, default=str)}\n")
         handle.write(result.target_log or "(the engine printed nothing)\n")
-
-
-@dataclass
-class VerifyResult:
-    recorded: dict
-    verdict: object
-    reproduces: bool
-    target: str  # what ran here: the user's --target, or the archive's after the trust checks
-    notes: list[str] = field(default_factory=list)
-
-
-# An archive is untrusted input (README: "what verify trusts"): it may name engines and
-# settings, never a command to run, a file for an engine to read or write, or a regex that
-# backtracks for ever. Regexes from archives are bounded by shape, not by a timer: a clear
-# refusal beats a `timeout` verdict that reads like the engine's.
-MAX_ARCHIVE_REGEX = 200
-MAX_ARCHIVE_REGEX_REPEATS = 3
-
-
-def trusted_archive_spec(text: str, role: str, archive_path: str) -> str:
-    """``text`` (a target or reference an archive names) if verify may run it on the archive's
-    word; an InputError when it runs a command or hands an engine a path."""
-    text = str(text or "").strip()
-    engine = text.partition(":")[0].strip().lower()
-    why = None
-    if engine == "cmd":
-        why = "runs a command"
-    else:
-        try:
-            spec = parse_target(text)
-        except ReprokitError as exc:
-            raise InputError(f"archive {archive_path} names the {role} {text!r}, which is not usable here: "
-                             f"{exc.message}", hint="ask for a fresh archive, or pass --target") from exc
-        options = backend_class(spec.engine).OPTIONS
-        paths = [key for key, _ in spec.options if options[key].kind == "path"]
-        if paths:
-            why = f"hands the engine a file path ({', '.join(paths)})"
-    if why is None:
-        return text
-    if role == "target":
-        hint = ("read it; verify runs nothing an archive chose. To run it anyway, name it yourself: "
-                "--target '...', or pick another target, e.g. --target ort")
-    else:
-        hint = "verify runs only built-in references; rerun the check by hand with `reprokit check` on model.onnx"
-    raise InputError(f"archive {archive_path} records the {role} {text!r}, which {why}; verify does not run "
-                     "that on an archive's word", hint=hint)
-
-
-def archive_policy(recorded: dict, archive_path: str) -> CheckPolicy:
-    """The check policy an archive records (``check_policy``, or an older ``fail_regex``), its
-    regexes bounded and its exit codes integers."""
-    try:
-        policy = CheckPolicy.from_json(recorded.get("check_policy"))
-        legacy = CheckPolicy.from_json(recorded.get("fail_regex"))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise InputError(f"archive {archive_path} records a check policy reprokit cannot read",
-                         hint="ask for a fresh archive") from exc
-    regexes = policy.regexes + legacy.regexes
-    return CheckPolicy(tuple(bounded_archive_regex(r, archive_path) for r in regexes),
-                       policy.fail_codes, policy.ignore_codes)
-
-
-def bounded_archive_regex(pattern, archive_path: str) -> str | None:
-    """A ``fail_regex`` from an archive if it cannot backtrack for ever: at most
-    MAX_ARCHIVE_REGEX characters, no repetition inside a repetition, no alternation or
-    backreference under one, at most MAX_ARCHIVE_REGEX_REPEATS unbounded repetitions."""
-    if pattern is None:
-        return None
-    why = None
-    if not isinstance(pattern, str):
-        why = "is not a string"
-    elif len(pattern) > MAX_ARCHIVE_REGEX:
-        why = f"is longer than {MAX_ARCHIVE_REGEX} characters"
-    else:
-        why = _regex_risk(pattern)
-    if why:
-        raise InputError(f"archive {archive_path} records a fail_regex that {why}: {str(pattern)[:80]!r}",
-                         hint="such a regex can backtrack for ever; ask for a fresh archive, or check the "
-                              "model by hand with `reprokit check --fail-regex ...`")
-    return pattern
-
-
-def _regex_risk(pattern: str) -> str | None:
-    try:
-        import re._parser as sre_parse  # Python >= 3.11
-    except ImportError:  # pragma: no cover - Python 3.10
-        import sre_parse
-    try:
-        parsed = sre_parse.parse(pattern)
-    except re.error as exc:
-        return f"is not a valid regex ({exc})"
-    constants = sre_parse
-    repeats = (constants.MAX_REPEAT, constants.MIN_REPEAT, getattr(constants, "POSSESSIVE_REPEAT", None))
-    unbounded = 0
-
-    def walk(items, under_repeat: bool) -> str | None:
-        nonlocal unbounded
-        for op, av in items:
-            if op in repeats:
-                low, high, body = av
-                endless = high == constants.MAXREPEAT or high > 100
-                if endless and under_repeat:
-                    return "nests one repetition inside another (like (a+)+)"
-                unbounded += endless
-                found = walk(body, under_repeat or endless)
-            elif op == constants.BRANCH:
-                if under_repeat:
-                    return "repeats an alternation (like (a|aa)*)"
-                found = next(filter(None, (walk(b, under_repeat) for b in av[1])), None)
-            elif op in (constants.GROUPREF, getattr(constants, "GROUPREF_EXISTS", None)):
-                return "uses a backreference"
-            elif op == constants.SUBPATTERN:
-                found = walk(av[-1], under_repeat)
-            elif op in (constants.ASSERT, constants.ASSERT_NOT):
-                found = walk(av[1], under_repeat)
-            elif op == getattr(constants, "ATOMIC_GROUP", None):
-                found = walk(av, under_repeat)
-            else:
-                found = None
-            if found:
-                return found
-        return None
-
-    found = walk(parsed, False)
-    if found:
-        return found
-    if unbounded > MAX_ARCHIVE_REGEX_REPEATS:
-        return f"has more than {MAX_ARCHIVE_REGEX_REPEATS} unbounded repetitions"
-    return None
-
-
-def verify(archive_path: str, target: str | None = None, *, timeout: float = 600.0) -> VerifyResult:
-    """Extract an untrusted archive safely, check its manifest, rerun its check here."""
-    with tempfile.TemporaryDirectory(prefix="reprokit-verify-") as tmp:
-        top = safe_extract(archive_path, tmp)
-        problems = check_manifest(top)
-        if problems:
-            raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}"
-                             + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
-                             hint="the archive was changed after packing; ask for a fresh one")
-        try:
-            with open(os.path.join(top, "verdict.json")) as handle:
-                recorded = json.load(handle)
-            criterion = recorded["criterion"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"archive {archive_path} has no usable verdict.json ({exc})",
-                             hint="only archives written by `reprokit pack` can be verified") from exc
-        chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
-        reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
-        policy = archive_policy(recorded, archive_path)
-        if not chosen.strip().lower().startswith("cmd:"):
-            policy = CheckPolicy()  # a cmd archive verified under --target ort: nothing to match
-        options = RunOptions(reference=reference, metric=criterion["metric"],
-                             tolerance=criterion["tolerance"], atol=criterion["atol"], rtol=criterion["rtol"],
-                             timeout=timeout, fail_regex=policy.regexes, fail_codes=policy.fail_codes,
-                             ignore_fail_codes=policy.ignore_codes,
-                             inputs=os.path.join(top, "inputs.npz"))
-        result = check(os.path.join(top, "model.onnx"), chosen, options=options, workdir=os.path.join(tmp, "check"))
-        verdict = result.verdict
-        reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
-        return VerifyResult(recorded, verdict, reproduces, chosen)
