@@ -10,16 +10,22 @@ all, so they cannot import it), shrinking in :mod:`reprokit.shrink.steps`, packi
 
 from __future__ import annotations
 
+import os
+import tempfile
+
+from reprokit.engine import session
+from reprokit.engine.layerwise import divergence_start
 from reprokit.engine.session import (
     CheckResult,
     Prepared,
     RunOptions,
     SampleVerdict,
-    check,
     make_oracle,
     prepare,
 )
+from reprokit.graph.model import node_label
 from reprokit.report.bundle import pack
+from reprokit.shrink.pipeline import isolated_attribution
 from reprokit.shrink.steps import ShrinkResult, shrink
 
 __all__ = [
@@ -34,3 +40,28 @@ __all__ = [
     "prepare",
     "shrink",
 ]
+
+
+def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = None,
+          layerwise: bool = False, workdir: str | None = None) -> CheckResult:
+    """Judge ``target`` against the reference on one model (:func:`reprokit.engine.session.check`);
+    with ``layerwise``, also where the divergence starts, as audit and shrink say it."""
+    result = session.check(model, target, options=options, layerwise=layerwise, workdir=workdir)
+    if result.layerwise is not None:
+        result.layerwise.start = _divergence_start(target, options or RunOptions(), result)
+    return result
+
+
+def _divergence_start(target: str, options: RunOptions, result: CheckResult) -> dict:
+    """Each node alone (one packed call, fed with the marked run's reference tensors) tells a node
+    that diverges on its own from an error that only accumulates."""
+    report, verdict, prepared = result.layerwise, result.verdict, result.prepared
+    if not verdict.diverges or verdict.kind.value not in ("nonfinite", "mismatch") or not report.reference:
+        return divergence_start(report, None)
+    model = prepared.model
+    with tempfile.TemporaryDirectory(prefix="reprokit-start-") as work:
+        oracle = make_oracle(target, options, os.path.join(work, "calls"))
+        oracle.weights_dir = prepared.base_dir
+        found = isolated_attribution(model, dict(report.reference), prepared.feeds.arrays, oracle, verdict.signature,
+                                     os.path.join(work, "isolated"), lambda i: node_label(model.graph.node[i], i))
+    return {**divergence_start(report, found["diverging_nodes"]), "judged_alone": found["nodes_judged_alone"]}

@@ -116,6 +116,9 @@ def print_layerwise(report, limit: int = 10) -> None:
     if report.missing:
         out.print(f"  [yellow]note[/]: {len(report.missing)} tensors were not returned by the target "
                   f"(e.g. {report.missing[0]})")
+    if report.start is not None and report.start.get("kind") in ("local", "accumulated"):
+        color = "yellow" if report.start["kind"] == "accumulated" else "red"
+        out.print(f"  [{color}]start[/]: {report.start['words']}")
     if not report.first:
         return
     table = Table(title="first diverging tensors (their inputs still agree)", show_edge=False)

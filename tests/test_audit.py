@@ -267,7 +267,8 @@ def test_shrink_audit_puts_audit_and_sweep_into_the_report(tmp_path, model_file,
     assert any(n.endswith("/audit/audit.html") for n in names)
     # boom's output (~1e5) must be brought back into range by a kept reader: boom and back
     assert "What we tried" in issue and "`emulate:fp16,fp32-nodes=boom;back` → agree" in issue
-    assert "Smallest change that avoids it: keep 2 nodes in fp32: boom, back" in issue
+    # the precision search found it (boom, ranked first, with its reader), run as printed
+    assert "Smallest change that avoids it: keep 2 nodes in fp32 (searched over" in issue
 
 
 def test_sweep_plan_for_tensorrt_orders_settings_by_size():

@@ -131,3 +131,76 @@ def test_bisection_on_openvino_gives_a_set_that_agrees_in_log_calls(tmp_path):
     assert search.calls - before <= 1 + int(np.ceil(np.log2(len(ranked))))
     assert found.setting == precision.with_nodes("openvino:bf16", found.nodes)
     assert os.path.basename(search.path) == "model.onnx"
+
+
+def test_audit_offers_the_tested_set_as_its_workaround(tmp_path):
+    """audit runs the same search over its isolated ranking: the sweep's first row is the printed
+    setting with the verdict of its own run, and audit.md says it was run exactly so."""
+    from reprokit.audit import audit
+
+    path = sm.save(accumulating_mlp(), tmp_path / "mlp.onnx")
+    result = audit(path, "emulate:bf16", str(tmp_path / "audit"), options=RunOptions(tolerance=0.01),
+                   explain_inputs=False)
+    tested = result.payload["precision"]
+    assert tested["agrees"] and tested["method"] == "packed"
+    assert result.sweep[0].setting == tested["setting"] and result.sweep[0].fixes
+    assert result.workaround["setting"] == tested["setting"]
+    md = (tmp_path / "audit" / "audit.md").read_text()
+    assert f"`{tested['setting']}` → agree" in md and "run exactly as printed" in md
+    assert sum(c["step"] == "precision" for c in result.payload["calls"]) == tested["calls"]
+
+
+def test_the_archive_of_an_accumulated_error_carries_the_smallest_drifting_window(tmp_path):
+    """shrink finds a contiguous window that drifts on its own (fed with the captured activations),
+    smaller than the model, judged alone; the archive carries it instead of the whole model."""
+    import tarfile
+
+    path = sm.save(accumulating_mlp(), tmp_path / "mlp.onnx")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:bf16", "--tol", "0.01", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    window = summary["window"]
+    assert summary["status"] == "accumulated" and not (out / "minimal.onnx").exists()
+    assert 1 < window["nodes"] < window["of"] == 48 and window["error"] > window["tolerance"] == 0.01
+    again = run_cli("check", str(out / "window.onnx"), "--target", "emulate:bf16", "--tol", "0.01",
+                    "--inputs", str(out / "window_inputs.npz"))
+    assert again.returncode == 1 and "DIVERGES: mismatch" in again.stdout  # it drifts on its own
+    with tarfile.open(out / "report.tar.gz") as archive:
+        names = archive.getnames()
+        model = next(m for m in archive.getmembers() if m.name.endswith("/minimal.onnx") or m.name.endswith("/model.onnx"))
+        import onnx
+
+        packed = onnx.load_from_string(archive.extractfile(model).read())
+        issue = archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith("/ISSUE.md"))).read().decode()
+    assert len(packed.graph.node) == window["nodes"], names
+    assert f"{window['nodes']} of 48 nodes" in issue and "still drifts on its own" in issue
+    # one story: shrink says where the error becomes visible, and that it is accumulated
+    assert summary["attribution"]["divergence_start"]["kind"] == "accumulated"
+
+
+def test_check_layerwise_and_audit_tell_an_accumulated_error_from_a_local_one(tmp_path):
+    """check --layerwise names the crossing point but calls it accumulated when no node diverges
+    on its own, as audit and shrink do; a planted overflow is local and named as the start."""
+    from reprokit.api import check
+    from reprokit.audit import audit
+
+    path = sm.save(accumulating_mlp(), tmp_path / "mlp.onnx")
+    options = RunOptions(tolerance=0.01)
+    start = check(path, "emulate:bf16", options=options, layerwise=True).layerwise.start
+    assert start["kind"] == "accumulated" and start["crosses_at"] and start["judged_alone"] == 48
+    audited = audit(path, "emulate:bf16", None, options=options, sweep=False, explain_inputs=False)
+    assert audited.payload["divergence_start"]["kind"] == "accumulated"
+    assert audited.payload["divergence_start"]["crosses_at"] == start["crosses_at"]
+    proc = run_cli("check", path, "-t", "emulate:bf16", "--tol", "0.01", "--layerwise")
+    assert "accumulated error: no node diverges on its own" in " ".join(proc.stdout.split())
+
+    # x → Add(+0.5) → Mul(×70000) "boom" overflows fp16 on its own → Relu
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])
+    local = sm.make([helper.make_node("Add", ["x", "half"], ["a"], name="shift"),
+                     helper.make_node("Mul", ["a", "big"], ["b"], name="boom"),
+                     helper.make_node("Relu", ["b"], ["y"], name="clip")], [x], [y],
+                    [sm.const("half", np.float32(0.5)), sm.const("big", np.float32(70000.0))])
+    start = check(sm.save(local, tmp_path / "local.onnx"), "emulate:fp16", layerwise=True).layerwise.start
+    assert start["kind"] == "local" and start["node"] == "boom"

@@ -43,7 +43,12 @@ from reprokit.engine.folding import (
     folding_changed,
 )
 from reprokit.engine.inputs import feed_dtype, feed_shape
-from reprokit.engine.layerwise import LayerwiseReport, compare_marked_run, float_node_outputs
+from reprokit.engine.layerwise import (
+    LayerwiseReport,
+    compare_marked_run,
+    divergence_start,
+    float_node_outputs,
+)
 from reprokit.engine.oracle import check_reference_finite
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import ReprokitError
@@ -57,6 +62,7 @@ from reprokit.graph.model import (
     node_labels,
 )
 from reprokit.shrink.pipeline import isolated_attribution
+from reprokit.shrink.precision import Search, find_workaround, fp32_nodes_support
 from reprokit.spec import parse_target
 
 SCHEMA = "reprokit.audit/1"
@@ -166,14 +172,23 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         rows: list[SweepRow] = []
         explained = None
         diverges = verdict is not None and verdict.diverges
+        tested = None
+        if isolated is not None and sweep:
+            event("the fewest ranked nodes that, kept in fp32, bring the model within tolerance")
+            tested = _tested_workaround(prepared, path, feeds, reference, target, options, work, ledger, isolated)
         if diverges and sweep:
-            rows = _sweep(bench, target, verdict, suspects, prepared, event, oracle.reference)
+            rows = _sweep(bench, target, verdict, suspects, prepared, event, oracle.reference,
+                          nodes_fixed=bool(tested and tested.agrees))
+            if tested is not None and tested.setting:
+                rows.insert(0, _tested_row(tested))
         if diverges and explain_inputs:
             event("explain: random inputs, random weights")
             explained = explain(bench, oracle, verdict.signature, seed=options.seed + 1)
         payload = _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
                            rows, explained, kept_nodes, ledger, started, sweep)
         payload["isolated"] = isolated
+        payload["precision"] = tested.to_json() if tested is not None else None
+        payload["divergence_start"] = divergence_start(layer, isolated["diverging_nodes"] if isolated else None)
         files = {}
         if out_dir:
             files = write_outputs(payload, layer, ranges, out_dir)
@@ -301,7 +316,28 @@ def _suspects(model, ranges, layer, verdict, isolated=None) -> dict:
             "born_alone": born, "first_with_inputs": feeding[:3], "candidates": candidates[:5]}
 
 
-def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) -> list[SweepRow]:
+def _tested_workaround(prepared, path, feeds, reference, target, options, work, ledger, isolated):
+    """The precision search (:mod:`.precision`) over the isolated ranking, on the model as given;
+    None where the target has no per-node precision (the sweep's fp32-nodes row says why)."""
+    if not fp32_nodes_support(target)[0]:
+        return None
+    labels = node_labels(prepared.model)
+    ranked = [n for n in isolated.get("ranking", []) if n in labels]
+    search = Search(prepared.model, path, feeds, reference, target,
+                    lambda spec: make_oracle(spec, options, os.path.join(work, "precision-calls")),
+                    os.path.join(work, "precision"), weights_dir=prepared.base_dir, ledger=ledger)
+    return find_workaround(search, ranked)
+
+
+def _tested_row(found) -> SweepRow:
+    """The search's answer as a sweep row: the printed setting and the verdict of its own run."""
+    return SweepRow("fp32-nodes", f"keep {len(found.nodes)} node{'s' if len(found.nodes) != 1 else ''} in fp32 "
+                    f"(searched over the {found.ranked} nodes ranked by their own error, {found.calls} target calls)",
+                    1, found.setting, found.verdict, found.error, found.tolerance, fixes=found.agrees,
+                    target_calls=found.calls, note=found.note)
+
+
+def _sweep(bench, target, verdict, suspects, prepared, event, reference: str, nodes_fixed: bool = False) -> list[SweepRow]:
     fused, matches = fuse_layernorms(bench.model, bench.base_dir)
     if matches:
         bench.variants["layernorm"] = save_model(fused, os.path.join(bench.workdir, "layernorm.onnx"))
@@ -317,7 +353,6 @@ def _sweep(bench, target, verdict, suspects, prepared, event, reference: str) ->
     candidates = [c for c in suspects["candidates"] if all(n in labels for n in c)]
     settings = plan(target, candidates, (bool(matches), words), batch)
     rows: list[SweepRow] = []
-    nodes_fixed = False
     for setting in sorted(settings, key=lambda s: s.rank):
         if setting.key == "fp32-nodes" and nodes_fixed:
             continue  # a smaller set of nodes already avoids it

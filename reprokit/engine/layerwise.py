@@ -36,6 +36,8 @@ class LayerwiseReport:
     rows: list[TensorRow]  # every compared tensor, topological order
     marking_changes_engine: bool
     missing: list[str]  # tensors the target did not return (fused away)
+    reference: dict | None = None  # the reference's tensors (memory-mapped), for an isolated run
+    start: dict | None = None  # divergence_start(): where it starts, local or accumulated
 
     @property
     def diverging(self) -> list[TensorRow]:
@@ -57,6 +59,7 @@ class LayerwiseReport:
             "first": [r.to_json() for r in self.first[:limit]],
             "missing_in_target": self.missing[:limit],
             "marking_changes_engine": self.marking_changes_engine,
+            **({"start": self.start} if self.start is not None else {}),
         }
 
 
@@ -111,4 +114,31 @@ def run_layerwise(oracle, prepared, workdir: str) -> LayerwiseReport:
                              base_dir=prepared.base_dir)
     reference = oracle.run_reference(marked_path, prepared.feeds.arrays, names)
     target = oracle.run_target(marked_path, prepared.feeds.arrays, names)
-    return compare_marked_run(model, reference.outputs, target, oracle)
+    report = compare_marked_run(model, reference.outputs, target, oracle)
+    report.reference = reference.outputs
+    return report
+
+
+def divergence_start(report: LayerwiseReport | None, diverging_alone: list[str] | None) -> dict:
+    """Where the divergence starts, one definition for check --layerwise, audit and shrink: the
+    earliest node that diverges ON ITS OWN (fed with reference inputs) is where it is born
+    ("local"); when no node does, the error is accumulated, and the layerwise row where it first
+    crosses the tolerance is only where it becomes visible ("accumulated"). Without an isolated
+    run (``diverging_alone`` None) only the crossing is known."""
+    crossing = report.first[0] if report is not None and report.first else None
+    seen = ({"crosses_at": crossing.node, "tensor": crossing.tensor, "op": crossing.op}
+            if crossing is not None else {})
+    if diverging_alone:
+        node = diverging_alone[0]
+        return {"kind": "local", "node": node, **seen,
+                "words": f"divergence starts at {node}: it diverges on its own, fed with the reference inputs"}
+    if diverging_alone is not None:
+        where = f"; it first crosses the tolerance at {crossing.node} ({crossing.op})" if crossing else ""
+        return {"kind": "accumulated", "node": None, **seen,
+                "words": "accumulated error: no node diverges on its own (each fed with the reference inputs)"
+                         + where + ", where the error built up over the layers before becomes visible"}
+    if crossing is None:
+        return {"kind": "none", "node": None, "words": "no tensor diverges"}
+    return {"kind": "unknown", "node": crossing.node, **seen,
+            "words": f"first diverging tensor with agreeing inputs: {crossing.node} ({crossing.op}); "
+                     "whether it diverges on its own was not judged"}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.graph.index import bodies, rename_outer_refs
+from reprokit.graph.model import name_unnamed_nodes
 from reprokit.standalone.names import FreshNames
 
 
@@ -112,3 +113,63 @@ def _names(graph) -> set[str]:
         names.update(n for n in node.input if n)
         names.update(n for n in node.output if n)
     return names
+
+
+def model_copies(model, sets: list[list[str]]):
+    """One model holding a whole copy of ``model`` per set of node names (a target's
+    ``fp32-nodes=`` per copy): graph inputs and weights shared, every node and computed tensor
+    renamed ``rk{i}/…``. Returns (model, per copy {packed output: output}, every copy's set under
+    its renamed node names). Unnamed nodes are named OP_INDEX first, as fp32-nodes= names them."""
+    import onnx
+    from onnx import helper
+
+    source = onnx.ModelProto.FromString(model.SerializeToString())
+    name_unnamed_nodes(source)
+    graph = source.graph
+    shared = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    computed = {o for n in graph.node for o in n.output if o}
+    packed = onnx.GraphProto(name="reprokit_fp32_sets")
+    packed.input.extend(graph.input)
+    packed.initializer.extend(graph.initializer)
+    weights = {t.name: t for t in graph.initializer}
+    outputs, names = [], []
+    for number, keep in enumerate(sets):
+        prefix = f"rk{number}/"
+        mapping = {t: prefix + t for t in computed if t not in shared}
+        # A weight a kept node reads gets this copy's own: engines decide a shared weight's
+        # type from all its readers (the emulator leaves it unrounded only when every reader
+        # is kept), and the other copies' readers are not this copy's business.
+        kept = set(keep)
+        for node in graph.node:
+            if node.name in kept:
+                for name in node.input:
+                    if name in weights and name not in mapping:
+                        mapping[name] = prefix + name
+                        private = onnx.TensorProto()
+                        private.CopyFrom(weights[name])
+                        private.name = mapping[name]
+                        packed.initializer.append(private)
+        for node in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = prefix + node.name
+            copy.input[:] = [mapping.get(i, i) for i in copy.input]
+            copy.output[:] = [mapping.get(o, o) for o in copy.output]
+            for body in bodies(copy):
+                rename_outer_refs(body, mapping, set())
+            packed.node.append(copy)
+        own = {}
+        for value in graph.output:
+            out = onnx.ValueInfoProto()
+            out.CopyFrom(value)
+            out.name = mapping.get(value.name, value.name)
+            if out.name in own:
+                continue  # an input passed straight through: read once
+            packed.output.append(out)
+            own[out.name] = value.name
+        outputs.append(own)
+        names.extend(prefix + n for n in keep)
+    made = helper.make_model(packed, opset_imports=list(source.opset_import), ir_version=source.ir_version,
+                             producer_name="reprokit")
+    made.functions.extend(source.functions)
+    return made, outputs, names

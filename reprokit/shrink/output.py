@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -194,8 +194,19 @@ ACCUMULATED_PACK_LIMIT = 512 << 20
 
 def pack_accumulated(result, model_path: str, target: str, options: RunOptions, *, fmt: str = "tar.gz",
                      redact: bool = False, on_event=None):
-    """Pack the ORIGINAL model of an accumulated-error run, ISSUE.md carrying the attribution;
-    None (with a note) when the model is too big to travel in an archive."""
+    """Pack an accumulated-error run: its drift window when one was found (the smallest stretch
+    that drifts on its own, fed with the captured activations), else the ORIGINAL model; ISSUE.md
+    carries the attribution. None (with a note) when the whole model is too big to travel."""
+    window = result.summary.get("window")
+    if window and os.path.exists(window["path"]):
+        # the smallest window that drifts on its own travels instead of the whole model
+        context = {"attribution": result.summary["attribution"], "window": window}
+        packed = pack(window["path"], target, os.path.join(result.out_dir, f"report.{fmt}"),
+                      options=replace(options, inputs=window["inputs"], sample=None, input_shapes={}, val_ranges={}),
+                      fmt=fmt, redact=redact, context=context, on_event=on_event)
+        result.summary["report"] = packed.archive
+        _atomic_json(os.path.join(result.out_dir, "summary.json"), result.summary)
+        return packed
     folder = os.path.dirname(os.path.abspath(model_path))
     size = os.path.getsize(model_path) + sum(
         os.path.getsize(os.path.join(folder, loc)) for loc in external_locations(load_model(model_path, load_weights=False))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from reprokit.engine.oracle import Kind
 from reprokit.graph.index import GraphIndex
 from reprokit.shrink.passes import branches, ddmin, inside, localize, named, survey, window
+from reprokit.shrink.precision import ranking
 from reprokit.shrink.reducer import BudgetExhausted, Journal, Reducer
 from reprokit.standalone.compare import jsonable
 
@@ -91,8 +92,11 @@ def _born_somewhere(reducer) -> bool:
     otherwise it is every node's small error adding up, and no region is the bug."""
     if reducer.signature.kind is Kind.NONFINITE:
         return True
-    return any(o.kind not in ("agree", "invalid", "no-outputs", "empty", "no-anchor")
-               for o in reducer.isolated.values())
+    return any(_diverges_alone(o) for o in reducer.isolated.values())
+
+
+def _diverges_alone(outcome) -> bool:
+    return outcome.kind not in ("agree", "invalid", "no-outputs", "empty", "no-anchor")
 
 
 def attribution(reducer, label, limit: int = 10) -> dict:
@@ -166,4 +170,6 @@ def isolated_attribution(model, activations: dict, feeds: dict, oracle, signatur
     reducer.isolated = dict(zip(nodes, reducer.verdicts([frozenset([i]) for i in nodes])))
     found = attribution(reducer, label)
     found["calls"] = reducer.spent
+    found["ranking"] = ranking(reducer.isolated, label)  # what the precision workaround searches over
+    found["diverging_nodes"] = [label(i) for i in sorted(reducer.isolated) if _diverges_alone(reducer.isolated[i])]
     return found

@@ -15,7 +15,8 @@ Two searches, chosen by the engine, never by the caller:
 
 Whatever the search, the answer offered is one call of the printed target spec on the model the
 user gave (its result travels beside it). Owns no oracle construction (the caller passes
-``oracle_for``), no archive and no words for the console.
+``oracle_for``), no archive and no words for the console; the copies are graph surgery
+(:func:`reprokit.graph.pack.model_copies`).
 
 It sits in ``shrink/`` (shrink's last step offers it) and ``audit/`` uses it from there: audit
 sits above shrink, so shrink could not import it from ``audit/``.
@@ -28,8 +29,7 @@ import os
 import uuid
 from dataclasses import dataclass, field, replace
 
-from reprokit.graph.index import bodies, rename_outer_refs
-from reprokit.graph.model import name_unnamed_nodes
+from reprokit.graph.pack import model_copies
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.compare import jsonable
 
@@ -113,7 +113,7 @@ class Workaround:
                 "trials": [t.to_json() for t in self.trials], "note": self.note}
 
 
-def ranking(isolated: dict, label, model) -> list[str]:
+def ranking(isolated: dict, label) -> list[str]:
     """Node labels by their own error (fed with reference inputs), largest first; nodes whose
     output the narrow type leaves exactly as the reference (error 0: Identity, Reshape, integer
     ops) are left out — keeping them in fp32 changes nothing."""
@@ -129,7 +129,7 @@ class Search:
     spec; ``reference`` holds the graph outputs of the reference run on ``feeds``."""
 
     def __init__(self, model, model_path: str, feeds: dict, reference: dict, target: str, oracle_for, workdir: str,
-                 weights_dir: str | None = None, ledger=None, width: int = PACK_WIDTH):
+                 weights_dir: str | None = None, ledger=None, width: int = PACK_WIDTH, pack: bool = True):
         self.model = model
         self.path = model_path
         self.feeds = feeds
@@ -140,10 +140,12 @@ class Search:
         self.weights_dir = weights_dir
         self.ledger = ledger
         self.width = width
+        self.packed = pack and packable(target)  # several sets per call (else bisection)
         self.calls = 0
         self.trials: list[Trial] = []
         self.criterion = None
         self._alone: dict[tuple[str, ...], tuple[str, object]] = {}  # deterministic engines: asked once
+        self.not_kept: list[str] = []  # named nodes the engine ran narrow anyway (its run's meta)
         os.makedirs(workdir, exist_ok=True)
 
     # ------------------------------------------------------------- one call
@@ -166,6 +168,7 @@ class Search:
         oracle, result = self._run(spec, self.path, self.feeds, f"fp32-nodes: {len(nodes)} nodes")
         verdict = oracle.verdict_from(result, self.reference)
         self.criterion = verdict.criterion
+        self.not_kept = list(verdict.target_meta.get("fp32_nodes_not_kept") or [])
         worst = verdict.worst()
         error = float(worst.error) if worst is not None else None
         self.trials.append(Trial(len(nodes), tuple(nodes), not verdict.diverges, error, False, self.calls,
@@ -176,7 +179,7 @@ class Search:
     def judge(self, sets: list[list[str]]) -> list[Trial]:
         """Every set judged on the whole model: packed copies where the engine allows, else one
         call each."""
-        if not packable(self.target) or len(sets) == 1:
+        if not self.packed or len(sets) == 1:
             out = []
             for nodes in sets:
                 self.alone(nodes)
@@ -190,7 +193,7 @@ class Search:
     def _packed(self, sets: list[list[str]]) -> list[Trial]:
         import onnx
 
-        model, outputs, names = copies(self.model, sets)
+        model, outputs, names = model_copies(self.model, sets)
         path = os.path.join(self.workdir, f"copies-{uuid.uuid4().hex}.onnx")
         onnx.save(model, path)
         try:
@@ -215,87 +218,51 @@ class Search:
         return trials
 
 
-def copies(model, sets: list[list[str]]):
-    """One model holding a copy of ``model`` per set: graph inputs and weights shared, every node
-    and computed tensor renamed ``rk{i}/…``. Returns (model, per copy {packed output: output},
-    the fp32-nodes names of every copy)."""
-    import onnx
-    from onnx import helper
+def with_readers(model, ranked: list[str]) -> list[list[str]]:
+    """For each ranked node, the node and the nodes that read its outputs: a node kept in fp32
+    whose reader is narrow still hands it a rounded copy (the converted model's Cast, TensorRT's
+    reformat, the emulator's round trip), so its own error goes away only with its readers kept."""
+    labels = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node)]
+    readers: dict[str, list[str]] = {}
+    for label, node in zip(labels, model.graph.node):
+        for name in node.input:
+            if name:
+                readers.setdefault(name, []).append(label)
+    outputs = dict(zip(labels, (list(n.output) for n in model.graph.node)))
+    return [[node] + [r for t in outputs.get(node, []) for r in readers.get(t, [])] for node in ranked]
 
-    source = onnx.ModelProto.FromString(model.SerializeToString())
-    name_unnamed_nodes(source)
-    graph = source.graph
-    shared = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    computed = {o for n in graph.node for o in n.output if o}
-    packed = onnx.GraphProto(name="reprokit_fp32_sets")
-    packed.input.extend(graph.input)
-    packed.initializer.extend(graph.initializer)
-    weights = {t.name: t for t in graph.initializer}
-    outputs, names = [], []
-    for number, keep in enumerate(sets):
-        prefix = f"rk{number}/"
-        mapping = {t: prefix + t for t in computed if t not in shared}
-        # A weight a kept node reads gets this copy's own: engines decide a shared weight's
-        # type from all its readers (the emulator leaves it unrounded only when every reader
-        # is kept), and the other copies' readers are not this copy's business.
-        kept = set(keep)
-        for node in graph.node:
-            if node.name in kept:
-                for name in node.input:
-                    if name in weights and name not in mapping:
-                        mapping[name] = prefix + name
-                        private = onnx.TensorProto()
-                        private.CopyFrom(weights[name])
-                        private.name = mapping[name]
-                        packed.initializer.append(private)
-        for node in graph.node:
-            copy = onnx.NodeProto()
-            copy.CopyFrom(node)
-            copy.name = prefix + node.name
-            copy.input[:] = [mapping.get(i, i) for i in copy.input]
-            copy.output[:] = [mapping.get(o, o) for o in copy.output]
-            for body in bodies(copy):
-                rename_outer_refs(body, mapping, set())
-            packed.node.append(copy)
-        own = {}
-        for value in graph.output:
-            out = onnx.ValueInfoProto()
-            out.CopyFrom(value)
-            out.name = mapping.get(value.name, value.name)
-            if out.name in own:
-                continue  # an input passed straight through: read once
-            packed.output.append(out)
-            own[out.name] = value.name
-        outputs.append(own)
-        names.extend(prefix + n for n in keep)
-    made = helper.make_model(packed, opset_imports=list(source.opset_import), ir_version=source.ir_version,
-                             producer_name="reprokit")
-    made.functions.extend(source.functions)
-    return made, outputs, names
+
+def _union(units: list[list[str]], k: int) -> list[str]:
+    return list(dict.fromkeys(n for unit in units[:k] for n in unit))
 
 
 def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Workaround:
-    """The smallest prefix of ``ranked`` that agrees, pruned to the nodes it needs (packed
-    engines), confirmed by one call of the printed setting."""
-    found = Workaround("packed" if packable(search.target) else "bisection", len(ranked))
+    """The smallest prefix of ``ranked`` that agrees (each node with its readers), pruned to the
+    nodes it needs (packed engines), confirmed by one call of the printed setting."""
+    found = Workaround("packed" if search.packed else "bisection", len(ranked))
     if not ranked:
         found.method, found.note = "none", "no node has an error of its own to keep in fp32"
         return found
-    size = _packed_prefix(search, ranked) if packable(search.target) else _bisect_prefix(search, ranked)
+    units = with_readers(search.model, ranked)
+    ranked = [_union(units, k) for k in range(1, len(units) + 1)]  # ranked[k-1]: the set of prefix k
+    size = _packed_prefix(search, ranked) if search.packed else _bisect_prefix(search, ranked)
     if size is None:
         found.note = f"even all {len(ranked)} ranked nodes in fp32 do not bring the model within tolerance"
-        last = next(t for t in reversed(search.trials) if t.size == len(ranked))
+        if search.not_kept:
+            found.note += (f"; the engine ran {len(search.not_kept)} of them narrow anyway (e.g. "
+                           f"{', '.join(search.not_kept[:3])}: its own fusions drop the per-node mark)")
+        last = next(t for t in reversed(search.trials) if t.nodes == tuple(ranked[-1]))
         found.error, found.verdict = last.error, last.kind
         found.calls = search.calls
         found.trials = list(search.trials)
         return found
-    nodes = ranked[:size]
-    if packable(search.target) and size > 1:
+    nodes = ranked[size - 1]
+    if search.packed and len(nodes) > 1:
         nodes = _prune(search, nodes, prune)
     spec, verdict = search.alone(nodes)
-    if verdict.diverges and len(nodes) < size:
+    if verdict.diverges and nodes != ranked[size - 1]:
         # agreed as a packed copy but not alone (an engine may choose otherwise for one copy): the prefix
-        nodes = ranked[:size]
+        nodes = ranked[size - 1]
         spec, verdict = search.alone(nodes)
     _fill(found, search, nodes, spec, verdict)
     return found
@@ -336,16 +303,16 @@ def _fill(found: Workaround, search: Search, nodes, spec, verdict) -> None:
     found.trials = list(search.trials)
 
 
-def _packed_prefix(search: Search, ranked: list[str]) -> int | None:
-    """Smallest agreeing prefix size: sizes 1, 2, 4, … (and all) in one call, then evenly spaced
-    sizes inside the bracket until it is one wide."""
-    n = len(ranked)
+def _packed_prefix(search: Search, sets: list[list[str]]) -> int | None:
+    """Smallest agreeing prefix size (``sets[k - 1]`` is prefix k's set): sizes 1, 2, 4, … (and
+    all) in one call, then evenly spaced sizes inside the bracket until it is one wide."""
+    n = len(sets)
     sizes = sorted({min(n, 2 ** k) for k in range(int(math.log2(n)) + 1)} | {n})
     if len(sizes) > search.width:  # the largest sizes matter least: thin them out, keep n
         sizes = sizes[:search.width - 1] + [n]
     bad, good = 0, None
     while True:
-        trials = search.judge([ranked[:s] for s in sizes])
+        trials = search.judge([sets[s - 1] for s in sizes])
         for size, trial in zip(sizes, trials):
             if trial.agrees:
                 good = size
@@ -370,16 +337,16 @@ def _between(bad: int, good: int, width: int) -> list[int]:
     return sorted({inner[int(i * step)] for i in range(width)})
 
 
-def _bisect_prefix(search: Search, ranked: list[str]) -> int | None:
+def _bisect_prefix(search: Search, sets: list[list[str]]) -> int | None:
     """Smallest agreeing prefix size by bisection, one call per size, all of the ranking first."""
-    n = len(ranked)
-    _, verdict = search.alone(ranked)
+    n = len(sets)
+    _, verdict = search.alone(sets[-1])
     if verdict.diverges:
         return None
     bad, good = 0, n
     while good - bad > 1:
         mid = (bad + good) // 2
-        _, verdict = search.alone(ranked[:mid])
+        _, verdict = search.alone(sets[mid - 1])
         if verdict.diverges:
             bad = mid
         else:

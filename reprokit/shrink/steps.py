@@ -21,8 +21,9 @@ from reprokit.errors import InputError, NothingRemoved, NotReproduced, UsageErro
 from reprokit.graph.extract import Extraction
 from reprokit.graph.index import GraphIndex, count_nodes
 from reprokit.graph.io import save_model
-from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes, node_labels
-from reprokit.shrink import pipeline, precision
+from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
+from reprokit.shrink import pipeline
+from reprokit.shrink.accumulated import finish_accumulated
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, flaky_tally, probe_model
 from reprokit.shrink.evaluator import calibrate, causal_test
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
@@ -181,7 +182,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                                   message=verdict.message)
         reducer.close()
         if outcome == "accumulated":
-            return _accumulated(run, reducer, writer, verdict)
+            said, window = finish_accumulated(run, reducer, writer, verdict)
+            return ShrinkResult(writer.summary, run.out_dir, window, verdict, run.prepared.notes + [said])
         note = ""
         if outcome == "budget":
             reducer.stopped = True
@@ -409,57 +411,6 @@ def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:
     reducer.budget = None if left is None else reducer.spent + left
     judge = ShapeJudge(reducer, reducer.best, run.models_dir, calls_left=left)
     return shrink_shapes(judge, final.model, final.feeds, list(reference), run.event)
-
-
-def _accumulated(run: _Run, reducer, writer, verdict) -> ShrinkResult:
-    """No small region shows the mismatch on its own: say so, with the attribution and a tested
-    workaround (the fewest top-ranked nodes that, kept in fp32, bring the whole model within
-    tolerance, run as printed), and write no model called minimal."""
-    reducer.begin("attribution")
-    label = lambda i: node_label(run.model, i)  # noqa: E731
-    found = pipeline.attribution(reducer, label)
-    found["workaround"] = _tested_workaround(run, reducer, label)
-    tested = found["workaround"]
-    if tested.get("agrees"):
-        advice = (f"keeping {tested['size']} node{'s' if tested['size'] > 1 else ''} in fp32 brings the whole model "
-                  f"within tolerance (run as printed: {tested['setting']} → {tested['verdict']}, error "
-                  f"{_num(tested['error'])})")
-    elif tested.get("reason"):
-        advice = f"no per-node precision to suggest: {tested['reason']}"
-    else:
-        advice = tested.get("note") or "no set of ranked nodes kept in fp32 brings the model within tolerance"
-    note = ("accumulated error: no single node, pair or region around the first divergence shows the "
-            f"mismatch on its own ({found['diverging_alone']} of {found['nodes_judged_alone']} nodes exceed the "
-            "tolerance alone); see `attribution` for the layers that contribute most; " + advice)
-    run.event(note)
-    writer.write_summary(reducer, "accumulated", final_verdict=verdict, note=note, attribution=found)
-    return ShrinkResult(writer.summary, run.out_dir, "", verdict, run.prepared.notes + [note])
-
-
-def _tested_workaround(run: _Run, reducer, label) -> dict:
-    """The precision workaround search (shrink/precision.py) on the user's model, fed with the
-    run's feeds and judged against the captured reference outputs."""
-    supported, why = precision.fp32_nodes_support(run.user_target)
-    if not supported:
-        return {"agrees": False, "reason": why, "calls": 0}
-    labels = node_labels(run.prepared.model)
-    ranked = [n for n in precision.ranking(reducer.isolated, label, run.model) if n in labels]
-    reference = {name: reducer.store.get(name) for name in reducer.index.graph_outputs if name in reducer.store}
-
-    def oracle_for(spec: str):
-        oracle = make_oracle(spec, run.options, os.path.join(run.state_dir, "precision"))
-        oracle.stats = run.oracle.stats  # the summary's call count is every target call of the run
-        return oracle
-
-    search = precision.Search(run.prepared.model, run.prepared.path, run.feeds, reference, run.user_target,
-                              oracle_for, os.path.join(run.models_dir, "precision"), weights_dir=run.prepared.base_dir)
-    found = precision.find_workaround(search, ranked)
-    reducer.stats["attribution"].calls += search.calls
-    return found.to_json()
-
-
-def _num(value) -> str:
-    return value if isinstance(value, str) or value is None else f"{value:.3g}"
 
 
 def node_label(model, index: int) -> str:

@@ -1,0 +1,110 @@
+"""The end of a run whose mismatch no small region shows on its own (accumulated error): the
+attribution, a tested precision workaround (:mod:`reprokit.shrink.precision`) and the smallest
+window that still drifts (:mod:`reprokit.shrink.passes.drift_window`), judged alone and written
+as window.onnx. No model is called minimal here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from reprokit.engine.bug import shows_bug
+from reprokit.engine.layerwise import divergence_start
+from reprokit.engine.session import make_oracle
+from reprokit.graph.io import save_model
+from reprokit.graph.model import node_label, node_labels
+from reprokit.shrink import pipeline, precision
+from reprokit.shrink.evaluator import causal_test
+from reprokit.shrink.passes import drift_window
+from reprokit.shrink.reducer import BudgetExhausted
+from reprokit.shrink.runstate import _atomic_json
+
+
+def finish_accumulated(run, reducer, writer, verdict) -> tuple[str, str]:
+    """No small region shows the mismatch on its own: say so, with the attribution and a tested
+    workaround (the fewest top-ranked nodes that, kept in fp32, bring the whole model within
+    tolerance, run as printed) and the drift window; write no model called minimal. Returns
+    (the note, the window's path or "")."""
+    reducer.begin("attribution")
+    label = lambda i: node_label(run.model.graph.node[i], i)  # noqa: E731
+    found = pipeline.attribution(reducer, label)
+    found["divergence_start"] = divergence_start(reducer.layerwise_report, [])  # no node diverges alone
+    found["workaround"] = _tested_workaround(run, reducer, label)
+    reducer.begin("drift window")
+    window = _drift_window(run, reducer, label)
+    tested = found["workaround"]
+    if tested.get("agrees"):
+        advice = (f"keeping {tested['size']} node{'s' if tested['size'] > 1 else ''} in fp32 brings the whole model "
+                  f"within tolerance (run as printed: {tested['setting']} → {tested['verdict']}, error "
+                  f"{_num(tested['error'])})")
+    elif tested.get("reason"):
+        advice = f"no per-node precision to suggest: {tested['reason']}"
+    else:
+        advice = tested.get("note") or "no set of ranked nodes kept in fp32 brings the model within tolerance"
+    note = ("accumulated error: no single node, pair or region around the first divergence shows the "
+            f"mismatch on its own ({found['diverging_alone']} of {found['nodes_judged_alone']} nodes exceed the "
+            "tolerance alone); see `attribution` for the layers that contribute most; " + advice)
+    if window is not None:
+        note += (f"; the smallest window that still drifts on its own: {window['nodes']} of {window['of']} nodes "
+                 f"({window['first']} … {window['last']}, error {_num(window['error'])}), written as window.onnx")
+    run.event(note)
+    writer.write_summary(reducer, "accumulated", final_verdict=verdict, note=note, attribution=found)
+    writer.summary["window"] = window
+    _atomic_json(os.path.join(run.out_dir, "summary.json"), writer.summary)
+    return note, window["path"] if window else ""
+
+
+def _drift_window(run, reducer, label) -> dict | None:
+    """The smallest topological window that drifts on its own (passes/drift_window.py), judged
+    alone, written as window.onnx with its inputs (captured activations) and reference outputs."""
+    try:
+        found = drift_window.run(reducer)
+    except BudgetExhausted:
+        return None
+    if found is None or len(found.nodes) >= found.of:
+        return None
+    window = reducer.extraction(found.nodes)
+    path = os.path.join(run.out_dir, "window.onnx")
+    save_model(window.model, path, base_dir=run.prepared.base_dir, self_contained=True)
+    reference = {n: reducer.store.get(n) for n in window.outputs if n in reducer.store}
+    verdict = run.oracle.judge(path, window.feeds, reference_outputs=reference, keep_outputs=reducer.causal is not None)
+    if not shows_bug(reducer.signature, verdict, causal=causal_test(reducer), nodes=found.nodes):
+        os.remove(path)  # drifted inside a pack only: no window is offered
+        return None
+    np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
+    np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
+    order = reducer.ordered(found.nodes)
+    worst = verdict.worst()
+    return {"path": path, "inputs": os.path.join(run.out_dir, "window_inputs.npz"), "nodes": len(found.nodes),
+            "of": found.of, "share": round(len(found.nodes) / found.of, 4), "start": found.start,
+            "first": label(order[0]), "last": label(order[-1]), "error": float(worst.error) if worst else None,
+            "tolerance": verdict.criterion.tolerance, "verdict": verdict.signature.describe(),
+            "outputs": list(window.outputs)}
+
+
+def _tested_workaround(run, reducer, label) -> dict:
+    """The precision workaround search (shrink/precision.py) on the user's model, fed with the
+    run's feeds and judged against the captured reference outputs."""
+    supported, why = precision.fp32_nodes_support(run.user_target)
+    if not supported:
+        return {"agrees": False, "reason": why, "calls": 0}
+    labels = node_labels(run.prepared.model)
+    ranked = [n for n in precision.ranking(reducer.isolated, label) if n in labels]
+    reference = {name: reducer.store.get(name) for name in reducer.index.graph_outputs if name in reducer.store}
+
+    def oracle_for(spec: str):
+        oracle = make_oracle(spec, run.options, os.path.join(run.state_dir, "precision"))
+        oracle.stats = run.oracle.stats  # the summary's call count is every target call of the run
+        return oracle
+
+    search = precision.Search(run.prepared.model, run.prepared.path, run.feeds, reference, run.user_target,
+                              oracle_for, os.path.join(run.models_dir, "precision"), weights_dir=run.prepared.base_dir)
+    found = precision.find_workaround(search, ranked)
+    reducer.stats["attribution"].calls += search.calls
+    return found.to_json()
+
+
+def _num(value) -> str:
+    return value if isinstance(value, str) or value is None else f"{value:.3g}"

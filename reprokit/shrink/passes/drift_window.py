@@ -1,0 +1,65 @@
+"""drift window: the smallest contiguous stretch of the graph that still drifts on its own.
+
+For an accumulated error no node, pair or region around a birth place shows the mismatch, but a
+long enough stretch does: a topological window ``order[a:a+s]``, its cut inputs fed with the
+captured reference activations, whose own outputs exceed the tolerance the same way. That is what
+an upstream report or a platform team can run: the drift, without the rest of the model.
+
+Windows of several sizes ride in one packed call (the evaluator decides how many fit): first
+halves, quarters, eighths and sixteenths tiled over the whole graph with half-window strides; then,
+inside the smallest window that drifts, its halves, quarters and eighths, and over the whole graph
+the sizes 3/4 and 5/8 of it — until no smaller window drifts or the rounds are spent. The answer is reported, never accepted as the current best (it is
+not minimal in ddmin's sense: every node in it contributes a little), and it is judged alone
+before anything is written (``steps.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROUNDS = 4  # refinement rounds after the first tiling: each is one packed call, usually
+
+
+@dataclass(frozen=True)
+class Window:
+    nodes: frozenset  # node indices of the reducer's model
+    start: int  # position in the topological order
+    size: int
+    error: float | None
+    of: int  # nodes in the order the window was cut from
+
+
+def _tiles(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
+    """Windows of ``size`` over positions [lo, hi), half a window apart, the last flush at hi."""
+    if size < 1 or hi - lo < size:
+        return []
+    step = max(1, size // 2)
+    starts = list(range(lo, hi - size + 1, step))
+    if starts[-1] != hi - size:
+        starts.append(hi - size)
+    return [(a, size) for a in starts]
+
+
+def run(reducer, rounds: int = ROUNDS) -> Window | None:
+    """The smallest window that shows the signature on its own, or None."""
+    order = reducer.ordered()
+    n = len(order)
+    if n < 4:
+        return None
+    best: Window | None = None
+    tiles = [t for k in (2, 4, 8, 16) for t in _tiles(0, n, n // k)]
+    for _ in range(rounds + 1):
+        tiles = list(dict.fromkeys(t for t in tiles if t[1] >= 1 and (best is None or t[1] < best.size)))
+        if not tiles:
+            break
+        outcomes = reducer.verdicts([order[a:a + s] for a, s in tiles])
+        hits = [(s, -(o.error or 0.0), a) for (a, s), o in zip(tiles, outcomes) if o is not None and o.interesting]
+        if not hits:
+            break
+        size, error, start = min(hits)  # the smallest size; among those the largest error
+        best = Window(frozenset(order[start:start + size]), start, size, -error, n)
+        # next: the best window's halves, quarters, eighths; and sizes between this one and the
+        # next power down (3/4, 5/8) anywhere in the graph — a drift needs a length, not a place
+        tiles = [t for k in (2, 4, 8) for t in _tiles(start, start + size, size // k)]
+        tiles += [t for part in (3 * size // 4, 5 * size // 8) for t in _tiles(0, n, part)]
+    return best
