@@ -64,7 +64,13 @@ def polygraphy_bisect(search: Search, layers: list[str]) -> dict:
     return {"calls": search.calls - start, "size": found, "error": error}
 
 
+MODELS: list[str] = []  # --models: folders searched first (the device has no rapidocr)
+
+
 def ocr_model(name: str) -> str | None:
+    for folder in MODELS:
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -73,7 +79,11 @@ def ocr_model(name: str) -> str | None:
 
 
 def picture(work: str, name: str, height: int, width: int) -> str:
-    """matplotlib's grace_hopper.jpg resized to HxW in [-1, 1], as bench_shrink feeds PP-OCR."""
+    """matplotlib's grace_hopper.jpg resized to HxW in [-1, 1], as bench_shrink feeds PP-OCR (made
+    once here and carried where matplotlib is missing: --models DIR holds {name}.npz)."""
+    for folder in MODELS:
+        if os.path.exists(os.path.join(folder, f"{name}.npz")):
+            return os.path.join(folder, f"{name}.npz")
     import matplotlib
     import matplotlib.image as mpimg
     import numpy as np
@@ -184,7 +194,10 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="ort:cuda,fp16|bf16 instead of the CPU targets")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--only", help="substring of the case names to run")
+    parser.add_argument("--models", action="append", default=[],
+                        help="a folder holding the PP-OCRv4 models (and det.npz/rec.npz pictures)")
     args = parser.parse_args()
+    MODELS.extend(args.models)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-precision-") as work:
         for number, case in enumerate(cases(work, args.quick, args.gpu)):
