@@ -102,3 +102,37 @@ def test_an_openvino_archive_follows_openvinos_template(tmp_path):
                                              "### Have you tried the latest release?"]:
         assert field in issue
     assert "TensorRT" not in issue
+
+
+@pytest.mark.parametrize("target,template", [("ort:opt", "ISSUE-ort.md.j2"), ("trt:fp16", "ISSUE.md.j2")])
+def test_an_openvino_reference_is_named_as_openvino(target, template):
+    """An archive checked against OpenVINO (``--reference openvino:f32``, as docs/matrix.md packs the
+    AveragePool case) names OpenVINO in its description, findings and "other frameworks" answer."""
+    from reprokit.report.bundle import _other_frameworks
+
+    spec = parse_target(target)
+    ref = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    verdict = Verdict(Signature(Kind.MISMATCH, ("y",), ""), (compare_arrays("y", ref, ref + 0.5, Criterion()),),
+                      Criterion(), "openvino:f32", target, "fp32", target_meta={})
+    from models import small_mlp
+
+    model = small_mlp()
+    description = describe.describe(verdict, spec, model, None)
+    assert "differs from OpenVINO (CPU, f32)" in description and "ONNX Runtime" not in description
+    values = dict(title=describe.title(verdict, spec, ENV, ["MatMul"]), verdict=verdict, context=None, sweep=[],
+                  description=description, mode=spec.engine, env_lines=describe.environment_lines(ENV),
+                  archive_name="report.tar.gz", nodes=3, ops=["MatMul"], opset=17, engine_packages="",
+                  repro_output="REPRODUCES\n[exit code 1]", polygraphy_command="polygraphy run model.onnx --onnxrt",
+                  other_frameworks=_other_frameworks(ENV, verdict.reference), latest_release="(replaced)")
+    values.update(upstream_values(spec, ENV))
+    text = render(template, **values)
+    assert "reference: `openvino:f32` (OpenVINO, CPU, f32)" in text
+    assert "ONNX Runtime (CPU, fp32)" not in text and "ONNX Runtime, CPU, fp32" not in text
+    if template == "ISSUE.md.j2":  # TensorRT's form asks whether another framework runs it
+        assert "Yes. OpenVINO 2025.0.0 (CPU, f32) runs the model" in text
+
+
+def test_reference_words_follow_the_spec():
+    assert [describe.reference_words(r) for r in ("ort", "ort:cuda,fp16", "openvino", "emulate:bf16")] == [
+        "ONNX Runtime (CPU, fp32)", "ONNX Runtime (CUDA, fp16)", "OpenVINO (CPU, bf16)",
+        "reprokit's storage emulator (bf16)"]

@@ -34,6 +34,7 @@ from reprokit.report.describe import (
     describe,
     environment_lines,
     polygraphy_command,
+    reference_parts,
     title,
     trtexec_command,
 )
@@ -293,7 +294,7 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
         "settings": settings, "compare_source": compare_source, "emulation_source": emulation_source,
         "arrays_source": arrays_source, "policy_source": policy_source, "normalize_source": getsource(normalize_message),
         "polygraphy_command": polygraphy_command(spec, verdict, model), "trtexec_command": trtexec_command(spec, bins),
-        "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env),
+        "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env, verdict.reference),
         "repro_output": "",
     }
 
@@ -321,10 +322,15 @@ def _latest_release(spec, env) -> str:
             f"`{spec}`. `commands.sh` has the TensorRT command to run with the latest release.")
 
 
-def _other_frameworks(env) -> str:
-    version = env["packages"].get("onnxruntime") or "?"
-    return (f"Yes. ONNX Runtime {version} (CPU, fp32, graph optimizations off) runs the model with finite "
-            "outputs: `reference_outputs.npz`, and `logs/polygraphy_run_onnxrt.log` for polygraphy's own run.")
+def _other_frameworks(env, reference: str) -> str:
+    """The answer to "tried another framework?": the archive's own reference, as it was run."""
+    name, setting = reference_parts(reference)
+    package = {"ONNX Runtime": "onnxruntime", "OpenVINO": "openvino"}.get(name)
+    version = f" {env['packages'].get(package) or '?'}" if package else ""
+    if name == "ONNX Runtime" and "optimizations" not in setting:
+        setting += ", graph optimizations off"
+    return (f"Yes. {name}{version} ({setting}) runs the model with finite outputs: `reference_outputs.npz`, "
+            "and `logs/polygraphy_run_onnxrt.log` for polygraphy's own ONNX Runtime run.")
 
 
 def _polygraphy() -> list[str] | None:

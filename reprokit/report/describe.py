@@ -7,6 +7,8 @@ from __future__ import annotations
 import shlex
 
 from reprokit.engine.oracle import Kind
+from reprokit.errors import ReprokitError
+from reprokit.spec import parse_target
 
 FP16_MAX = 65504.0
 _ENGINE_NAMES = {"ort": "ONNX Runtime", "emulate": "fp16/bf16 storage emulation (reprokit)",
@@ -30,6 +32,32 @@ def engine_label(spec, env) -> str:
     if spec.engine == "emulate":
         return f"reprokit's {'fp16' if spec.has('fp16') else 'bf16'} storage emulator"
     return _ENGINE_NAMES[spec.engine]
+
+
+def reference_parts(reference: str) -> tuple[str, str]:
+    """The reference engine's name and its setting (device, precision), worded from the archive's
+    own reference spec: an archive checked against OpenVINO must not say ONNX Runtime."""
+    try:
+        spec = parse_target(reference)
+    except ReprokitError:  # a spec this reprokit does not know: quote it, claim nothing
+        return "the reference", f"`{reference}`"
+    if spec.engine == "ort":
+        device = "CUDA" if spec.has("cuda") else "TensorRT execution provider" if spec.has("trt") else "CPU"
+        precision = "fp16" if spec.has("fp16") else "bf16" if spec.has("bf16") else "fp32"
+        return "ONNX Runtime", f"{device}, {precision}" + (", all graph optimizations" if spec.has("opt") else "")
+    if spec.engine == "openvino":  # bf16 is OpenVINO's own default hint (engine/backends/openvino.py)
+        return "OpenVINO", "CPU, " + next((p for p in ("f32", "f16", "bf16") if spec.has(p)), "bf16")
+    if spec.engine == "cmd":
+        return "the check command", f"`{spec.command}`"
+    if spec.engine == "emulate":
+        return "reprokit's storage emulator", "bf16" if spec.has("bf16") else "fp16"
+    return _ENGINE_NAMES[spec.engine], f"`{spec}`"
+
+
+def reference_words(reference: str) -> str:
+    """E.g. "ONNX Runtime (CPU, fp32)", "OpenVINO (CPU, f32)"."""
+    name, setting = reference_parts(reference)
+    return f"{name} ({setting})"
 
 
 def title(verdict, spec, env, ops) -> str:
@@ -59,9 +87,9 @@ def describe(verdict, spec, model, context) -> str:
     outputs = ", ".join(f"`{o}`" for o in verdict.signature.outputs[:4])
     if verdict.kind is Kind.NONFINITE:
         sentence = (f"With {engine} the model produces {_nonfinite_words(verdict.signature.detail)} in {outputs}, "
-                    f"where ONNX Runtime (fp32) gives finite values.")
+                    f"where {reference_words(verdict.reference)} gives finite values.")
     elif verdict.kind is Kind.MISMATCH and worst is not None:
-        sentence = (f"With {engine} the output {outputs} differs from ONNX Runtime (fp32): "
+        sentence = (f"With {engine} the output {outputs} differs from {reference_words(verdict.reference)}: "
                     f"{verdict.criterion.metric.value} error {worst.error:.3g} against a tolerance of "
                     f"{verdict.criterion.tolerance:g} (max abs error {worst.max_abs:.3g}).")
     elif verdict.kind is Kind.BUILD_ERROR:

@@ -8,6 +8,8 @@ import math
 import os
 from importlib import resources
 
+from reprokit.report.describe import reference_parts
+
 
 def templates_dir() -> str:
     """Installed wheels carry the templates as ``reprokit/_templates``; a source checkout has
@@ -42,6 +44,7 @@ def render(name: str, **values) -> str:
         autoescape=False,
     )
     env.globals["fmt"] = fmt
+    env.globals["reference_words"] = lambda reference: ", ".join(reference_parts(reference))
     env.filters["pylit"] = pylit
     return env.get_template(name).render(**values)
 
