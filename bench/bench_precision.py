@@ -104,11 +104,11 @@ def cases(work: str, quick: bool, gpu: bool) -> list[dict]:
 
     mlp = sm.save(accumulating_mlp(), os.path.join(work, "mlp24.onnx"))
     out = [{"name": "mlp24 (synthetic)", "path": mlp, "target": "emulate:bf16", "tol": 0.01}]
-    if gpu:
-        out = [{"name": "mlp24 (synthetic)", "path": mlp, "target": "ort:cuda,fp16", "tol": 1e-3},
+    if gpu:  # fp16 with TF32 off: with TF32 on, even every node kept in fp32 misses a 1e-3 tolerance
+        out = [{"name": "mlp24 (synthetic)", "path": mlp, "target": "ort:cuda,fp16,no-tf32", "tol": 1e-3},
                {"name": "mlp24 (synthetic)", "path": mlp, "target": "ort:cuda,bf16", "tol": 0.01}]
     det, rec = ocr_model("ch_PP-OCRv4_det_infer.onnx"), ocr_model("ch_PP-OCRv4_rec_infer.onnx")
-    targets = ["ort:cuda,fp16", "ort:cuda,bf16"] if gpu else ["emulate:bf16", "emulate:fp16", "openvino:bf16"]
+    targets = ["ort:cuda,fp16,no-tf32", "ort:cuda,bf16"] if gpu else ["emulate:bf16", "emulate:fp16", "openvino:bf16"]
     if quick:
         targets = targets[:1]
     for target in targets:
