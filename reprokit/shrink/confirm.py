@@ -38,12 +38,12 @@ def confirm(run, graph_outputs: dict, replays: int):
         raise NothingToReduce(
             f"the original model does not diverge under {run.target} ({verdict.criterion.describe()}; {numbers})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")
-    _refuse_model_blind_check(run, verdict)
     seen = [verdict]
     for _ in range(replays):
         seen.append(oracle.run_again(model_file, run.feeds, graph_outputs))
         if not shows_bug(signature, seen[-1]):
             raise _flaky_original(seen, signature, rerun)
+    _refuse_model_blind_check(run, verdict)  # after the replays: a flaky check is said as flaky
     run.event(f"diverges: {signature.describe()}")
     return verdict
 
