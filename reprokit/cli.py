@@ -20,6 +20,7 @@ signal.signal(signal.SIGINT, _early_interrupt)
 signal.signal(signal.SIGTERM, _early_interrupt)
 
 import json
+import time
 import traceback
 
 import click
@@ -29,6 +30,7 @@ from reprokit import api as session
 from reprokit.api import RunOptions
 from reprokit.audit import audit as run_audit
 from reprokit.console import (
+    Ticker,
     err,
     print_audit,
     print_backends,
@@ -56,7 +58,8 @@ from reprokit.matrix.fanout import check_many
 from reprokit.report import bundle as report
 from reprokit.report import verify as verifying
 from reprokit.shrink import steps as shrinking
-from reprokit.shrink.output import pack_accumulated
+from reprokit.shrink.clock import StepClock, process_started
+from reprokit.shrink.output import close_summary, pack_accumulated
 from reprokit.spec import parse_target
 from reprokit.torch_export import columns as torch_columns
 from reprokit.torch_export import reference_columns
@@ -250,9 +253,10 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
 
     scratch = tempfile.TemporaryDirectory(prefix="reprokit-torch-")  # --torch without -o: the export's folder
     model, exported = _from_torch(model, kw, options, os.path.join(out_dir or scratch.name, "torch"))
-    if not as_json:
-        err.print(f"[dim]running {options.reference} and {target} on {model} …[/]")
+    ticker = Ticker(quiet=as_json)  # a big model's run is never silent for long
+    ticker(f"running {options.reference} and {target} on {model} …")
     result = session.check(model, target, options=options, layerwise=layerwise)
+    ticker.close()
     columns = None
     if exported is not None:  # PyTorch eager: the third column
 
@@ -343,7 +347,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
            no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
            no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, as_json, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
-    import time
+    clock = StepClock(process_started())  # summary.json's steps cover the process, start-up included
 
     if resume:  # --resume DIR: what was not given comes from DIR's saved run
         if _given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
@@ -361,14 +365,12 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     options = make_run_options(kw)
     parse_target(target)  # a bad spec or a missing check script fails before any work
     _ensure_out_dir(out_dir)  # so does a file where the output directory should be
+    if kw.get("torch_entry"):
+        clock.begin("torch export")
     model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
     torch_info = _torch_info(exported, options, out_dir, as_json)
     _engine_log(out_dir, fresh=resume is None)
-    start = time.monotonic()
-
-    def progress(text):
-        if not as_json:
-            err.print(f"[dim]{time.monotonic() - start:7.1f}s[/] {text}")
+    progress = Ticker(stamp=True, quiet=as_json)  # a line at least every few seconds, in every step
 
     limits = shrinking.Limits(
         capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
@@ -381,7 +383,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
                                   limits=limits, pack_candidates=not one_by_one,
                                   search_accumulated=search_accumulated, accept_milder=accept_milder,
                                   keep_inputs=no_reduce_inputs, keep_outputs=no_reduce_outputs,
-                                  shrink_shapes=not no_shrink_shapes)
+                                  shrink_shapes=not no_shrink_shapes, clock=clock)
     except KeyboardInterrupt:
         keep = [a for p in ctx.command.params if p.name in _SHRINK_ONLY and _given(ctx, p.name)
                 for a in _as_args(p, ctx.params[p.name])]
@@ -394,6 +396,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     if with_overlay and not with_audit and not accumulated:  # overlays only: no sweep, no explain
 
         progress("Model Explorer overlays of the original model")
+        clock.begin("overlay")
         light = run_audit(model, target, os.path.join(out_dir, "audit"), options=options, sweep=False,
                           explain_inputs=False, kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
         result.summary["overlay"] = light.payload.get("overlay")
@@ -402,6 +405,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     if with_audit and not accumulated:  # --- audit (reprokit/audit): the ORIGINAL model, naming what shrink kept
 
         progress("auditing the original model")
+        clock.begin("audit")
         audited = run_audit(model, target, os.path.join(out_dir, "audit"), options=options,
                             kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
         result.summary["overlay"] = audited.payload.get("overlay")
@@ -411,16 +415,20 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
                             + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
     if not no_pack and accumulated:  # the whole model is the repro; ISSUE.md gets the attribution
         progress("packing the report archive (the whole model, with the attribution)")
+        clock.begin("pack")
 
         packed = pack_accumulated(result, model, target, options, fmt=fmt, redact=redact, on_event=progress)
         if packed is not None:
             result.notes.extend(packed.notes)
     if not no_pack and not accumulated:
         progress("packing the report archive")
+        clock.begin("pack")
         packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress,
                                        audit=audited)
         result.summary["report"] = packed.archive
         result.notes.extend(packed.notes)
+    progress.close()
+    close_summary(result)  # every step's seconds, the archive's included, add up to wall_s
     if as_json:
         click.echo(json.dumps(result.summary, indent=2, default=str))
     else:
@@ -444,7 +452,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
     """Bundle a small diverging MODEL into a report archive ready to file."""
     options = make_run_options(kw)
     _ensure_out_file(out_path)
-    on_event = None if as_json else (lambda t: err.print(f"[dim]{t}[/]"))
+    on_event = Ticker(quiet=as_json)
     context = audit_dir = None
     import re as _re
 
@@ -460,6 +468,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
         context = {**(context or {}), "torch": torch_info}
     result = report.pack(model, target, out_path, options=options, fmt=fmt, redact=redact,
                          on_event=on_event, context=context, audit_dir=audit_dir)
+    on_event.close()
     if as_json:
         click.echo(json.dumps({"schema": "reprokit.pack/1", "archive": result.archive,
                                "reproduces": result.reproduces, "notes": result.notes,
@@ -486,8 +495,10 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
     _engine_log(out_dir)
     model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
     _torch_info(exported, options, out_dir, as_json)
+    ticker = Ticker(quiet=as_json)
     result = run_audit(model, target, out_dir, options=options, sweep=not no_sweep, explain_inputs=not no_explain,
-                       ranges_only=ranges_only, on_event=None if as_json else (lambda t: err.print(f"[dim]{t}[/]")))
+                       ranges_only=ranges_only, on_event=ticker)
+    ticker.close()
     if as_json:
         with open(result.files["json"]) as handle:
             click.echo(handle.read())
@@ -572,7 +583,35 @@ def _as_args(param, value) -> list[str]:
     return [param.opts[0], str(value)]
 
 
+# Output folders this command made or writes into: what an interruption leaves is said from them.
+_OUT_DIRS: list[str] = []
+_STARTED = time.time()  # files changed since are this command's
+
+
+def _interrupted_hint() -> str:
+    """Say what an interruption left on disk: the files it wrote, or that nothing was written."""
+    written = []
+    for folder in dict.fromkeys(_OUT_DIRS):
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]  # work state, not results
+            written += [path for path in (os.path.join(root, name) for name in files)
+                        if _written_since_start(path)]  # a user's own file there is no result of ours
+    if not written:
+        return "nothing was written; run the command again"
+    shown = ", ".join(sorted(written)[:4]) + (f" and {len(written) - 4} more" if len(written) > 4 else "")
+    return f"files written so far are kept: {shown}"
+
+
+def _written_since_start(path: str) -> bool:
+    try:
+        return os.stat(path).st_mtime >= _STARTED
+    except OSError:
+        return False
+
+
 def _ensure_out_dir(path: str) -> None:
+    _OUT_DIRS.append(path)  # what an interrupt left there is said from it (_interrupted_hint)
+
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--out {path} exists and is not a directory", hint="choose a directory path")
     try:
@@ -618,12 +657,23 @@ def backends(as_json):
         print_backends(rows)
 
 
+# A multi-line reason (an engine's or the OS's own words) is kept, but not without bound.
+_MORE_LINES = 20
+
+
 def _fail(message: str, hint: str | None, code: int) -> None:
-    first = message.strip().splitlines()[0] if message.strip() else message
+    Ticker.close_all()  # no "still at it" line after the Error: line
+    lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()] or [message]
+    first, rest = lines[0], lines[1:]
+    if len(rest) > _MORE_LINES:
+        rest = [*rest[:_MORE_LINES], f"… {len(rest) - _MORE_LINES} more lines (--debug shows the traceback)"]
     if _JSON:  # scripts read stdout: one object, whatever failed
-        click.echo(json.dumps({"schema": "reprokit.error/1", "error": first, "hint": hint,
+        click.echo(json.dumps({"schema": "reprokit.error/1", "error": "\n".join([first, *rest]), "hint": hint,
                                "exit_code": int(code)}, indent=2))
+    # First line on Error: (what scripts grep), the rest indented below it: still one Error: line.
     click.echo(f"Error: {first}", err=True)
+    for line in rest:
+        click.echo(f"  {line.strip()}", err=True)
     if hint:
         click.echo(f"Hint: {hint}", err=True)
     sys.exit(int(code))
@@ -659,7 +709,7 @@ def main(argv=None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         if isinstance(exc, click.exceptions.Abort) and isinstance(exc.__context__, EOFError):
             _fail(f"unexpected end of input: {exc.__context__}", "a file ended early; check it", ExitCode.INPUT)
-        _fail("interrupted", "results written so far are kept", ExitCode.INTERRUPTED)
+        _fail("interrupted", _interrupted_hint(), ExitCode.INTERRUPTED)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             where = f" {exc.filename}" if exc.filename else ""

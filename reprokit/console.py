@@ -6,6 +6,10 @@ Only the CLI calls this; library code never prints.
 from __future__ import annotations
 
 import os
+import re
+import sys
+import threading
+import time
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,16 +19,100 @@ from reprokit.engine.inputs import feed_dtype, feed_shape
 from reprokit.report.render import fmt
 
 
+class _TrimmedLines:
+    """A text stream for piped output that drops the spaces rich pads every table row with to the
+    console's width (200 columns when piped), so `reprokit backends | less` shows no ragged
+    right edge. The stream is looked up on every write: tests and callers swap sys.stdout."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._spaces = ""  # trailing spaces held back until we know a newline does not follow
+
+    @property
+    def _stream(self):
+        return getattr(sys, self._name)
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        trimmed = re.sub(r" +\n", "\n", self._spaces + text)
+        body = trimmed.rstrip(" ")
+        self._spaces = trimmed[len(body):]
+        self._stream.write(body)
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
 def _console(stderr: bool) -> Console:
     console = Console(stderr=stderr, highlight=False, soft_wrap=True)
     if not console.is_terminal:
-        # Piped output (logs, CI): wide enough that tensor names are never cut.
-        console = Console(stderr=stderr, highlight=False, soft_wrap=True, width=200)
+        # Piped output (logs, CI): wide enough that tensor names are never cut, no padding kept.
+        console = Console(file=_TrimmedLines("stderr" if stderr else "stdout"), highlight=False,
+                          soft_wrap=True, width=200)
     return console
 
 
 out = _console(False)
 err = _console(True)
+
+
+class Ticker:
+    """Progress lines on stderr (``ticker(text)``). When a step says nothing for ``every``
+    seconds, a watcher thread prints that it is still at it, so a long capture, engine call, pack
+    or comparison is never silent (issue 28: 100 s and 180 s without a line on a 1,493-node
+    model). ``close()`` before the result is printed; every ticker is closed before an error."""
+
+    _open: list[Ticker] = []
+
+    def __init__(self, *, stamp: bool = False, every: float = 5.0, quiet: bool = False):
+        self.start = time.monotonic()
+        self.stamp, self.every, self.quiet = stamp, every, quiet
+        self._lock = threading.Lock()
+        self._text, self._said, self._beat = "", self.start, self.start
+        self._stop = threading.Event()
+        self._thread = None
+        if not quiet:
+            self._thread = threading.Thread(target=self._watch, name="reprokit-ticker", daemon=True)
+            self._thread.start()
+            Ticker._open.append(self)
+
+    def __call__(self, text: str) -> None:
+        if self.quiet:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._text, self._said, self._beat = text, now, now
+            self._print(now, escape(text))
+
+    def _print(self, now: float, text: str) -> None:
+        err.print((f"[dim]{now - self.start:7.1f}s[/] {text}") if self.stamp else f"[dim]{text}[/]")
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._lock:
+                now = time.monotonic()
+                if self._text and now - self._beat >= self.every:
+                    self._beat = now
+                    self._print(now, f"{escape(self._text)} [dim]— still at it ({now - self._said:.0f} s)[/]")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self in Ticker._open:
+            Ticker._open.remove(self)
+
+    @classmethod
+    def close_all(cls) -> None:
+        for ticker in list(cls._open):
+            ticker.close()
 
 
 def print_check(result, model_path: str, top: int = 10) -> None:
@@ -80,7 +168,9 @@ def message_lines(message: str, limit: int = 5) -> list[str]:
     if not lines:
         return [""]
     reasons = [line for line in lines[1:-1] if any(word in line.lower() for word in _REASON)]
-    chosen = list(dict.fromkeys([lines[0], *reasons[: limit - 2], lines[-1]]))
+    # A line the first one already quotes (a check's last words) is not shown a second time.
+    chosen = [lines[0], *(line for line in dict.fromkeys([*reasons[: limit - 2], lines[-1]])
+                          if line != lines[0] and line not in lines[0])]
     return [line if len(line) <= 300 else line[:297] + "…" for line in chosen]
 
 

@@ -38,7 +38,7 @@ from reprokit.report.describe import (
     title,
     trtexec_command,
 )
-from reprokit.report.redact import redact
+from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
@@ -85,8 +85,8 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             result, redaction = _redacted(result, target, options, tmp, notes)
         stage = os.path.join(tmp, name)
         os.makedirs(os.path.join(stage, "logs"))
-        event("writing the bundle and running repro.py")
-        reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes)
+        event("writing the bundle")
+        reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event)
         if audit_dir and redact:
             notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
         elif audit_dir:
@@ -96,6 +96,8 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             with open(os.path.join(stage, "torch.json"), "w") as handle:
                 json.dump(context["torch"], handle, indent=2, default=str)
             extra["torch"] = {k: context["torch"]["export"].get(k) for k in ("torch", "exporter", "dynamo", "opset")}
+        if redaction:  # every text file, logs included: no venv, home, host or temp path leaves
+            scrub_tree(stage, private_strings(stage, model_path))
         write_manifest(stage, extra)
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_archive(stage, out_path, fmt)
@@ -136,7 +138,7 @@ def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
     return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={})  # one sample now
 
 
-def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes) -> bool:
+def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event) -> bool:
     verdict = result.verdict
     spec = parse_target(target)
     feeds = result.prepared.feeds.arrays
@@ -174,6 +176,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     with open(os.path.join(stage, "repro.py"), "w") as handle:
         handle.write(render("repro.py.j2", **values))
     os.chmod(os.path.join(stage, "repro.py"), 0o755)
+    event("running the bundled repro.py")
     repro = _run([sys.executable, "repro.py"], stage, timeout=max(60.0, options.timeout))
     reproduces = repro.returncode == 1 and "REPRODUCES" in repro.stdout
     if not reproduces:
@@ -183,7 +186,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     with open(os.path.join(stage, "commands.sh"), "w") as handle:
         handle.write(render("commands.sh.j2", **values))
     os.chmod(os.path.join(stage, "commands.sh"), 0o755)
-    _write_logs(stage, result, spec, values)
+    _write_logs(stage, result, spec, values, event)
     values["repro_output"] = repro.stdout.strip() + f"\n[exit code {repro.returncode}]"
     with open(os.path.join(stage, "ISSUE.md"), "w") as handle:
         handle.write(render(issue_template(spec), **values))
@@ -346,7 +349,7 @@ def _run(argv, cwd, timeout=300.0):
         return subprocess.CompletedProcess(argv, 124, exc.stdout or "", f"timed out after {timeout} s")
 
 
-def _write_logs(stage, result, spec, values) -> None:
+def _write_logs(stage, result, spec, values, event) -> None:
     logs = os.path.join(stage, "logs")
     tool = _polygraphy()
     runs = {
@@ -365,6 +368,7 @@ def _write_logs(stage, result, spec, values) -> None:
                 handle.write("not run: the feeds hold strings, sequences or optionals, which polygraphy cannot load "
                              "(they are in inputs.npz)\n")
                 continue
+            event(f"logs/{file}: polygraphy {' '.join(args[:2])}")
             done = _run(tool + args, stage)
             handle.write(f"$ polygraphy {shlex.join(args)}\n{done.stdout}{done.stderr}\n[exit code {done.returncode}]\n")
     with open(os.path.join(logs, f"target_{spec.engine}.log"), "w") as handle:

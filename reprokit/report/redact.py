@@ -90,3 +90,61 @@ def _like(array: np.ndarray, rng) -> np.ndarray:
     mean = float(np.mean(array, dtype=np.float64))
     std = float(np.std(array, dtype=np.float64))
     return (rng.standard_normal(array.shape) * std + mean).astype(array.dtype)
+
+
+# Text files of an archive that may quote this machine's paths (polygraphy's logs print the venv's
+# polygraphy and the temporary stage folder, engines print their install paths).
+_PUBLIC = {"", "/", "/usr", "/usr/local", "/opt", "/home", "/var"}
+_BINARY = (".npz", ".onnx", ".bin", ".npy", ".data", ".pb", ".png", ".engine", ".plan")
+
+
+def private_strings(stage: str, model_path: str | None = None) -> list[tuple[str, str]]:
+    """(private text, stand-in) pairs, longest first: the stage folder, Python's install and
+    virtual environment, the home folder, the working folder, the model's folder, the host name."""
+    import os
+    import socket
+    import sys
+    import tempfile
+
+    def variants(path: str) -> set[str]:
+        return {p.rstrip(os.sep) for p in (path, os.path.abspath(path), os.path.realpath(path)) if p}
+
+    pairs: dict[str, str] = {}
+    places = [(stage, "."), (sys.prefix, "<python>"), (sys.exec_prefix, "<python>"),
+              (sys.base_prefix, "<python>"), (os.path.dirname(sys.executable), "<python>/bin"),
+              (os.path.expanduser("~"), "<home>"), (os.getcwd(), "<cwd>"), (tempfile.gettempdir(), "<tmp>")]
+    if model_path:
+        places.append((os.path.dirname(os.path.abspath(model_path)), "<model-folder>"))
+    for path, stand_in in places:
+        for text in variants(path):
+            if text not in _PUBLIC:  # system folders say nothing about anyone
+                pairs.setdefault(text, stand_in)
+    host = socket.gethostname()
+    if len(host) >= 4:  # shorter names are words ("vm"), not secrets worth mangling every log for
+        pairs.setdefault(host, "<host>")
+    return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
+
+
+def scrub_tree(stage: str, pairs: list[tuple[str, str]]) -> list[str]:
+    """Replace every private string in every text file under ``stage``; returns the files changed.
+    Runs before the manifest is written, so the checksums are of the scrubbed files."""
+    import os
+
+    changed = []
+    for root, _, files in os.walk(stage):
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(_BINARY):
+                continue
+            with open(path, "rb") as handle:
+                data = handle.read()
+            if b"\0" in data:
+                continue
+            text = original = data.decode("utf-8", "replace")
+            for private, stand_in in pairs:
+                text = text.replace(private, stand_in)
+            if text != original:
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                changed.append(os.path.relpath(path, stage))
+    return changed

@@ -63,6 +63,11 @@ class Member:
     reference: dict | None = None
     crop: str = ""
 
+# Progress inside one step (issue 28 item 8): packs this big say when they are built, run and
+# compared, and a long extraction of candidates says how far it got every few seconds.
+BIG_PACK = 64
+SAY_EVERY = 3.0
+
 
 def _save(reducer, model) -> str:
     import onnx  # heavy: loaded once a call is made
@@ -205,7 +210,11 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
             _run_marked_alone(reducer, marked)
         else:
             members.append(Member(None, marked))
-    for cand in candidates:
+    said = time.monotonic()
+    for done, cand in enumerate(candidates):
+        if len(candidates) >= BIG_PACK and time.monotonic() - said >= SAY_EVERY:  # extraction is slow on big models
+            reducer.event(f"{reducer.step}: extracted {done} of {len(candidates)} candidates")
+            said = time.monotonic()
         sub, trivial = _prepare(reducer, cand, check=False)
         if trivial is not None:
             results[cand] = trivial
@@ -274,9 +283,14 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
             _run_marked_alone(reducer, member.sub)
             return {}
         return {member: judge_member(reducer, member)[0]}
+    big = len(group) >= BIG_PACK  # the silent stretches of a big model: say each phase
+    if big:
+        reducer.event(f"{reducer.step}: packing {len(group)} candidates into one model")
     pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
     reducer.charge()
     path = _save(reducer, pack.model)
+    if big:
+        reducer.event(f"{reducer.step}: one target call for {len(group)} candidates ({pack.nodes} nodes)")
     start = time.monotonic()
     try:
         result = reducer.oracle.run_target(path, pack.feeds)
@@ -287,6 +301,8 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
         result.discard()
         half = len(group) // 2
         return {**_run_numeric_pack(reducer, group[:half]), **_run_numeric_pack(reducer, group[half:])}
+    if big:
+        reducer.event(f"{reducer.step}: comparing the outputs of {len(group)} candidates")
     found = {}
     try:
         for packed, member in zip(pack.members, group):

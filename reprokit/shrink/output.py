@@ -15,6 +15,7 @@ from reprokit.engine.session import RunOptions
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import external_locations, load_model, save_model, staged_data
 from reprokit.report.bundle import pack
+from reprokit.shrink.clock import StepClock, retime, timed_steps
 from reprokit.shrink.runstate import _atomic_json, _atomic_npz, rerun_command
 
 
@@ -51,6 +52,7 @@ class _BestWriter:
     shapes: dict | None = None  # what shape shrinking did (input elements before/after, steps)
     samples: list | None = None  # per input sample: diverged originally, reproduces on the minimal
     summary: dict = field(default_factory=dict)
+    clock: StepClock | None = None  # wall seconds per step; its start is the run's (self.started)
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
               note: str = ""):
@@ -106,6 +108,7 @@ class _BestWriter:
         _atomic_json(os.path.join(self.out_dir, "summary.json"), self.summary)
 
     def _summary(self, reducer, status, minimal_model, feeds, final_verdict, note) -> dict:
+        now = time.monotonic()  # one instant: the steps' seconds add up to wall_s
         stats = reducer.oracle.stats
         nodes = list(minimal_model.graph.node) if minimal_model is not None else []
         built = sum(s.nodes_built for s in reducer.stats.values())
@@ -141,11 +144,11 @@ class _BestWriter:
             "build_work": {"nodes_built": built, "per_call": round(built / max(1, stats.target), 1),
                            "candidates_judged": sum(s.candidates for s in reducer.stats.values())},
             "one_minimal": reducer.one_minimal,
-            "resources": _resources(stats, time.monotonic() - self.started),
+            "resources": _resources(stats, now - self.started),
             "budget": {"max_calls": self.max_calls, "target_calls_for_passes": reducer.budget,
                        "spent": reducer.spent, "stopped": reducer.stopped},
-            "wall_s": round(time.monotonic() - self.started, 3),
-            "steps": [s.to_json(name) for name, s in reducer.stats.items()],
+            "wall_s": round(now - self.started, 3),
+            "steps": timed_steps({name: s.to_json(name) for name, s in reducer.stats.items()}, self.clock, now),
             "other_findings": reducer.findings,
             "rerun": rerun_command(self.model_path, self.target, self.options),
             "warnings": self.warnings,
@@ -184,7 +187,7 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
                   fmt=fmt, redact=redact, context=context, on_event=on_event,
                   audit_dir=audit.out_dir if audit is not None else None)
     summary["report"] = packed.archive
-    _atomic_json(os.path.join(result.out_dir, "summary.json"), summary)
+    _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(summary, result.clock))
     return packed
 
 
@@ -218,5 +221,12 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
     packed = pack(model_path, target, os.path.join(result.out_dir, f"report.{fmt}"), options=options, fmt=fmt,
                   redact=redact, context={"attribution": result.summary["attribution"]}, on_event=on_event)
     result.summary["report"] = packed.archive
-    _atomic_json(os.path.join(result.out_dir, "summary.json"), result.summary)
+    _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(result.summary, result.clock))
     return packed
+
+
+def close_summary(result) -> None:
+    """The run's last write: summary.json with every step's seconds up to now (audit, overlays
+    and the archive ran after the reduction returned), so the steps add up to the whole run."""
+    if result.clock is not None and result.summary and os.path.exists(os.path.join(result.out_dir, "summary.json")):
+        _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(result.summary, result.clock))

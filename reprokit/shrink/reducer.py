@@ -48,7 +48,8 @@ class PassStats:
     def to_json(self, name: str) -> dict:
         return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
                 "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
-                "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3)}
+                "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3),
+                "engine_seconds": round(self.seconds, 3)}  # "seconds": the step's wall time, clock.py
 
 
 class BudgetExhausted(Exception):
@@ -132,6 +133,7 @@ class Reducer:
     guard: Callable | None = None  # guard(step, run) runs the reference on a model reprokit built
     causal: object | None = None  # reprokit.engine.bug.CausalTest of a numeric signature, or None
     no_slippage: dict = field(default_factory=dict)  # which test held the signature, and why (summary)
+    clock: object | None = None  # reprokit.shrink.clock.StepClock: wall seconds per step
     _current: str = "setup"
 
     def __post_init__(self):
@@ -367,8 +369,14 @@ class Reducer:
 
     # -- progress ---------------------------------------------------------------------------
 
+    @property
+    def step(self) -> str:
+        return self._current
+
     def begin(self, name: str) -> None:
         self._current = name
+        if self.clock is not None:  # summary.json's wall seconds per step (clock.py)
+            self.clock.begin(name)
         self.stats.setdefault(name, PassStats())
         self.event(f"{name}: {len(self.best)} nodes")
 

@@ -24,6 +24,7 @@ from reprokit.graph.io import save_model
 from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
 from reprokit.shrink import pipeline
 from reprokit.shrink.accumulated import finish_accumulated
+from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, flaky_tally, probe_model
 from reprokit.shrink.evaluator import calibrate, causal_test
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
@@ -101,20 +102,25 @@ class ShrinkResult:
     minimal_path: str
     verdict: object
     notes: list[str] = field(default_factory=list)
+    clock: StepClock | None = None  # the run's steps go on after it returns (audit, pack): clock.py
 
 
 def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
            jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
            on_event=None, limits: Limits | None = None, pack_candidates: bool = True,
            search_accumulated: bool = False, accept_milder: bool = False, keep_inputs: bool = False,
-           keep_outputs: bool = False, shrink_shapes: bool = True) -> ShrinkResult:
+           keep_outputs: bool = False, shrink_shapes: bool = True, clock: StepClock | None = None) -> ShrinkResult:
     """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``.
-    The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish."""
+    The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish. ``clock``
+    (the CLI's, started with the process) times the steps; by default they start here."""
     options = options or RunOptions()
     limits = limits or Limits()
     _check_budget(target, limits.max_calls, replays, resume)
-    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None))
+    clock = clock or StepClock(time.monotonic(), first="setup")
+    clock.begin("setup")
+    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock)
     run.shrink_shapes = shrink_shapes
+    clock.begin("capture")
     store = reprokit_built(
         "capturing reference activations (every tensor marked as an output)",
         lambda: _capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
@@ -124,6 +130,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
     check_reference_finite(graph_outputs, run.oracle.reference)
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
+    clock.begin("confirm")
     verdict = confirm(run, graph_outputs, original_replays)
     confirmed_calls = run.oracle.stats.target
     wrap = keep_opening(run, store, graph_outputs, verdict)
@@ -141,6 +148,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
     # the inside step replaces the run's model: only where nothing else reads the old numbering
     reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)
+    reducer.clock = clock
     reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
@@ -168,11 +176,12 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                     if reducer.reach_inside else 0)
                  if limits.max_calls == -1 else limits.max_calls)
     earlier = _earlier_calls(out_dir) if resume else 0
-    writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, run.started, max_calls,
+    writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, clock.started, max_calls,
                          earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings,
                          given_nodes=count_nodes(run.given.graph) if run.levels else None)
     run.prepared.notes.extend(f"warning: {w}" for w in verdict.warnings)  # a degenerate reference
     writer.samples = samples_summary(run.prepared)
+    writer.clock = clock
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
         reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays - samples_reserved)
@@ -183,7 +192,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         reducer.close()
         if outcome == "accumulated":
             said, window = finish_accumulated(run, reducer, writer, verdict)
-            return ShrinkResult(writer.summary, run.out_dir, window, verdict, run.prepared.notes + [said])
+            return ShrinkResult(writer.summary, run.out_dir, window, verdict, run.prepared.notes + [said],
+                                writer.clock)
         note = ""
         if outcome == "budget":
             reducer.stopped = True
@@ -262,7 +272,7 @@ def _earlier_calls(out_dir: str) -> int:
         return 0
 
 
-def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
+def _open_run(model_path, target, out_dir, options, resume, event, clock) -> _Run:
     """State folder, oracle, model and feeds. The model is reduced exactly as given (constants
     are folded per candidate, never before the confirming call)."""
     started = time.monotonic()
@@ -289,6 +299,7 @@ def _open_run(model_path, target, out_dir, options, resume, event) -> _Run:
         name_unnamed_nodes(model)
     choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
     given = model
+    clock.begin("opening")
     levels = open_levels(model, oracle, prepared.feeds.arrays, models_dir, event, prepared.path)
     if levels:  # capture on the deepest opening: it holds every tensor of the shallower ones
         model = levels[-1][0]
@@ -350,7 +361,7 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
                          reference=reference, note=note)
             notes = run.prepared.notes + ([note] if note else [])
             return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"),
-                                verdict, notes)
+                                verdict, notes, writer.clock)
     writer.write(reducer, "not-reproduced", final_verdict=verdicts[0],
                  note="the minimal model does not reproduce alone: " + " | ".join(tried))
     raise NotReproduced(

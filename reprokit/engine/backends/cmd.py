@@ -100,6 +100,16 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def said_and_rest(headline: str, said: str, tail: str) -> str:
+    """``headline: said`` and below it the command's output, without repeating ``said`` when it
+    is the output's last line (it was shown twice: once quoted, once in the log)."""
+    lines = tail.rstrip().splitlines()
+    if lines and lines[-1].strip() == said:
+        lines.pop()
+    rest = "\n".join(lines).strip("\n")
+    return f"{headline}: {said}" + (f"\n{rest}" if rest.strip() else "")
+
+
 class CmdBackend(Backend):
     engine = "cmd"
     summary = "an external check command; {model} {inputs} {outputs} are substituted"
@@ -176,10 +186,11 @@ class CmdBackend(Backend):
                 # are kept for the report only.
                 how = f" matching {self.policy.label()}" if match is not None else ""
                 said = match if match is not None else last_line(tail)
-                raise BuildError(f"check command failed (exit code {code}){how}: {said}\n{tail}", detail=detail)
+                raise BuildError(said_and_rest(f"check command failed (exit code {code}){how}", said, tail),
+                                 detail=detail)
             if verdict == OTHER:  # its own words are its signature: two such failures, two findings
-                raise BuildError(f"check command exited {code}, a different finding ({detail}): "
-                                 f"{last_line(tail)}\n{tail}")
+                raise BuildError(said_and_rest(f"check command exited {code}, a different finding ({detail})",
+                                               last_line(tail), tail))
             outputs = {}
             if os.path.exists(outputs_path):
                 try:
