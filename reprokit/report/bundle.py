@@ -254,12 +254,11 @@ def _check_note(bundled: list[str], needed: list[str]) -> str:
 def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
     """inputs.json for polygraphy, inputs/<i>.bin (raw, C order) for trtexec: numeric tensors only
     (string, sequence and optional feeds are in inputs.npz alone; neither tool takes them)."""
-    from polygraphy.json import save_json
-
     numeric = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
     if len(numeric) < len(feeds):
         return {}
-    save_json([numeric], os.path.join(stage, "inputs.json"))
+    with open(os.path.join(stage, "inputs.json"), "w") as handle:
+        json.dump([{name: _polygraphy_array(value) for name, value in numeric.items()}], handle, indent=4)
     os.makedirs(os.path.join(stage, "inputs"), exist_ok=True)
     bins = {}
     for index, (name, value) in enumerate(numeric.items()):
@@ -267,6 +266,18 @@ def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
         np.ascontiguousarray(value).tofile(os.path.join(stage, rel))
         bins[name] = rel
     return bins
+
+
+def _polygraphy_array(value: np.ndarray) -> dict:
+    """One array as polygraphy's JSON encoder writes it (np.save bytes, base64), written here:
+    polygraphy's save_json imports torch wherever it is installed, which cost a pack ~6 s to
+    import and ~1.6 s at exit (issue 28 item 8)."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, value, allow_pickle=False)
+    return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
 
 
 def _template_values(result, spec, env, context, archive_name, model, bins, options) -> dict:
