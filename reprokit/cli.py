@@ -611,7 +611,6 @@ def _written_since_start(path: str) -> bool:
 
 def _ensure_out_dir(path: str) -> None:
     _OUT_DIRS.append(path)  # what an interrupt left there is said from it (_interrupted_hint)
-
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--out {path} exists and is not a directory", hint="choose a directory path")
     try:

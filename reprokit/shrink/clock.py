@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import time
 
+from reprokit.shrink.reducer import PassStats
+
 
 def process_started() -> float:
     """When this process started, on ``time.monotonic()``'s clock: Linux's /proc/self/stat start
@@ -51,8 +53,6 @@ def timed_steps(rows: dict[str, dict], clock: StepClock | None, now: float) -> l
     with ``seconds`` its wall time (engine calls, reprokit's own work and writing alike) and
     ``engine_seconds`` the part spent in engine calls. Steps that judged no candidate (start-up,
     capture, pack) get zero counts."""
-    from reprokit.shrink.reducer import PassStats
-
     if clock is None:
         return list(rows.values())
     wall = clock.seconds(now)
