@@ -33,7 +33,7 @@ from reprokit.graph.pack import model_copies
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.compare import jsonable
 
-PACK_WIDTH = 8  # whole-model copies per packed call
+PACK_WIDTH = 16  # whole-model copies per packed call
 
 
 def fp32_nodes_support(target: str) -> tuple[bool, str]:
@@ -304,12 +304,12 @@ def _fill(found: Workaround, search: Search, nodes, spec, verdict) -> None:
 
 
 def _packed_prefix(search: Search, sets: list[list[str]]) -> int | None:
-    """Smallest agreeing prefix size (``sets[k - 1]`` is prefix k's set): sizes 1, 2, 4, … (and
-    all) in one call, then evenly spaced sizes inside the bracket until it is one wide."""
+    """Smallest agreeing prefix size (``sets[k - 1]`` is prefix k's set): the first call holds
+    1, 2, 4, 8 (a few nodes often do) and sizes evenly spaced up to all of them; each next call
+    evenly spaced sizes inside the bracket, until it is one wide (two calls up to width² nodes)."""
     n = len(sets)
-    sizes = sorted({min(n, 2 ** k) for k in range(int(math.log2(n)) + 1)} | {n})
-    if len(sizes) > search.width:  # the largest sizes matter least: thin them out, keep n
-        sizes = sizes[:search.width - 1] + [n]
+    even = search.width - 4
+    sizes = sorted({s for s in (1, 2, 4, 8) if s < n} | {max(1, round(n * k / even)) for k in range(1, even + 1)})
     bad, good = 0, None
     while True:
         trials = search.judge([sets[s - 1] for s in sizes])
@@ -319,10 +319,7 @@ def _packed_prefix(search: Search, sets: list[list[str]]) -> int | None:
                 break
             bad = max(bad, size)
         if good is None:
-            if sizes[-1] == n:
-                return None
-            sizes = _between(sizes[-1], n + 1, search.width)
-            continue
+            return None  # all of them was in the first call
         if good - bad <= 1:
             return good
         sizes = _between(bad, good, search.width)
