@@ -1,5 +1,5 @@
 """Command line: click commands and option parsing. The ONE place where errors become
-``Error:``/``Hint:`` lines and exit codes (see README "Exit codes"). Holds no logic.
+``Error:``/``Hint:`` lines and exit codes (docs/exit-codes.md). Holds no logic.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ signal.signal(signal.SIGINT, _early_interrupt)
 signal.signal(signal.SIGTERM, _early_interrupt)
 
 import json
+import re
 import time
 import traceback
+from dataclasses import replace
 
 import click
 
@@ -52,7 +54,9 @@ from reprokit.engine.inputs import (
     save_feeds,
 )
 from reprokit.errors import ExitCode, ReprokitError, UsageError
+from reprokit.files import atomic_text, atomic_write, claim_file, claim_folder, read_paths
 from reprokit.graph.dims import say_in_error
+from reprokit.graph.io import external_locations, load_model
 from reprokit.matrix.cli import verify_matrix
 from reprokit.matrix.fanout import check_many
 from reprokit.report import bundle as report
@@ -60,12 +64,21 @@ from reprokit.report import verify as verifying
 from reprokit.shrink import steps as shrinking
 from reprokit.shrink.clock import StepClock, process_started
 from reprokit.shrink.output import close_summary, pack_accumulated
+from reprokit.shrink.runstate import STATE_DIR, drop_state, finished_run, state_bytes
 from reprokit.spec import parse_target
 from reprokit.torch_export import columns as torch_columns
 from reprokit.torch_export import reference_columns
 
 _DEBUG = False
 _JSON = False  # --json: failures also print a reprokit.error/1 object on stdout
+_OUT: str | None = None  # the command's -o: a full disk names it when the failed write named no file
+
+
+def _writing(path: str) -> None:
+    global _OUT
+    _OUT = path
+    if os.path.isdir(path):
+        _OUT_DIRS.append(path)  # what an interrupt left there is said from it (_interrupted_hint)
 
 
 def run_options(func):
@@ -77,18 +90,18 @@ def run_options(func):
                           "ONNX test_data_set folder, or a folder of test_data_set_N folders."),
         click.option("--sample", default=None, type=click.IntRange(0), metavar="N",
                      help="Use sample N of a multi-sample --inputs only (default: check and shrink judge every sample)."),
-        click.option("--seed", default=0, show_default=True, help="Seed for random feeds."),
+        click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Seed for random feeds."),
         click.option("--input-shapes", multiple=True, metavar="NAME:DIMS",
                      help="Freeze dynamic dims, e.g. x:1x3x320x320 (repeatable)."),
         click.option("--val-range", multiple=True, metavar="[NAME:][LO,HI]",
                      help="Range of random feeds, e.g. x:[-1,1] (default [0,1])."),
         click.option("--metric", type=click.Choice(["rel-l2", "max-abs", "cosine", "allclose"]),
                      default="rel-l2", show_default=True, help="Error metric per output."),
-        click.option("--tol", type=float, default=None,
+        click.option("--tol", type=click.FloatRange(min=0), default=None,
                      help="Bound on the metric (default: by target precision, see README)."),
-        click.option("--atol", type=float, default=None, help="Absolute tolerance for allclose."),
-        click.option("--rtol", type=float, default=None, help="Relative tolerance for allclose."),
-        click.option("--timeout", type=float, default=600.0, show_default=True,
+        click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for allclose."),
+        click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for allclose."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
                      help="Seconds per engine call; a call past it is killed (verdict: timeout)."),
         click.option("--fail-regex", multiple=True, metavar="RE",
                      help="cmd targets: a run whose output matches RE fails, whatever its exit status "
@@ -103,6 +116,34 @@ def run_options(func):
     return func
 
 
+# --force: the one way to let reprokit replace a file it did not write (never one the run reads).
+FORCE = click.option("--force", is_flag=True,
+                     help="Replace existing output files reprokit did not write (never a file the command reads).")
+
+# What each command writes in its output folder (reprokit/files.py: claimed before any work).
+CHECK_FILES = ("inputs.npz", "reference_outputs.npz", "target_outputs.npz", "verdict.json", "engine.log")
+AUDIT_FILES = ("audit.json", "audit.md", "audit.html", "layerwise.png", "overlay-*.json")
+SHRINK_FILES = ("minimal.onnx", "minimal.onnx.data", "inputs.npz", "reference_outputs.npz", "summary.json",
+                "engine.log")
+TORCH_FILES = ("*",)
+
+
+def _torch_files(kw: dict) -> tuple:
+    return tuple(f"torch/{p}" for p in TORCH_FILES) if kw.get("torch_entry") else ()
+
+
+def _reads(model: str | None, kw: dict) -> list[str]:
+    """Every file the command reads: the model, its external data, --inputs, the --torch script."""
+    paths = [model, kw.get("inputs"), (kw.get("torch_entry") or "").rpartition(":")[0] or None]
+    if model and os.path.isfile(model):
+        try:
+            folder = os.path.dirname(os.path.abspath(model))
+            paths += [os.path.join(folder, loc) for loc in external_locations(load_model(model, load_weights=False))]
+        except Exception:  # noqa: BLE001  an unreadable model is refused later, with its own message
+            pass
+    return read_paths(paths)
+
+
 def torch_options(func):
     """--torch FILE.py:FUNC and its export settings (PyTorch in; torch is an optional extra)."""
     options = [
@@ -112,7 +153,7 @@ def torch_options(func):
         click.option("--torch-exporter", type=click.Choice(["auto", "dynamo", "legacy"]), default="auto",
                      show_default=True, help="--torch: dynamo=True, the legacy TorchScript exporter, or auto "
                                              "(dynamo where onnxscript is installed)."),
-        click.option("--torch-opset", type=int, default=None, metavar="N",
+        click.option("--torch-opset", type=click.IntRange(1), default=None, metavar="N",
                      help="--torch: opset_version for torch.onnx.export (default: the exporter's)."),
     ]
     for option in reversed(options):
@@ -160,7 +201,6 @@ def _torch_info(exported, options, folder: str, as_json: bool) -> dict | None:
 
 def parse_size(text: str, option: str) -> int:
     """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
-    import re
 
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
     if not match:
@@ -222,7 +262,7 @@ def _engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
 @run_options
 @torch_options
 @click.option("--layerwise", is_flag=True, help="Compare every intermediate tensor; show where divergence starts.")
-@click.option("--top", default=10, show_default=True, help="Rows of the layerwise table.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(0), help="Rows of the layerwise table.")
 @click.option("--out", "-o", "out_dir", default=None, metavar="DIR",
               help="Write inputs.npz, verdict.json and both engines' outputs here (several models: DIR/NAME/).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema reprokit.check/1).")
@@ -231,8 +271,9 @@ def _engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
 @click.option("--gpus", default=None, metavar="KINDS", help="With --ray: each model on each GPU kind, e.g. L4,A100.")
 @click.option("--jobs", "-j", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Several MODELs without --ray: checks at once.")
+@FORCE
 @click.pass_context
-def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gpus, jobs, **kw):
+def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gpus, jobs, force, **kw):
     """Does TARGET diverge from the reference on MODEL? Exit 0 agree, 1 diverge (several
     MODELs: 1 if any diverges)."""
     if len(models) > 1 or ray_address or gpus:  # a zoo sweep: one `reprokit check` per model
@@ -244,10 +285,12 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
                             gpus=gpus, jobs=jobs))
     model = models[0] if models else None
 
+    reads = _reads(model, kw)
     options = make_run_options(kw)
     parse_target(target)  # a bad spec is a usage error before any work
     if out_dir:
-        _ensure_out_dir(out_dir)
+        claim_folder(out_dir, CHECK_FILES + _torch_files(kw), reads, force=force)
+        _writing(out_dir)
     _engine_log(out_dir)
     import tempfile
 
@@ -262,11 +305,11 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
 
         columns = torch_columns(exported, result, options.reference, options.metric)
     if out_dir:
-        save_feeds(os.path.join(out_dir, "inputs.npz"), result.prepared.feeds.arrays)
-        save_feeds(os.path.join(out_dir, "reference_outputs.npz"), result.reference_outputs)
-        save_feeds(os.path.join(out_dir, "target_outputs.npz"), result.target_outputs)
-        with open(os.path.join(out_dir, "verdict.json"), "w") as handle:
-            json.dump(result.verdict.to_json(), handle, indent=2)
+        for name, arrays in (("inputs.npz", result.prepared.feeds.arrays),
+                             ("reference_outputs.npz", result.reference_outputs),
+                             ("target_outputs.npz", result.target_outputs)):
+            atomic_write(os.path.join(out_dir, name), lambda tmp, arrays=arrays: save_feeds(tmp, arrays))
+        atomic_text(os.path.join(out_dir, "verdict.json"), json.dumps(result.verdict.to_json(), indent=2))
     if as_json:
         payload = {
             "schema": "reprokit.check/1",
@@ -341,30 +384,53 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
 @click.option("--overlay", "with_overlay", is_flag=True,
               help="Write Model Explorer overlays of the original model (OUT/audit/overlay-*.json: layerwise, "
                    "isolated and range data, the nodes kept); a light audit unless --audit.")
+@click.option("--keep-state", is_flag=True,
+              help="Keep OUT/.reprokit's captured activations and candidate models after the run (by default "
+                   "they are removed when the run ends, kept only when it is interrupted).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
+@FORCE
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
            no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
-           no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, as_json, **kw):
+           no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, keep_state, as_json, force, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     clock = StepClock(process_started())  # summary.json's steps cover the process, start-up included
 
-    if resume:  # --resume DIR: what was not given comes from DIR's saved run
+    flags = {name: ctx.params[name] for name in _SHRINK_ONLY}  # the command's own options
+    if resume:  # --resume DIR: every option not given again comes from DIR's saved run
         if _given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
             raise UsageError(f"--resume {resume} and -o {out_dir} name different directories",
                              hint=f"give one of them: reprokit shrink --resume {resume}")
         out_dir = resume
         saved = shrinking.saved_run(out_dir)
+        finished = finished_run(out_dir)
+        if finished is not None:  # nothing to continue: the answer on disk stays as it is
+            _say_finished(out_dir, finished, as_json)
+            return
         model, target = model or saved["model"], target or saved["target"]
-        for name, value in _run_args.main(args=saved["args"], standalone_mode=False).items():
-            if not _given(ctx, name):
-                kw[name] = value
+        before = ctx.command.make_context("shrink", list(saved["args"]))
+        for name, value in before.params.items():
+            if _given(before, name) and not _given(ctx, name):
+                if name in flags:
+                    flags[name] = value
+                elif name in kw:
+                    kw[name] = value
+    (jobs, replays, max_activation_disk, max_calls, capture_chunk, no_localize, one_by_one, accept_milder,
+     search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_pack, fmt, redact, with_audit,
+     with_overlay, keep_state) = (flags[name] for name in _SHRINK_ONLY)
+    run_args = [a for p in ctx.command.params if p.name in flags and flags[p.name] not in (None, p.default)
+                for a in _as_args(p, flags[p.name])]
     if (model is None and not kw.get("torch_entry")) or target is None:
         raise UsageError("shrink needs MODEL and --target (or --resume DIR of an earlier run)",
                          hint="e.g. reprokit shrink model.onnx --target emulate:fp16 -o out/")
+    reads = _reads(model, kw)
     options = make_run_options(kw)
     parse_target(target)  # a bad spec or a missing check script fails before any work
-    _ensure_out_dir(out_dir)  # so does a file where the output directory should be
+    # so does an output that would replace a file the run reads or one the user wrote
+    claim_folder(out_dir, SHRINK_FILES + _torch_files(kw) + (() if no_pack else (f"report.{fmt}",))
+                 + (tuple(f"audit/{p}" for p in AUDIT_FILES) if with_audit or with_overlay else ()),
+                 reads, force=force)
+    _writing(out_dir)
     if kw.get("torch_entry"):
         clock.begin("torch export")
     model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
@@ -377,22 +443,28 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
         max_calls=_parse_max_calls(max_calls),
     )
-    try:
+    try:  # the captured activations outlive the run only when it was interrupted, or with --keep-state
         result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
                                   resume=resume is not None, localize_first=not no_localize, on_event=progress,
                                   limits=limits, pack_candidates=not one_by_one,
                                   search_accumulated=search_accumulated, accept_milder=accept_milder,
                                   keep_inputs=no_reduce_inputs, keep_outputs=no_reduce_outputs,
-                                  shrink_shapes=not no_shrink_shapes, clock=clock)
-    except KeyboardInterrupt:
-        keep = [a for p in ctx.command.params if p.name in _SHRINK_ONLY and _given(ctx, p.name)
-                for a in _as_args(p, ctx.params[p.name])]
-        raise ReprokitError("interrupted", hint=shrinking.resume_hint(out_dir, keep),
+                                  shrink_shapes=not no_shrink_shapes, clock=clock, run_args=tuple(run_args))
+    except KeyboardInterrupt:  # run.json holds every option: --resume DIR alone continues
+        _end_state(out_dir, True, as_json, "for --resume")
+        raise ReprokitError("interrupted", hint=shrinking.resume_hint(out_dir),
                             exit_code=ExitCode.INTERRUPTED) from None
+    except BaseException:
+        _end_state(out_dir, keep_state, as_json)
+        raise
+    _end_state(out_dir, keep_state, as_json)
     audited = None
     if torch_info is not None:
         result.summary["torch"] = torch_info
     accumulated = result.summary["status"] == "accumulated"  # no model to call minimal, nothing to pack
+    reduced_on = next((row["index"] for row in result.summary.get("samples") or [] if row.get("reduced_on")), None)
+    if reduced_on is not None:  # several samples: the audit explains the one shrink reduced on
+        options = replace(options, sample=reduced_on)
     if with_overlay and not with_audit and not accumulated:  # overlays only: no sweep, no explain
 
         progress("Model Explorer overlays of the original model")
@@ -448,20 +520,25 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
 @click.option("--audit", "with_audit", is_flag=True,
               help="Audit the model first (written beside the archive as NAME.audit/); the archive gets audit/.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
+@FORCE
+def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw):
     """Bundle a small diverging MODEL into a report archive ready to file."""
-    options = make_run_options(kw)
+    reads = _reads(model, kw)
+    stem = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path)
     _ensure_out_file(out_path)
+    claim_file(out_path, reads, force=force)
+    _writing(out_path)
+    if with_audit:
+        claim_folder(stem + ".audit", AUDIT_FILES, reads, force=force)
+    if kw.get("torch_entry"):
+        claim_folder(stem + ".torch", TORCH_FILES, reads, force=force)
+    options = make_run_options(kw)
     on_event = Ticker(quiet=as_json)
     context = audit_dir = None
-    import re as _re
-
-    model, exported = _from_torch(model, kw, options, _re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path) + ".torch")
+    model, exported = _from_torch(model, kw, options, stem + ".torch")
     torch_info = _torch_info(exported, options, os.path.dirname(exported.folder) if exported else "", as_json)
     if with_audit:  # --- audit (reprokit/audit)
-        import re
-
-        audit_dir = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path) + ".audit"
+        audit_dir = stem + ".audit"
         audited = run_audit(model, target, audit_dir, options=options, on_event=on_event)
         context = audited.issue_context()
     if torch_info is not None:  # the archive records the torch version and export settings
@@ -488,10 +565,13 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, **kw):
 @click.option("--no-explain", is_flag=True, help="Skip the random-inputs / random-weights runs.")
 @click.option("--ranges-only", is_flag=True, help="Only the range audit: one reference run, no target call.")
 @click.option("--json", "as_json", is_flag=True, help="Print audit.json (schema reprokit.audit/1).")
-def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **kw):
+@FORCE
+def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, force, **kw):
     """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
+    reads = _reads(model, kw)
     options = make_run_options(kw)
-    _ensure_out_dir(out_dir)
+    claim_folder(out_dir, AUDIT_FILES + ("engine.log",) + _torch_files(kw), reads, force=force)
+    _writing(out_dir)
     _engine_log(out_dir)
     model, exported = _from_torch(model, kw, options, os.path.join(out_dir, "torch"))
     _torch_info(exported, options, out_dir, as_json)
@@ -510,7 +590,8 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, **
 @click.argument("archive")
 @click.option("--target", "-t", default=None, help="Check under this target instead of the recorded one "
               "(needed when the archive records a cmd: target or a file path).")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per engine call.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="Seconds per engine call.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--versions", default=None, metavar="SPEC",
               help="Run repro.py per engine release, each in its own uv environment, e.g. "
@@ -556,17 +637,41 @@ def env(as_json):
     print_env(info)
 
 
-@click.command()
-@run_options
-def _run_args(**kw):
-    """Parses saved run options (``--resume DIR``) exactly as the commands parse them."""
-    return kw
-
-
-# shrink options that shape how the search runs, not what it judges: kept in the resume hint.
+# shrink's own options (beside the run options): kept in run.json, restored by --resume.
 _SHRINK_ONLY = ("jobs", "replays", "max_activation_disk", "max_calls", "capture_chunk", "no_localize",
                 "one_by_one", "accept_milder", "search_accumulated", "no_reduce_inputs", "no_reduce_outputs",
-                "no_shrink_shapes", "no_pack", "fmt", "redact", "with_audit")
+                "no_shrink_shapes", "no_pack", "fmt", "redact", "with_audit", "with_overlay", "keep_state")
+
+
+def _end_state(out_dir: str, keep: bool, as_json: bool, why: str = "(--keep-state)") -> None:
+    """A shrink run has ended: its captured activations go, unless kept; either way, say how much."""
+    from reprokit.console import err
+
+    where = os.path.join(out_dir, STATE_DIR)
+    if keep:
+        size = state_bytes(out_dir)
+        text = f"kept {_mib(size)} of captured activations and candidates in {where} {why}"
+    else:
+        size = drop_state(out_dir)
+        text = f"removed {_mib(size)} of captured activations and candidates from {where} (--keep-state keeps them)"
+    if size and not as_json:
+        err.print(f"[dim]{text}[/]")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
+
+
+def _say_finished(out_dir: str, summary: dict, as_json: bool) -> None:
+    """--resume of a run that already ended with its answer: say so, change nothing."""
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    minimal = summary.get("minimal") or {}
+    what = (f"a minimal model of {minimal.get('nodes')} nodes" if summary.get("status") == "done"
+            else "an accumulated error (summary.json: attribution)")
+    err.print(f"{out_dir} holds a finished run ({what}, {summary.get('calls', {}).get('target')} target calls); "
+              "nothing to continue, the result is kept as it is. To start over, use a new -o directory.")
 
 
 def _given(ctx, name: str) -> bool:
@@ -607,17 +712,6 @@ def _written_since_start(path: str) -> bool:
         return os.stat(path).st_mtime >= _STARTED
     except OSError:
         return False
-
-
-def _ensure_out_dir(path: str) -> None:
-    _OUT_DIRS.append(path)  # what an interrupt left there is said from it (_interrupted_hint)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"--out {path} exists and is not a directory", hint="choose a directory path")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create --out directory {path}: {exc.strerror}",
-                         hint="choose a writable directory") from exc
 
 
 def _ensure_out_file(path: str) -> None:
@@ -711,7 +805,7 @@ def main(argv=None) -> None:
         _fail("interrupted", _interrupted_hint(), ExitCode.INTERRUPTED)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            where = f" {exc.filename}" if exc.filename else ""
+            where = f" {exc.filename or _OUT}" if exc.filename or _OUT else ""
             _fail(f"cannot write{where}: {exc.strerror} (disk full or file size limit)",
                   "free disk space or write elsewhere (-o); results already written are kept",
                   ExitCode.ENVIRONMENT)

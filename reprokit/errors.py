@@ -10,7 +10,7 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
-    """Exit codes, documented in README.md ("Exit codes")."""
+    """Exit codes, documented per command in docs/exit-codes.md."""
 
     OK = 0  # check: outputs agree; other commands: success
     DIVERGES = 1  # check/verify: the target diverges from the reference (reproduces)

@@ -226,8 +226,9 @@ def test_cli_audit_writes_every_file_and_json(tmp_path, model_file, cli):
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(proc.stdout)
     assert payload["schema"] == "reprokit.audit/1"
-    assert sorted(os.listdir(out)) == ["audit.html", "audit.json", "audit.md", "layerwise.png",
+    assert sorted(os.listdir(out)) == [".reprokit", "audit.html", "audit.json", "audit.md", "layerwise.png",
                                        "overlay-isolated.json", "overlay-layerwise.json", "overlay-ranges.json"]
+    assert os.listdir(out / ".reprokit") == ["owned.json"]  # the names reprokit claimed (reprokit/files.py)
     assert json.loads((out / "audit.json").read_text()) == payload
     assert payload["ranges"]["first"]["node"] == "matmul"
     assert payload["layerwise"]["first"]["node"] == "matmul"

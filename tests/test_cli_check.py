@@ -293,9 +293,12 @@ def test_check_layerwise_and_out_dir(tmp_path):
     table = proc.stdout.split("first diverging tensors", 1)[1]
     row = next(line for line in table.splitlines() if "boom" in line)
     assert "Mul" in row and "│ b " in row  # node boom, op Mul, tensor b
-    # -o DIR: feeds, both engines' outputs and the verdict
+    # -o DIR: feeds, both engines' outputs and the verdict; .reprokit/owned.json names them as
+    # reprokit's (reprokit/files.py), so a second check -o out may rewrite them
     out = tmp_path / "out"
+    assert os.listdir(out / ".reprokit") == ["owned.json"]
     assert sorted(os.listdir(out)) == [
+        ".reprokit",
         "inputs.npz",
         "reference_outputs.npz",
         "target_outputs.npz",

@@ -808,6 +808,8 @@ def hostile_archive(case: str, members: dict[str, bytes], original: Path, d: Pat
         np.savez(buf, x=np.array([{"evil": 1}], dtype=object))
         edited = with_manifest({**members, "rep/inputs.npz": buf.getvalue()})
         return write_tgz(d / "a.tar.gz", [regular(n, b) for n, b in edited.items()])
+    if case.startswith(("verdict-", "manifest-schema-")):  # issue 28 item 4: malformed, manifest matching
+        return write_tgz(d / "a.tar.gz", [regular(n, b) for n, b in malformed(case, members).items()])
     if case == "zip-traversal":
         return write_zip(d / "a.zip", list(members.items()) + [("rep/../../evil.txt", b"evil")])
     if case == "zip-absolute-path":
@@ -829,6 +831,30 @@ def hostile_archive(case: str, members: dict[str, bytes], original: Path, d: Pat
         (d / "a.zip").write_bytes(data)
         return d / "a.zip"
     raise AssertionError(case)
+
+
+def malformed(case: str, members: dict[str, bytes]) -> dict[str, bytes]:
+    """verdict.json or MANIFEST.json edited as issue 28 found them, the manifest's hashes right."""
+    verdict = json.loads(members["rep/verdict.json"])
+    edits = {
+        "verdict-no-signature": lambda v: v.pop("signature"),
+        "verdict-metric-bogus": lambda v: v["criterion"].update(metric="bogus"),
+        "verdict-tolerance-abc": lambda v: v["criterion"].update(tolerance="abc"),
+        "verdict-criterion-a-list": lambda v: v.update(criterion=[1, 2]),
+        "verdict-signature-kind-a-number": lambda v: v["signature"].update(kind=3),
+        "verdict-check-policy-codes-strings": lambda v: v.update(check_policy={"fail_codes": ["x"]}),
+    }
+    if case in edits:
+        edits[case](verdict)
+        return with_manifest({**members, "rep/verdict.json": json.dumps(verdict).encode()})
+    manifest = json.loads(members["rep/MANIFEST.json"])
+    if case == "manifest-schema-files-a-list":
+        manifest["files"] = sorted(manifest["files"])
+    elif case == "manifest-schema-entry-a-string":
+        manifest["files"]["README.md"] = "ok"
+    elif case == "manifest-schema-no-schema":
+        manifest.pop("schema")
+    return {**members, "rep/MANIFEST.json": json.dumps(manifest).encode()}
 
 
 def bug(reason: str):
@@ -860,6 +886,15 @@ VERIFY_CASES = [
     pytest.param("two-top-folders", 3, "more than one top folder"),
     pytest.param("pickled-inputs-with-matching-manifest", 3, "pickl"),
     pytest.param("zip-traversal", 3, "outside the top folder"),
+    pytest.param("verdict-no-signature", 3, "verdict.json does not follow its schema: signature is missing"),
+    pytest.param("verdict-metric-bogus", 3, "criterion.metric must be one of"),
+    pytest.param("verdict-tolerance-abc", 3, "criterion.tolerance must be a number, got 'abc'"),
+    pytest.param("verdict-criterion-a-list", 3, "criterion must be an object, got a list"),
+    pytest.param("verdict-signature-kind-a-number", 3, "signature.kind must be a string"),
+    pytest.param("verdict-check-policy-codes-strings", 3, "check_policy.fail_codes[0] must be an integer"),
+    pytest.param("manifest-schema-files-a-list", 3, "MANIFEST.json does not follow its schema: files must be"),
+    pytest.param("manifest-schema-entry-a-string", 3, "files['README.md'] must be an object"),
+    pytest.param("manifest-schema-no-schema", 3, "MANIFEST.json does not follow its schema: schema is missing"),
     pytest.param("zip-absolute-path", 3, "absolute path"),
     pytest.param("zip-symlink", 3, "link"),
     pytest.param("zip-corrupt-member", 3, ""),

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import PY, assert_user_error, run_cli
 from models import make, save, vi
 from onnx import helper
 
 from reprokit.engine.oracle import normalize_message
+from reprokit.standalone.arrays import save_npz
 
 
 @pytest.fixture
@@ -78,9 +80,14 @@ def test_pack_out_under_a_file_fails_before_any_engine_call(relu_file, tmp_path,
 
 
 def test_zero_element_shapes_compare_nothing_and_say_so(relu_file, tmp_path):
-    proc = run_cli("check", relu_file, "--target", "emulate:fp16", "--input-shapes", "x:0x4", cwd=tmp_path)
+    # feeds of zero elements: nothing to compare, and no "agree"
+    save_npz(str(tmp_path / "empty.npz"), {"x": np.zeros((0, 4), np.float32)})
+    proc = run_cli("check", relu_file, "--target", "emulate:fp16", "--inputs", "empty.npz", cwd=tmp_path)
     assert_user_error(proc, 3, contains="nothing was compared")
     assert "AGREES" not in proc.stdout
+    # a 0 in --input-shapes is refused on the command line (issue 28 item 5: dims >= 1)
+    proc = run_cli("check", relu_file, "--target", "emulate:fp16", "--input-shapes", "x:0x4", cwd=tmp_path)
+    assert_user_error(proc, 2, contains="dimension of 0")
 
 
 def test_json_failures_print_a_json_error_object(relu_file, tmp_path):

@@ -10,6 +10,7 @@ import os
 
 from reprokit.audit.overlay import open_command, write_overlays
 from reprokit.audit.plot import plot_layerwise
+from reprokit.files import atomic_text
 from reprokit.report.render import render
 from reprokit.standalone.compare import jsonable
 
@@ -66,12 +67,9 @@ def write_outputs(payload: dict, layer, ranges, out_dir: str) -> dict:
                         "command": open_command(safe["model"], list(overlays.values()))} if overlays else None)
     paths.update({f"overlay_{k}": v for k, v in overlays.items()})
     values = {"a": safe, "layer_rows": table_rows(safe), "image": image, "worst_error": worst_error}
-    with open(paths["markdown"], "w") as handle:
-        handle.write(render("audit.md.j2", **values))
-    with open(paths["html"], "w") as handle:
-        handle.write(render("audit.html.j2", **values))
+    atomic_text(paths["markdown"], render("audit.md.j2", **values))
+    atomic_text(paths["html"], render("audit.html.j2", **values))
     payload["files"] = dict(safe["files"])
     payload["overlay"] = safe["overlay"]
-    with open(paths["json"], "w") as handle:
-        json.dump(safe, handle, indent=2)
+    atomic_text(paths["json"], json.dumps(safe, indent=2))
     return {k: v for k, v in paths.items()}

@@ -27,6 +27,7 @@ import json
 import math
 import os
 
+from reprokit.files import atomic_text
 from reprokit.graph.io import load_model
 from reprokit.graph.model import node_label
 
@@ -139,7 +140,6 @@ def write_overlays(payload: dict, out_dir: str) -> dict[str, str]:
     written = {}
     for kind, data in overlays(payload, model).items():
         path = os.path.join(out_dir, FILES[kind])
-        with open(path, "w") as handle:
-            json.dump(data, handle, indent=2)
+        atomic_text(path, json.dumps(data, indent=2))
         written[kind] = path
     return written

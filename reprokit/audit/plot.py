@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from reprokit.files import atomic_write
+
 
 def _number(value) -> float:
     if isinstance(value, str):
@@ -31,7 +33,7 @@ def plot_layerwise(payload: dict, ranges, path: str) -> str:
         bottom.set_title(f"{model}: largest magnitude per tensor against the {ranges.precision} range", fontsize=10)
         bottom.set_xlabel("depth (tensor index in topological order)")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
         return path
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.2), sharex=True,
@@ -71,7 +73,7 @@ def plot_layerwise(payload: dict, ranges, path: str) -> str:
     _ranges_panel(bottom, ranges)
     bottom.set_xlabel("depth (tensor index in topological order)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return path
 

@@ -45,6 +45,9 @@ def parse_shape_args(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int
                 )
             parts = re.split(r"[x,]", text.strip("[] ")) if text.strip("[] ") else []
             shapes[name] = tuple(int(p) for p in parts)
+            if 0 in shapes[name]:
+                raise UsageError(f"input shape {item!r} has a dimension of 0: every dimension must be at least 1",
+                                 hint=f"e.g. {name}:{'x'.join(str(d or 1) for d in shapes[name])}")
     return shapes
 
 

@@ -21,7 +21,7 @@ from reprokit.engine.layerwise import run_layerwise
 from reprokit.engine.oracle import Oracle, Verdict, check_reference_finite
 from reprokit.errors import InputError, UsageError
 from reprokit.graph import dims
-from reprokit.graph.io import load_model, save_model
+from reprokit.graph.io import check_valid, load_model, save_model
 from reprokit.graph.model import InputInfo, check_target_nodes, freeze_input_shapes, input_infos
 from reprokit.spec import marking_changes_engine, parse_target
 from reprokit.standalone.checkpolicy import CheckPolicy
@@ -74,6 +74,7 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
     first), for callers that judge each one (reprokit/samples.py)."""
     dims.forget()  # the sizes chosen for this model, named by any error that follows
     model = load_model(model_path, load_weights=False)
+    check_valid(model, model_path)  # an invalid model is the user's file's fault, said before any engine runs
     file_nodes = len(model.graph.node)
     notes: list[str] = []
     path = model_path

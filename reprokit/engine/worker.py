@@ -262,9 +262,12 @@ def _child(job_dir: str) -> int:
 
 def _tensors(outputs: dict) -> dict:
     """Outputs as tensors: a sequence output (onnxruntime returns a list) becomes one output per
-    element, ``name[i]``, since its tensors may differ in shape and cannot form one array."""
+    element, ``name[i]``, since its tensors may differ in shape and cannot form one array. An
+    empty optional (None) holds no tensor: it is left out, as a value nothing can be compared to."""
     flat = {}
     for name, value in outputs.items():
+        if value is None:
+            continue
         if isinstance(value, (list, tuple)):
             flat.update({f"{name}[{i}]": item for i, item in enumerate(value)})
         else:

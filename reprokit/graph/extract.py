@@ -29,6 +29,11 @@ def if_conditions(nodes) -> set[str]:
     return names
 
 
+class NotCaptured(KeyError):
+    """A cut tensor the reference capture holds no value of (a sequence or optional inside an
+    opened If, say): a candidate that needs it cannot be built."""
+
+
 @dataclass
 class Extraction:
     model: object  # onnx.ModelProto
@@ -65,6 +70,8 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
             graph.initializer.append(index.initializers[tensor])
             continue
         user_input = tensor in index.graph_inputs and feeds is not None and tensor in feeds
+        if not user_input and tensor not in store:
+            raise NotCaptured(tensor)
         value = np.asarray(feeds[tensor]) if user_input else store.get(tensor)
         # The user's own inputs (token ids, masks) stay inputs: baked in as constants, engines
         # would fold them and every candidate would test another program. Small non-float CUT

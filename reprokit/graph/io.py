@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from reprokit.errors import InputError
-from reprokit.graph.index import iter_graphs
+from reprokit.graph.tensors import all_tensors
 
 _TWO_GB = 2_000_000_000
 
@@ -53,12 +53,55 @@ def load_model(path: str, *, load_weights: bool = True):
     return model
 
 
+def check_valid(model, path: str) -> None:
+    """onnx's checker on the user's file: an invalid model (a cycle, a tensor defined twice, a
+    node reading a name nothing defines) is an InputError naming ``path``, before any engine runs
+    and says it on reprokit's copy. Nodes merely out of order are not refused: engines sort them."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(path)
+    except onnx.checker.ValidationError as exc:
+        text = str(exc).strip()
+        if "topologically sorted" in text and _sortable(model.graph):
+            return
+        first = " ".join(text.split())[:300]
+        raise InputError(f"{path} is not a valid ONNX model: onnx's checker says: {first}",
+                         hint="fix the export (onnx.checker.check_model(path) shows the same)") from exc
+
+
+def _sortable(graph) -> bool:
+    """Can the top-level nodes be put in an order where every input is defined first (no cycle,
+    no undefined name)?
+    Kahn's algorithm over the tensors the nodes produce."""
+    known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    produced = {o for node in graph.node for o in node.output}
+    if any(i not in known and i not in produced for node in graph.node for i in node.input):
+        return False  # a name nothing defines: no order helps
+    missing = [{i for i in node.input if i not in known and i in produced} for node in graph.node]
+    readers: dict[str, list[int]] = {}
+    for k, names in enumerate(missing):
+        for name in names:
+            readers.setdefault(name, []).append(k)
+    ready = [k for k, names in enumerate(missing) if not names]
+    done = 0
+    while ready:
+        k = ready.pop()
+        done += 1
+        for name in graph.node[k].output:
+            for reader in readers.pop(name, ()):
+                missing[reader].discard(name)
+                if not missing[reader]:
+                    ready.append(reader)
+    return done == len(graph.node)
+
+
 def check_external_data(model, path: str) -> None:
     """Every external-data file must exist and be long enough for its tensors."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     base = os.path.dirname(os.path.abspath(path))
-    for tensor in _all_tensors(model.graph):
+    for tensor in all_tensors(model):
         if not uses_external_data(tensor):
             continue
         info = ExternalDataInfo(tensor)
@@ -103,7 +146,7 @@ def external_locations(model) -> set[str]:
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     found = set()
-    for tensor in _all_tensors(model.graph):
+    for tensor in all_tensors(model):
         if uses_external_data(tensor):
             found.add(ExternalDataInfo(tensor).location)
     return found
@@ -112,7 +155,7 @@ def external_locations(model) -> set[str]:
 def weight_bytes(model) -> int:
     """Bytes of the model's weights, inline or external (from the external-data length fields;
     nothing is read)."""
-    return sum(tensor_proto_bytes(tensor) for tensor in _all_tensors(model.graph))
+    return sum(tensor_proto_bytes(tensor) for tensor in all_tensors(model))
 
 
 def tensor_proto_bytes(tensor) -> int:
@@ -130,14 +173,6 @@ def tensor_proto_bytes(tensor) -> int:
     except Exception:
         itemsize = 4
     return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
-
-
-def _all_tensors(graph):
-    """Every TensorProto of ``graph`` and its bodies: initializers and tensor attributes."""
-    for scope in iter_graphs(graph):
-        yield from scope.initializer
-        for node in scope.node:
-            yield from (attr.t for attr in node.attribute if attr.HasField("t"))
 
 
 def stage_external_data(model, src_dir: str, dst_dir: str) -> None:
@@ -171,7 +206,7 @@ def inline_external_data(model, base_dir: str):
     from onnx import TensorProto
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-    for tensor in _all_tensors(model.graph):
+    for tensor in all_tensors(model):
         if not uses_external_data(tensor):
             continue
         info = ExternalDataInfo(tensor)

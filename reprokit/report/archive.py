@@ -14,6 +14,7 @@ import zipfile
 
 from reprokit.engine.oracle import file_digest as sha256
 from reprokit.errors import InputError
+from reprokit.files import atomic_write
 
 MANIFEST = "MANIFEST.json"
 MAX_TOTAL_BYTES = 4 * 2**30  # unpacked size cap: a decompression bomb stops here
@@ -63,15 +64,8 @@ def check_manifest(root: str) -> list[str]:
 def write_archive(root: str, out_path: str, fmt: str) -> str:
     """Archive ``root`` as one top folder; byte-identical for identical content."""
     top = os.path.basename(os.path.normpath(root))
-    tmp = out_path + ".tmp"
-    try:
-        _write(root, top, tmp, fmt)
-    except BaseException:
-        if os.path.exists(tmp):  # a full disk or an interrupt leaves no half archive behind
-            os.remove(tmp)
-        raise
-    os.replace(tmp, out_path)
-    return out_path
+    # a full disk or an interrupt leaves no half archive behind
+    return atomic_write(out_path, lambda tmp: _write(root, top, tmp, fmt))
 
 
 def _write(root: str, top: str, tmp: str, fmt: str) -> None:

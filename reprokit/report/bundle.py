@@ -90,7 +90,8 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         if audit_dir and redact:
             notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
         elif audit_dir:
-            shutil.copytree(audit_dir, os.path.join(stage, "audit"))
+            # the folder's ledger (.reprokit/owned.json, reprokit/files.py) is not part of the audit
+            shutil.copytree(audit_dir, os.path.join(stage, "audit"), ignore=shutil.ignore_patterns(".reprokit"))
         extra = {"reprokit": __version__, "target": str(parse_target(target))}
         if context and context.get("torch"):  # --torch: the export settings and the exporter column
             with open(os.path.join(stage, "torch.json"), "w") as handle:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from reprokit.engine.backends import backend_class
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, ReprokitError
-from reprokit.report.archive import check_manifest, safe_extract
+from reprokit.report.archive import MANIFEST, check_manifest, safe_extract
+from reprokit.report.schema import check_manifest_schema, check_verdict
 from reprokit.spec import parse_target
 from reprokit.standalone.checkpolicy import CheckPolicy
 
@@ -150,22 +151,29 @@ def _regex_risk(pattern: str) -> str | None:
     return None
 
 
+def _archive_json(top: str, name: str, archive_path: str):
+    try:
+        with open(os.path.join(top, name)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"archive {archive_path} has no usable {name} ({exc})",
+                         hint="only archives written by `reprokit pack` can be verified") from exc
+
+
 def verify(archive_path: str, target: str | None = None, *, timeout: float = 600.0) -> VerifyResult:
     """Extract an untrusted archive safely, check its manifest, rerun its check here."""
     with tempfile.TemporaryDirectory(prefix="reprokit-verify-") as tmp:
         top = safe_extract(archive_path, tmp)
+        if os.path.exists(os.path.join(top, MANIFEST)):  # a missing one: check_manifest says so
+            check_manifest_schema(_archive_json(top, MANIFEST, archive_path), archive_path)
         problems = check_manifest(top)
         if problems:
             raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}"
                              + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
                              hint="the archive was changed after packing; ask for a fresh one")
-        try:
-            with open(os.path.join(top, "verdict.json")) as handle:
-                recorded = json.load(handle)
-            criterion = recorded["criterion"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"archive {archive_path} has no usable verdict.json ({exc})",
-                             hint="only archives written by `reprokit pack` can be verified") from exc
+        recorded = _archive_json(top, "verdict.json", archive_path)
+        check_verdict(recorded, archive_path)  # every field read below is there, of its type
+        criterion = recorded["criterion"]
         chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
         reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
         policy = archive_policy(recorded, archive_path)

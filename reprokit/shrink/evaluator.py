@@ -33,7 +33,7 @@ from reprokit.engine.bug import largest_error, shows_bug, why_not
 from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
-from reprokit.graph.extract import Extraction
+from reprokit.graph.extract import Extraction, NotCaptured
 from reprokit.graph.io import tensor_proto_bytes
 from reprokit.graph.model import mark_outputs
 from reprokit.graph.pack import build_pack, feed_bytes
@@ -81,7 +81,11 @@ def _save(reducer, model) -> str:
 
 def _prepare(reducer, nodes: frozenset, *, check: bool):
     """The candidate's extraction, or a trivial outcome that needs no engine call."""
-    sub = reducer.extraction(nodes, check=check)
+    try:
+        sub = reducer.extraction(nodes, check=check)
+    except NotCaptured as exc:
+        return None, Outcome(False, "invalid", f"cuts at {exc.args[0]}, a value the reference capture has "
+                                               "none of (a sequence or optional)", None, True)
     if not sub.outputs:
         return None, Outcome(False, "no-outputs", "", None, True)
     reason = reducer.unrepresentable_feed(sub.feeds)

@@ -12,6 +12,7 @@ import shlex
 from reprokit.engine.oracle import feeds_digest, file_digest
 from reprokit.engine.session import RunOptions
 from reprokit.errors import InputError
+from reprokit.files import atomic_write
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
 
@@ -32,14 +33,7 @@ def _atomic_npz(path: str, arrays: dict) -> None:
 
 def _atomic(path: str, suffix: str, write) -> None:
     """Write through a temporary file and rename; a failed write leaves nothing behind."""
-    tmp = path + suffix
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_write(path, write, suffix=suffix)
 
 
 def option_args(options: RunOptions) -> list[str]:
@@ -80,7 +74,7 @@ def rerun_command(model_path: str, target: str, options: RunOptions) -> str:
 
 def saved_run(out_dir: str) -> dict:
     """What ``--resume OUT`` needs to continue a run with no other argument: the model, the
-    target and the run options (as command-line options), from OUT/.reprokit/run.json."""
+    target and every option of the run (as command-line options), from OUT/.reprokit/run.json."""
     path = os.path.join(out_dir, STATE_DIR, "run.json")
     try:
         with open(path) as handle:
@@ -92,6 +86,54 @@ def saved_run(out_dir: str) -> dict:
                               "reprokit shrink MODEL --target SPEC -o DIR") from exc
 
 
+# What a run keeps in OUT/.reprokit only while it may be resumed: the captured reference
+# activations (gigabytes on a large model), the candidate models and the engine calls' folders.
+# run.json, journal.jsonl and a TensorRT timing cache stay: small, and all --resume needs.
+BULKY = ("activations", "models", "calls")
+
+
+def state_bytes(out_dir: str) -> int:
+    """Bytes of OUT/.reprokit's bulky folders."""
+    total = 0
+    for name in BULKY:
+        for base, _, files in os.walk(os.path.join(out_dir, STATE_DIR, name)):
+            for file in files:
+                try:
+                    total += os.lstat(os.path.join(base, file)).st_size
+                except OSError:
+                    pass
+    return total
+
+
+def drop_state(out_dir: str) -> int:
+    """Remove OUT/.reprokit's bulky folders when a run has ended; the bytes freed. A resumed run
+    captures the activations again (one reference run)."""
+    import shutil
+
+    freed = state_bytes(out_dir)
+    for name in BULKY:
+        shutil.rmtree(os.path.join(out_dir, STATE_DIR, name), ignore_errors=True)
+    return freed
+
+
+FINISHED = ("done", "accumulated")
+
+
+def finished_run(out_dir: str) -> dict | None:
+    """OUT/summary.json of a run that ended with its answer (not interrupted, not stopped at the
+    call budget): ``--resume`` has nothing to continue there and keeps it as it is."""
+    try:
+        with open(os.path.join(out_dir, "summary.json")) as handle:
+            summary = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("status") not in FINISHED:
+        return None
+    if (summary.get("budget") or {}).get("stopped"):
+        return None
+    return summary
+
+
 def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
     """The command that continues an interrupted run in ``out_dir``, or why there is none."""
     if not os.path.exists(os.path.join(out_dir, STATE_DIR, "run.json")):
@@ -100,7 +142,7 @@ def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
     return f"the best so far is kept in {out_dir}; continue with: {command}"
 
 
-def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume) -> None:
+def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume, run_args=()) -> None:
     """--resume continues only the run that was started: same model, feeds, target, criterion."""
     fingerprint = {
         "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
@@ -122,7 +164,7 @@ def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resum
     from dataclasses import replace
 
     resume_with = {"model": os.path.abspath(model_path), "target": target,
-                   "args": option_args(replace(options, inputs=absolute or None))}
+                   "args": option_args(replace(options, inputs=absolute or None)) + list(run_args)}
     _atomic_json(path, {**fingerprint, "resume": resume_with})
 
 

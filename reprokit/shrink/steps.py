@@ -109,16 +109,19 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
            jobs: int = 1, replays: int | None = None, resume: bool = False, localize_first: bool = True,
            on_event=None, limits: Limits | None = None, pack_candidates: bool = True,
            search_accumulated: bool = False, accept_milder: bool = False, keep_inputs: bool = False,
-           keep_outputs: bool = False, shrink_shapes: bool = True, clock: StepClock | None = None) -> ShrinkResult:
+           keep_outputs: bool = False, shrink_shapes: bool = True, clock: StepClock | None = None,
+           run_args: tuple = ()) -> ShrinkResult:
     """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``.
     The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish. ``clock``
-    (the CLI's, started with the process) times the steps; by default they start here."""
+    (the CLI's, started with the process) times the steps; by default they start here. ``run_args``:
+    the command's own options (--max-calls, --no-pack …) as arguments, kept in run.json so that
+    ``--resume`` continues with every option of the run."""
     options = options or RunOptions()
     limits = limits or Limits()
     _check_budget(target, limits.max_calls, replays, resume)
     clock = clock or StepClock(time.monotonic(), first="setup")
     clock.begin("setup")
-    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock)
+    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args)
     run.shrink_shapes = shrink_shapes
     clock.begin("capture")
     store = reprokit_built(
@@ -272,7 +275,7 @@ def _earlier_calls(out_dir: str) -> int:
         return 0
 
 
-def _open_run(model_path, target, out_dir, options, resume, event, clock) -> _Run:
+def _open_run(model_path, target, out_dir, options, resume, event, clock, run_args=()) -> _Run:
     """State folder, oracle, model and feeds. The model is reduced exactly as given (constants
     are folded per candidate, never before the confirming call)."""
     started = time.monotonic()
@@ -286,7 +289,7 @@ def _open_run(model_path, target, out_dir, options, resume, event, clock) -> _Ru
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
     check_target_nodes(model_path, target)
     prepared = prepare(model_path, options, state_dir, every_sample=True)
-    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume)
+    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args)
     # Every model file of this run lives in models/; external weights stay where they are and
     # every engine call is told so (oracle.weights_dir): candidates never copy them.
     oracle.weights_dir = prepared.base_dir
