@@ -645,8 +645,6 @@ _SHRINK_ONLY = ("jobs", "replays", "max_activation_disk", "max_calls", "capture_
 
 def _end_state(out_dir: str, keep: bool, as_json: bool, why: str = "(--keep-state)") -> None:
     """A shrink run has ended: its captured activations go, unless kept; either way, say how much."""
-    from reprokit.console import err
-
     where = os.path.join(out_dir, STATE_DIR)
     if keep:
         size = state_bytes(out_dir)

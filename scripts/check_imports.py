@@ -7,8 +7,9 @@ Rules (docs/architecture.md explains them):
 
 - **wings in order** — a module may import its own wing and the wings below it, never above:
   ``top`` (cli, api, console, torch_export, matrix/) → ``audit`` → ``shrink`` → ``report`` → ``engine`` →
-  ``convert`` → ``graph`` → ``standalone``. Base modules — ``errors``, ``spec`` and the backend
-  name table ``engine/backends/registry`` that ``spec`` validates against — may be imported by
+  ``convert`` → ``graph`` → ``standalone``. Base modules — ``errors``, ``spec``, the backend
+  name table ``engine/backends/registry`` that ``spec`` validates against, and ``files`` (what
+  reprokit may write and how: the output claims and atomic writes) — may be imported by
   anyone and import nothing of reprokit but each other and ``standalone``. The package itself
   (``reprokit/__init__``: ``__version__`` and a lazy ``check``) is imported by Python before any
   of its modules, so importing it is allowed everywhere and is no edge of a cycle.
@@ -44,7 +45,7 @@ PACKAGE = "reprokit"
 # Highest first. A module may import from its own wing or any wing after it in this list.
 WINGS = ("top", "audit", "shrink", "report", "engine", "convert", "graph", "standalone")
 # Base modules: importable from every wing; they themselves import only base and standalone/.
-BASE = ("reprokit.errors", "reprokit.spec", "reprokit.engine.backends.registry")
+BASE = ("reprokit.errors", "reprokit.spec", "reprokit.engine.backends.registry", "reprokit.files")
 # The top wing: commands and entry points (matrix/ is verify --versions: it prints through console).
 TOP = ("cli", "api", "console", "torch_export", "__main__", "matrix")
 LAZY_MARK = "# lazy:"
@@ -241,7 +242,7 @@ def mermaid(edges: list[Edge]) -> str:
             counts[src, dst] += 1
     labels = {
         "top": "cli · api · console · torch_export · matrix/",
-        "base": "errors · spec · backends/registry",
+        "base": "errors · spec · backends/registry · files",
     }
     order = list(WINGS) + ["base"]
     lines = ["```mermaid", "flowchart TD"]
