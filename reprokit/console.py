@@ -100,7 +100,8 @@ class Ticker:
                 now = time.monotonic()
                 if self._text and now - self._beat >= self.every:
                     self._beat = now
-                    self._print(now, f"{escape(self._text)} [dim]— still at it ({now - self._said:.0f} s)[/]")
+                    said = self._text if len(self._text) <= 60 else self._text[:59] + "…"
+                    self._print(now, f"{escape(said)} [dim]— still at it ({now - self._said:.0f} s)[/]")
 
     def close(self) -> None:
         self._stop.set()

@@ -65,7 +65,7 @@ class Member:
 
 # Progress inside one step (issue 28 item 8): packs this big say when they are built, run and
 # compared, and a long extraction of candidates says how far it got every few seconds.
-BIG_PACK = 64
+BIG_PACK = 256
 SAY_EVERY = 3.0
 
 
