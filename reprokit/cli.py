@@ -57,7 +57,7 @@ from reprokit.errors import ExitCode, ReprokitError, UsageError
 from reprokit.files import atomic_text, atomic_write, claim_file, claim_folder, read_paths
 from reprokit.graph.dims import say_in_error
 from reprokit.graph.io import external_locations, load_model
-from reprokit.matrix.cli import verify_matrix
+from reprokit.matrix.cli import clean_matrix_envs, verify_matrix
 from reprokit.matrix.fanout import check_many
 from reprokit.report import bundle as report
 from reprokit.report import verify as verifying
@@ -607,7 +607,8 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
               help="--versions: the new archive with matrix.json (default: ARCHIVE's name + .matrix.tar.gz).")
 def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path):
     """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no.
-    With --versions: on which engine releases? (a table; exit 0 when written)."""
+    With --versions: on which engine releases? A table in a new archive: exit 0 when at least one
+    release ran, 9 when none could (nothing written) or --bisect judged fewer than two."""
     if versions is None and (bisect or ray_address or gpus or out_path):
         raise UsageError("--bisect, --ray, --gpus and --out go with --versions", hint="e.g. reprokit verify "
                          "report.tar.gz --versions 'onnxruntime>=1.20' --bisect")
@@ -635,6 +636,20 @@ def env(as_json):
         return
 
     print_env(info)
+
+
+@cli.group()
+def matrix():
+    """The version matrix's housekeeping (verify --versions runs it; docs/matrix.md)."""
+
+
+@matrix.command("clean")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed and freed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema reprokit.matrix-clean/1).")
+def matrix_clean(dry_run, as_json):
+    """Remove the environments verify --versions cached (REPROKIT_ENV_CACHE, else
+    ~/.cache/reprokit/envs) and print the bytes freed; what reprokit did not build is left alone."""
+    clean_matrix_envs(dry_run=dry_run, as_json=as_json)
 
 
 # shrink's own options (beside the run options): kept in run.json, restored by --resume.
@@ -752,15 +767,16 @@ def backends(as_json):
 _MORE_LINES = 20
 
 
-def _fail(message: str, hint: str | None, code: int) -> None:
+def _fail(message: str, hint: str | None, code: int, details: dict | None = None) -> None:
     Ticker.close_all()  # no "still at it" line after the Error: line
     lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()] or [message]
     first, rest = lines[0], lines[1:]
     if len(rest) > _MORE_LINES:
         rest = [*rest[:_MORE_LINES], f"… {len(rest) - _MORE_LINES} more lines (--debug shows the traceback)"]
     if _JSON:  # scripts read stdout: one object, whatever failed
+        extra = {"details": details} if details else {}  # e.g. verify --versions' table as far as it went
         click.echo(json.dumps({"schema": "reprokit.error/1", "error": "\n".join([first, *rest]), "hint": hint,
-                               "exit_code": int(code)}, indent=2))
+                               "exit_code": int(code), **extra}, indent=2, default=str))
     # First line on Error: (what scripts grep), the rest indented below it: still one Error: line.
     click.echo(f"Error: {first}", err=True)
     for line in rest:
@@ -790,7 +806,7 @@ def main(argv=None) -> None:
             traceback.print_exc()
 
         say_in_error(exc)  # sizes reprokit chose for dynamic dims are named in every outcome
-        _fail(exc.message, exc.hint, exc.exit_code)
+        _fail(exc.message, exc.hint, exc.exit_code, exc.details)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
         sys.exit(0)

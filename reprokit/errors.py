@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     NOTHING_TO_REDUCE = 6  # shrink: the original does not diverge (or is flaky)
     NOT_REPRODUCED = 7  # shrink: the reduced model does not reproduce when judged alone
     NOTHING_REMOVED = 8  # shrink: the run removed no node and did not prove every node needed
+    NO_ANSWER = 9  # verify --versions: no release could run, or --bisect judged fewer than two
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; best-so-far results are kept on disk
     INTERNAL = 70  # a bug in reprokit: rerun with --debug and report it
 
@@ -29,6 +30,7 @@ class ReprokitError(Exception):
     """A failure the user can act on; ``hint`` says how."""
 
     exit_code: ExitCode = ExitCode.INPUT
+    details: dict | None = None  # plain data for --json's error object (reprokit.error/1 "details")
 
     def __init__(self, message: str, hint: str | None = None, *, exit_code: ExitCode | None = None):
         super().__init__(message)
@@ -80,3 +82,15 @@ class NotReproduced(ReprokitError):
     (a flaky target, or a packed verdict the model alone does not confirm)."""
 
     exit_code = ExitCode.NOT_REPRODUCED
+
+
+class MatrixNoAnswer(ReprokitError):
+    """``verify --versions`` ran, but the table answers nothing: no cell could run (no archive is
+    written), or ``--bisect`` judged fewer than two releases (the archive holds what ran).
+    ``result`` is the matrix as far as it went, for the table the CLI still prints."""
+
+    exit_code = ExitCode.NO_ANSWER
+
+    def __init__(self, message: str, hint: str | None = None, *, result=None):
+        super().__init__(message, hint)
+        self.result = result

@@ -27,7 +27,7 @@ def test_parse_pins_and_ranges():
 
 
 @pytest.mark.parametrize("text", ["numpy==1.0", "onnxruntime==", "onnxruntime==1.2,x y", "onnxruntime>=>=1",
-                                  "==1.0"])
+                                  "==1.0", "onnxruntime==1.2x", "onnxruntime==1.26.0,1.2.*.*"])
 def test_parse_refuses(text):
     with pytest.raises(UsageError):
         parse_versions(text)
@@ -142,3 +142,35 @@ def test_without_uv_the_matrix_says_what_to_install(monkeypatch, tmp_path):
     with pytest.raises(EngineUnavailable) as caught:
         run.verify_versions(str(tmp_path / "report.tar.gz"), "onnxruntime==1.27.0")
     assert caught.value.exit_code == ExitCode.ENVIRONMENT and "reprokit[matrix]" in caught.value.hint
+
+
+def test_the_matrix_answers_nothing_when_no_cell_ran_or_bisect_judged_one_release():
+    """The rule behind exit 9, on rows as the cells return them: a table whose every run cell
+    "cannot run" (a known packed-with row does not count as run), and a bisect with fewer than two
+    judged releases, answer nothing; one judged cell, or a bisect over two, does."""
+    from reprokit.matrix.bisect import BisectResult
+    from reprokit.matrix.run import _no_answer
+
+    cannot = {"version": "1.0.0", "outcome": "cannot run", "why": "environment: uv pip install failed"}
+    known = {"version": "1.1.0", "outcome": "reproduces", "known": True}
+    ran = {"version": "1.2.0", "outcome": "does not reproduce"}
+    assert _no_answer([cannot], None)[0] == "no-cell-ran"
+    assert _no_answer([cannot, known], None)[0] == "no-cell-ran"
+    assert _no_answer([cannot, ran], None) is None
+    one = BisectResult(["1.0.0", "1.1.0", "1.2.0"], {"1.0.0": "cannot run", "1.2.0": "does not reproduce"})
+    assert _no_answer([cannot, ran], one) == ("bisect-inconclusive", "--bisect judged 1 of 3 releases (the others "
+                                              "cannot run): no boundary to search")
+    two = BisectResult(["1.0.0", "1.1.0", "1.2.0"], {"1.1.0": "reproduces", "1.2.0": "does not reproduce"})
+    assert _no_answer([known, ran], two) is None
+
+
+def test_exit_9_is_documented():
+    from reprokit.errors import ExitCode, MatrixNoAnswer
+
+    assert MatrixNoAnswer("x").exit_code == ExitCode.NO_ANSWER == 9
+    assert "9 when none could" in " ".join(CliRunner().invoke(cli, ["verify", "--help"]).output.split())
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    assert "| 9 | `verify --versions`" in (root / "README.md").read_text()
+    assert "| 9 | the matrix answers nothing" in (root / "docs" / "matrix.md").read_text()

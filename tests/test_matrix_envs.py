@@ -129,6 +129,96 @@ def test_verify_versions_command_prints_the_table(cse_archive, tmp_path):
     assert payload["archive"] == str(out)
 
 
+def _cli(*args, env_cache, timeout=600, **env):
+    return subprocess.run([sys.executable, "-m", "reprokit", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "REPROKIT_ENV_CACHE": str(env_cache), **env})
+
+
+def test_no_release_can_run_is_exit_9_and_writes_nothing(cse_archive, tmp_path):
+    """Every cell 'cannot run' (uv's index unreachable, so no environment builds): the table
+    says why, no archive claims an answer, exit 9 (never 0 on a guess); the newest pin is not
+    called "latest" when the index could not be listed."""
+    out = tmp_path / "none.matrix.tar.gz"
+    args = ["verify", str(cse_archive), "--versions", f"onnxruntime=={BROKEN},{FIXED}", "-o", str(out)]
+    done = _cli(*args, env_cache=tmp_path / "envs", UV_DEFAULT_INDEX="http://127.0.0.1:9/simple")
+    assert done.returncode == 9, done.stderr
+    assert "Error: no release could run: 2 cells, each 'cannot run'" in done.stderr
+    assert "Hint:" in done.stderr and "package index reachable" in done.stderr and "Traceback" not in done.stderr
+    assert "cannot run" in done.stdout and "(latest)" not in done.stdout and not out.exists()
+    done = _cli(*args, "--json", env_cache=tmp_path / "envs", UV_DEFAULT_INDEX="http://127.0.0.1:9/simple")
+    error = json.loads(done.stdout)  # one object: the error, with the table as far as it went
+    assert done.returncode == 9 and (error["schema"], error["exit_code"]) == ("reprokit.error/1", 9)
+    payload = error["details"]
+    assert payload["answer"] == "no-cell-ran" and payload["archive"] is None
+    assert payload["latest"] is None and all("uv pip install failed" in r["why"] for r in payload["rows"])
+
+
+def test_ctrl_c_stops_the_running_cell_and_starts_no_queued_one(cse_archive, tmp_path):
+    """SIGINT to reprokit alone (as SIGTERM would come): the uv build under way is killed, the
+    queued cells never start, exit 130 with one Error/Hint pair, no half environment left."""
+    import signal
+    import time
+
+    cache = tmp_path / "envs"
+    process = subprocess.Popen([sys.executable, "-m", "reprokit", "verify", str(cse_archive), "--versions",
+                                "onnxruntime==1.24.4,1.25.0,1.25.1,1.27.0", "-j", "1", "-o", str(tmp_path / "i.tar.gz")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "REPROKIT_ENV_CACHE": str(cache)})
+    deadline = time.monotonic() + 120
+    while not any(p.is_dir() for p in cache.glob("*")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first environment is being built
+    assert process.poll() is None, "the first cell ended before it could be interrupted"
+    interrupted = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    took = time.monotonic() - interrupted
+    assert process.returncode == 130, err
+    assert "Error: interrupted" in err and "Hint:" in err and "Traceback" not in err
+    assert took < 20, f"{took:.1f} s after Ctrl-C: queued cells ran on"
+    time.sleep(1)
+    built = [p.name for p in cache.iterdir() if p.is_dir()]
+    assert built == [], f"environments left after the interrupt: {built}"  # killed build removed, none started
+    assert not (tmp_path / "i.tar.gz").exists()
+
+
+def test_matrix_clean_frees_what_it_built_and_nothing_else(tmp_path):
+    """Two real environments (uv), a user's file and a look-alike folder in the cache: clean
+    --dry-run removes nothing; clean removes the two, reports the bytes freed (inodes whose every
+    link went), leaves the rest; an environment whose lock is held (being built) is kept."""
+    import fcntl
+
+    from reprokit.matrix.envs import EnvRequest, ensure_env, find_uv
+
+    if find_uv() is None:
+        pytest.skip("uv is not installed: pip install 'reprokit[matrix]'")
+    if not _index_reachable():
+        pytest.skip("the package index (pypi.org) is not reachable: environments cannot be built")
+    cache = tmp_path / "envs"
+    os.environ["REPROKIT_ENV_CACHE"], old = str(cache), os.environ.get("REPROKIT_ENV_CACHE")
+    try:
+        kept = ensure_env(EnvRequest(("ml-dtypes==0.5.1",)))
+        gone = ensure_env(EnvRequest(("packaging==24.2",)))
+    finally:
+        os.environ.pop("REPROKIT_ENV_CACHE") if old is None else os.environ.__setitem__("REPROKIT_ENV_CACHE", old)
+    (cache / "notes.txt").write_text("mine")
+    (cache / ("0" * 20)).mkdir()  # a key-like name reprokit did not build: no marker, no lock
+    dry = _cli("matrix", "clean", "--dry-run", "--json", env_cache=cache)
+    assert dry.returncode == 0, dry.stderr
+    assert sorted(json.loads(dry.stdout)["removed"]) == sorted([os.path.basename(kept.path), os.path.basename(gone.path)])
+    assert os.path.isdir(kept.path) and os.path.isdir(gone.path)
+    with open(kept.path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as ensure_env holds it while building
+        done = _cli("matrix", "clean", env_cache=cache)
+    assert done.returncode == 0, done.stderr
+    assert "removed 1 environment in" in done.stdout and "freed " in done.stdout and " bytes)" in done.stdout
+    assert "kept 1 being built now" in done.stdout and "left alone" in done.stdout
+    assert not os.path.exists(gone.path) and os.path.isdir(kept.path)
+    assert (cache / "notes.txt").read_text() == "mine" and (cache / ("0" * 20)).is_dir()
+    again = json.loads(_cli("matrix", "clean", "--json", env_cache=cache).stdout)
+    assert again["removed"] == [os.path.basename(kept.path)] and again["freed_bytes"] > 0
+    assert again["freed_bytes"] + again["linked_bytes"] > 1_000_000  # ml-dtypes' files, linked or not
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'reprokit[matrix]'")

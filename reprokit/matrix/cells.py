@@ -24,7 +24,7 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass
 
-from reprokit.matrix.envs import EnvBuildError, EnvRequest, ensure_env
+from reprokit.matrix.envs import EnvBuildError, EnvRequest, ensure_env, run_process
 
 
 class Outcome(str, enum.Enum):
@@ -75,8 +75,9 @@ def run_cell(cell: Cell, archive: bytes, archive_name: str) -> dict:
         started = time.perf_counter()
         clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         try:
-            done = subprocess.run(argv, cwd=top, capture_output=True, text=True, timeout=cell.timeout,
-                                  env=clean, check=False)
+            done = run_process(argv, cwd=top, timeout=cell.timeout, env=clean)
+        except EnvBuildError as exc:  # the driver was interrupted before repro.py started
+            return {**result, "outcome": Outcome.CANNOT_RUN.value, "why": str(exc)}
         except subprocess.TimeoutExpired:
             return {**result, "run_seconds": round(time.perf_counter() - started, 2),
                     "outcome": Outcome.CANNOT_RUN.value, "why": f"repro.py ran past {cell.timeout:.0f} s"}

@@ -1,4 +1,5 @@
-"""The matrix commands' printing: ``verify --versions`` progress, table and JSON. Kept out of
+"""The matrix commands' printing: ``verify --versions`` progress, table and JSON, and ``matrix
+clean``. Kept out of
 ``reprokit/cli.py`` (which only parses options); raises ReprokitErrors, never exits.
 """
 
@@ -9,6 +10,8 @@ import json
 import click
 
 from reprokit.console import err, out
+from reprokit.errors import MatrixNoAnswer
+from reprokit.matrix.clean import clean_envs
 from reprokit.matrix.run import verify_versions
 from reprokit.matrix.table import b_words
 
@@ -17,8 +20,19 @@ def verify_matrix(archive: str, versions: str, *, target, timeout, as_json, bise
                   out_path) -> None:
     kinds = tuple(k.strip() for k in (gpus or "").split(",") if k.strip())
     on_event = None if as_json else (lambda text: err.print(f"[dim]{text}[/]"))
-    result = verify_versions(archive, versions, target=target, bisect=bisect, ray_address=ray_address,
-                             gpus=kinds, jobs=jobs, timeout=timeout, out_path=out_path, on_event=on_event)
+    try:
+        result = verify_versions(archive, versions, target=target, bisect=bisect, ray_address=ray_address,
+                                 gpus=kinds, jobs=jobs, timeout=timeout, out_path=out_path, on_event=on_event)
+    except MatrixNoAnswer as exc:  # the table as far as it went, then the error and exit 9
+        if exc.result is not None and as_json:  # one object on stdout: the error's, holding the table
+            exc.details = {**exc.result.payload, "archive": exc.result.archive}
+        elif exc.result is not None:
+            show(exc.result, as_json)
+        raise
+    show(result, as_json)
+
+
+def show(result, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({**result.payload, "archive": result.archive}, indent=2, default=str))
         return
@@ -42,4 +56,30 @@ def verify_matrix(archive: str, versions: str, *, target, timeout, as_json, bise
         out.print(f"bisect over {len(found['versions'])} releases with {found['environments']} "
                   f"environment{'s' if found['environments'] != 1 else ''}: "
                   + ("; ".join(words) if words else found.get("note", "")))
-    err.print(f"[dim]wrote {result.archive} (matrix.json, ISSUE.md answers 'the latest release')[/]")
+    if result.archive:
+        err.print(f"[dim]wrote {result.archive} (matrix.json, ISSUE.md answers 'the latest release')[/]")
+
+
+def clean_matrix_envs(*, dry_run: bool, as_json: bool) -> None:
+    result = clean_envs(dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps({**result.to_json(), "dry_run": dry_run}, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    count = len(result.removed)
+    out.print(f"{verb} {count} environment{'s' if count != 1 else ''} in {result.root}: "
+              f"{'would free' if dry_run else 'freed'} {_size(result.freed_bytes)} ({result.freed_bytes} bytes)"
+              + (f"; {_size(result.linked_bytes)} more stay as hard links into uv's cache (`uv cache clean` "
+                 "frees them)" if result.linked_bytes else ""))
+    if result.busy:
+        out.print(f"kept {len(result.busy)} being built now: {', '.join(result.busy)}")
+    if result.left:
+        shown = ", ".join(result.left[:8]) + (" …" if len(result.left) > 8 else "")
+        out.print(f"left alone (not environments reprokit built): {shown}")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"

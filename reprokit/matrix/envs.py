@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,46 @@ MARKER = "reprokit-env.json"  # written last: an environment without it is incom
 
 class EnvBuildError(Exception):
     """uv could not build the environment: the cell cannot run (never a verdict)."""
+
+
+# The processes cells have running (uv, repro.py, reprokit), so that a Ctrl-C of the driver ends
+# them at once instead of letting each thread's process, and the queued cells after it, run on.
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def run_process(argv: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, timeout=...)`` that ``stop_all``
+    can kill. Raises subprocess.TimeoutExpired (the process killed) as subprocess.run does."""
+    with _LIVE_LOCK:
+        if _STOPPING.is_set():  # the driver was interrupted: start nothing new
+            raise EnvBuildError("interrupted")
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+        _LIVE.add(process)
+    try:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(process)
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+
+def stop_all() -> None:
+    """Kill every process ``run_process`` started and refuse new ones, until ``allow_all``."""
+    with _LIVE_LOCK:
+        _STOPPING.set()
+        for process in _LIVE:
+            process.kill()
+
+
+def allow_all() -> None:
+    _STOPPING.clear()
 
 
 @dataclass(frozen=True)
@@ -129,7 +170,7 @@ def _python_version(python: str) -> str:
 def _uv(uv: str, args: list[str], timeout: float) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     try:
-        done = subprocess.run([uv, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        done = run_process([uv, *args], timeout=timeout, env=env)
     except subprocess.TimeoutExpired as exc:
         raise EnvBuildError(f"uv {args[0]} {args[1]} took more than {timeout:.0f} s") from exc
     if done.returncode != 0:

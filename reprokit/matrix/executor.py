@@ -21,6 +21,7 @@ from dataclasses import asdict
 import reprokit
 from reprokit.errors import EngineUnavailable
 from reprokit.matrix.cells import Cell, Outcome, run_cell
+from reprokit.matrix.envs import EnvBuildError, allow_all, run_process, stop_all
 
 INSTALL = "pip install 'reprokit[matrix]' (Ray and uv)"
 
@@ -46,11 +47,13 @@ def run_reprokit(argv: list[str], timeout: float, gpu: str | None = None, cwd: s
     driver's folder where this machine has it."""
     started = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "reprokit", *argv], capture_output=True, text=True,
-                              timeout=timeout, check=False, cwd=cwd if cwd and os.path.isdir(cwd) else None)
+        done = run_process([sys.executable, "-m", "reprokit", *argv], timeout=timeout,
+                           cwd=cwd if cwd and os.path.isdir(cwd) else None)
         code, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired:
         code, out, err = None, "", f"ran past {timeout:.0f} s"
+    except EnvBuildError:  # the driver was interrupted before this one started
+        code, out, err = None, "", "interrupted"
     return {"argv": argv, "gpu": gpu, "exit_code": code, "stdout": out, "stderr": err[-3000:],
             "seconds": round(time.perf_counter() - started, 2), "host": os.uname().nodename}
 
@@ -60,11 +63,18 @@ def _run(tasks, ray_address, jobs, on_result) -> list[dict]:
     if ray_address is not None:
         return _on_ray(tasks, ray_address, report)
     results: list[dict | None] = [None] * len(tasks)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    allow_all()
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         futures = {pool.submit(fn, *args): i for i, (fn, args, _) in enumerate(tasks)}
         for future in as_completed(futures):
             results[futures[future]] = future.result()
             report(results[futures[future]])
+    except BaseException:  # Ctrl-C/SIGTERM: queued cells never start, running processes are killed
+        stop_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
     return results  # type: ignore[return-value]
 
 
@@ -103,6 +113,19 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
             remotes[fn] = ray.remote(fn)
         refs[remotes[fn].options(**options).remote(*args)] = index
     pending = list(refs)
+    try:
+        _gather(ray, tasks, refs, pending, results, report)
+    except BaseException:  # Ctrl-C/SIGTERM: the cluster's tasks of this run are cancelled
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - already finished or gone: nothing to cancel
+                pass
+        raise
+    return results  # type: ignore[return-value]
+
+
+def _gather(ray, tasks, refs, pending, results, report) -> None:
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         try:
@@ -112,7 +135,6 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
             result = _failed(fn, args, kind, f"the Ray task failed: {type(exc).__name__}: {str(exc)[:300]}")
         results[refs[done[0]]] = result
         report(result)
-    return results  # type: ignore[return-value]
 
 
 def _runtime_env(address: str) -> dict | None:

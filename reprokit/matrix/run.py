@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from reprokit.errors import EngineUnavailable, InputError, UsageError
+from reprokit.errors import EngineUnavailable, InputError, MatrixNoAnswer, UsageError
 from reprokit.matrix import specs
 from reprokit.matrix.bisect import bisect as run_bisect
 from reprokit.matrix.cells import Cell, Outcome
@@ -44,7 +44,7 @@ TARGET_PACKAGES = {"ort": ("onnxruntime", "onnxruntime-gpu"), "emulate": ("onnxr
 @dataclass
 class MatrixResult:
     payload: dict  # matrix.json
-    archive: str  # the new archive written
+    archive: str | None  # the new archive written (None: nothing ran, nothing written)
     rows: list[dict]
 
 
@@ -78,7 +78,7 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
         if spec.package not in TARGET_PACKAGES.get(engine, ()):
             raise UsageError(f"--versions varies {spec.package}, but the target {chosen_target!r} does not load it",
                              hint="vary the target's own engine: " + ", ".join(TARGET_PACKAGES.get(engine, ("(none)",))))
-        releases = _releases(spec, event)
+        releases, listed = _releases(spec, event)
         chosen = specs.choose(spec, releases)
         if bisect and len(chosen) < 2:
             raise UsageError(f"--bisect needs a range of releases; {spec} names {len(chosen)}",
@@ -113,7 +113,7 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
         rows = sorted(rows_by.values(), key=lambda r: (order[r["version"]], r.get("gpu") or ""))
         payload = {"schema": SCHEMA, "spec": str(spec), "package": spec.package, "target": chosen_target,
                    "reference": "reference_outputs.npz (as packed: " + str(recorded.get("reference")) + ")",
-                   "packed_with": packed, "latest": releases[-1].version if releases else None,
+                   "packed_with": packed, "latest": releases[-1].version if releases and listed else None,
                    "python": platform.python_version(), "ray": ray_address, "gpus": list(gpus), "env_cache": cache_root(),
                    "bisect": found.to_json() if found else None,
                    "rows": [{k: v for k, v in r.items() if k not in ("cell", "env_path")} for r in rows]}
@@ -121,8 +121,42 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
             payload["env_cache"] = None
             for row in payload["rows"]:
                 row["host"] = None
+        problem = _no_answer(rows, found)
+        payload["answer"] = problem[0] if problem else "answered"
+        if problem and problem[0] == "no-cell-ran":  # an archive would answer "the latest release?" with nothing
+            raise MatrixNoAnswer(problem[1], hint="each row's note says why; nothing was written"
+                                 + _why_hint(rows), result=MatrixResult(payload, None, rows))
         _write(top, payload, out_path)
-    return MatrixResult(payload, out_path, rows)
+    result = MatrixResult(payload, out_path, rows)
+    if problem:
+        raise MatrixNoAnswer(problem[1], hint=f"{out_path} holds the releases that ran; the notes say why the "
+                             "others cannot; widen the range or fix what stops them", result=result)
+    return result
+
+
+def _no_answer(rows: list[dict], found) -> tuple[str, str] | None:
+    """Why the matrix answers nothing (never exit 0 on a guess): no cell ran, or a bisect with
+    fewer than two judged releases, which can name no boundary."""
+    cannot = Outcome.CANNOT_RUN.value
+    ran = [r for r in rows if r["outcome"] != cannot and not r.get("known")]
+    if not ran:
+        return "no-cell-ran", (f"no release could run: {len(rows)} cell{'s' if len(rows) != 1 else ''}, "
+                               f"each 'cannot run'")
+    if found is not None:
+        judged = [v for v, outcome in found.outcomes.items() if outcome != cannot]
+        if len(judged) < 2:
+            return "bisect-inconclusive", (f"--bisect judged {len(judged)} of {len(found.versions)} releases "
+                                           "(the others cannot run): no boundary to search")
+    return None
+
+
+def _why_hint(rows: list[dict]) -> str:
+    whys = [r.get("why") or "" for r in rows if r.get("why")]
+    if any("uv pip install failed" in w or "uv venv" in w for w in whys):
+        return " (uv could not build the environments: is the package index reachable? UV_INDEX_URL picks another)"
+    if any("ran past" in w for w in whys):
+        return " (repro.py ran past --timeout: give a longer one)"
+    return ""
 
 
 def _cell(spec, release, target, gpu, timeout) -> Cell:
@@ -134,14 +168,16 @@ def _cell(spec, release, target, gpu, timeout) -> Cell:
     return Cell(spec.package, release.version, requirements, resolve_at, target, gpu, timeout)
 
 
-def _releases(spec, event) -> list:
+def _releases(spec, event) -> tuple[list, bool]:
+    """The releases, and whether the index listed them (else the newest pin is not "latest")."""
     try:
         event(f"listing {spec.package} releases from {specs.index_url()}")
-        return specs.list_releases(spec.package)
-    except EngineUnavailable:
+        return specs.list_releases(spec.package), True
+    except EngineUnavailable as exc:
         exact = [p for p in spec.pins if p != "latest" and "*" not in p]
         if spec.range is None and exact and len(exact) == len(spec.pins):
-            return [specs.Release(v, None) for v in exact]  # exact pins need no listing
+            event(f"{exc.message}; running the exact releases named")
+            return [specs.Release(v, None) for v in exact], False  # exact pins need no listing
         raise
 
 

@@ -75,7 +75,7 @@ def parse_versions(text: str) -> VersionSpec:
     if rest.startswith("==") and not rest.startswith("==="):
         pins = tuple(p.strip() for p in rest[2:].split(",") if p.strip())
         for pin in pins:
-            if pin != "latest" and not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*(\.\*)?", pin):
+            if pin != "latest" and not _is_pin(pin):
                 raise UsageError(f"--versions: {pin!r} is not a version", hint=example)
         if not pins:
             raise UsageError(f"--versions {text!r} names no version", hint=example)
@@ -85,6 +85,18 @@ def parse_versions(text: str) -> VersionSpec:
     except InvalidSpecifier as exc:
         raise UsageError(f"--versions: {rest!r} is not a version range ({exc})", hint=example) from exc
     return VersionSpec(package, range=rest)
+
+
+def _is_pin(pin: str) -> bool:
+    """A PEP 440 version, or one ending in ``.*`` (``1.2x`` is neither: a usage error here, not a
+    crash when the releases are compared)."""
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*(\.\*)?", pin):
+        return False
+    try:
+        SpecifierSet("==" + pin)
+    except InvalidSpecifier:
+        return False
+    return True
 
 
 def index_url() -> str:
