@@ -6,6 +6,7 @@ clean``. Kept out of
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -65,10 +66,14 @@ def clean_matrix_envs(*, dry_run: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({**result.to_json(), "dry_run": dry_run}, indent=2))
         return
+    if not os.path.isdir(result.root):
+        out.print(f"no environment cache at {result.root}: nothing to remove")
+        return
     verb = "would remove" if dry_run else "removed"
     count = len(result.removed)
     out.print(f"{verb} {count} environment{'s' if count != 1 else ''} in {result.root}: "
-              f"{'would free' if dry_run else 'freed'} {_size(result.freed_bytes)} ({result.freed_bytes} bytes)"
+              f"{'would free' if dry_run else 'freed'} {_size(result.freed_bytes)}"
+              + (f" ({result.freed_bytes} bytes)" if result.freed_bytes >= 1000 else "")
               + (f"; {_size(result.linked_bytes)} more stay as hard links into uv's cache (`uv cache clean` "
                  "frees them)" if result.linked_bytes else ""))
     if result.busy:
