@@ -121,7 +121,7 @@ def cases(work: str, quick: bool, gpu: bool) -> list[dict]:
     return out
 
 
-def run_case(case: dict, work: str) -> dict:
+def run_case(case: dict, work: str, polygraphy: bool = True) -> dict:
     options = RunOptions(inputs=case.get("inputs"), input_shapes=case.get("shapes", {}), tolerance=case["tol"])
     started = time.monotonic()
     prepared = prepare(case["path"], options, work)
@@ -152,6 +152,8 @@ def run_case(case: dict, work: str) -> dict:
     ours = find_workaround(search(True), ranked)
     row["reprokit"] = {"method": ours.method, "calls": ours.calls, "size": len(ours.nodes), "agrees": ours.agrees,
                        "error": ours.error, "setting": ours.setting, "note": ours.note}
+    if not polygraphy:  # the search alone (the test): no comparison columns
+        return row
     if packable(case["target"]):
         plain = find_workaround(search(False), ranked)
         row["reprokit_bisection"] = {"calls": plain.calls, "size": len(plain.nodes), "agrees": plain.agrees,

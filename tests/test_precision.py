@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from reprokit.api import RunOptions, make_oracle
 from reprokit.errors import UsageError
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from reprokit.shrink import precision
 from reprokit.spec import parse_target
 
@@ -204,3 +207,26 @@ def test_check_layerwise_and_audit_tell_an_accumulated_error_from_a_local_one(tm
                     [sm.const("half", np.float32(0.5)), sm.const("big", np.float32(70000.0))])
     start = check(sm.save(local, tmp_path / "local.onnx"), "emulate:fp16", layerwise=True).layerwise.start
     assert start["kind"] == "local" and start["node"] == "boom"
+
+
+@pytest.mark.slow
+def test_ppocr_v4_rec_gets_a_few_nodes_in_fewer_calls_than_polygraphy_bisection_needs(tmp_path):
+    """PP-OCRv4 rec (417 nodes) under emulate:bf16 (tol 0.01, a real picture): the ranking (one
+    packed call) and the search find a handful of nodes that bring the whole model within
+    tolerance, in fewer calls than polygraphy's bisection needs at best (ceil(log2 417) = 9
+    builds; bench/bench_precision.py runs it: 10 builds for its first 225 layers)."""
+    import math
+
+    pytest.importorskip("matplotlib", reason="the picture feed is matplotlib's sample image")
+    from bench_precision import ocr_model, picture, run_case
+
+    path = ocr_model("ch_PP-OCRv4_rec_infer.onnx")
+    if path is None:
+        pytest.skip("rapidocr_onnxruntime is not installed (pip install rapidocr-onnxruntime==1.4.4)")
+    case = {"name": "rec", "path": path, "target": "emulate:bf16", "shapes": {"x": (1, 3, 48, 320)},
+            "inputs": picture(str(tmp_path), "rec", 48, 320), "tol": 0.01}
+    row = run_case(case, str(tmp_path / "work"), polygraphy=False)
+    ours = row["reprokit"]
+    assert row["verdict"] == "mismatch" and ours["agrees"] and ours["error"] <= 0.01
+    assert ours["size"] <= 10
+    assert ours["calls"] + row["ranking_calls"] < math.ceil(math.log2(row["nodes"]))
