@@ -199,8 +199,10 @@ def error_table(errors, metric: str, title: str | None = None) -> Table:
 
 
 def print_layerwise(report, limit: int = 10) -> None:
+    accumulated = report.start is not None and report.start.get("kind") == "accumulated"
+    where = "where the accumulated error crosses the tolerance" if accumulated else "where divergence starts"
     out.print(f"\n[bold]Layerwise[/]: {len(report.rows)} tensors compared, "
-              f"{len(report.diverging)} diverge, {len(report.first)} where divergence starts")
+              f"{len(report.diverging)} diverge, {len(report.first)} {where}")
     if report.marking_changes_engine:
         out.print("  [yellow]note[/]: this target fuses layers; marking every tensor as an output can "
                   "change what it computes, so a divergence may move or vanish in this view")
@@ -212,7 +214,9 @@ def print_layerwise(report, limit: int = 10) -> None:
         out.print(f"  [{color}]start[/]: {report.start['words']}")
     if not report.first:
         return
-    table = Table(title="first diverging tensors (their inputs still agree)", show_edge=False)
+    table = Table(title="first diverging tensors (their inputs still agree)" + (": no node diverges on its own"
+                                                                                 if accumulated else ""),
+                  show_edge=False)
     for col in ("#", "node", "op", "tensor", "rel L2", "max abs", "max |ref|", "NaN", "Inf"):
         table.add_column(col, overflow="fold",
                          justify="left" if col in ("node", "op", "tensor") else "right")
