@@ -605,16 +605,17 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
               help="--versions without --ray: cells run at once.")
 @click.option("--out", "-o", "out_path", default=None, metavar="FILE",
               help="--versions: the new archive with matrix.json (default: ARCHIVE's name + .matrix.tar.gz).")
-def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path):
+@FORCE
+def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path, force):
     """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no.
     With --versions: on which engine releases? A table in a new archive: exit 0 when at least one
     release ran, 9 when none could (nothing written) or --bisect judged fewer than two."""
-    if versions is None and (bisect or ray_address or gpus or out_path):
-        raise UsageError("--bisect, --ray, --gpus and --out go with --versions", hint="e.g. reprokit verify "
+    if versions is None and (bisect or ray_address or gpus or out_path or force):
+        raise UsageError("--bisect, --ray, --gpus, --out and --force go with --versions", hint="e.g. reprokit verify "
                          "report.tar.gz --versions 'onnxruntime>=1.20' --bisect")
     if versions is not None:
         verify_matrix(archive, versions, target=target, timeout=timeout, as_json=as_json, bisect=bisect,
-                      ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path)
+                      ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path, force=force)
         return
     result = verifying.verify(archive, target, timeout=timeout)
     if as_json:

@@ -165,3 +165,24 @@ def test_pack_audit_folder_is_claimed_and_its_ledger_stays_out_of_the_archive(pr
     with tarfile.open(project / "r.tar.gz") as archive:
         names = archive.getnames()
     assert "r/audit/audit.json" in names and not [n for n in names if ".reprokit" in n], names
+
+
+def test_verify_versions_out_replaces_a_users_file_only_with_force(tmp_path):
+    """verify --versions -o: the new archive never replaces the archive verified (even through a
+    link), and a file that is not a matrix archive reprokit wrote only with --force."""
+    from reprokit.errors import UsageError
+    from reprokit.matrix.run import _check_out
+
+    archive, mine = tmp_path / "r.tar.gz", tmp_path / "mine.tar.gz"
+    archive.write_bytes(b"archive")
+    mine.write_bytes(b"not reprokit's")
+    (tmp_path / "link.tar.gz").symlink_to(archive)
+    with pytest.raises(UsageError, match="not a matrix archive") as refused:
+        _check_out(str(mine), str(archive))
+    assert "--force" in refused.value.hint
+    _check_out(str(mine), str(archive), force=True)
+    for same in (archive, tmp_path / "link.tar.gz"):
+        with pytest.raises(UsageError, match="archive being verified"):
+            _check_out(str(same), str(archive), force=True)
+    proc = run_cli("verify", str(archive), "--force", cwd=tmp_path)
+    assert_user_error(proc, 2, contains="--force go with --versions")

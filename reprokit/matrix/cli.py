@@ -18,12 +18,13 @@ from reprokit.matrix.table import b_words
 
 
 def verify_matrix(archive: str, versions: str, *, target, timeout, as_json, bisect, ray_address, gpus, jobs,
-                  out_path) -> None:
+                  out_path, force: bool = False) -> None:
     kinds = tuple(k.strip() for k in (gpus or "").split(",") if k.strip())
     on_event = None if as_json else (lambda text: err.print(f"[dim]{text}[/]"))
     try:
         result = verify_versions(archive, versions, target=target, bisect=bisect, ray_address=ray_address,
-                                 gpus=kinds, jobs=jobs, timeout=timeout, out_path=out_path, on_event=on_event)
+                                 gpus=kinds, jobs=jobs, timeout=timeout, out_path=out_path, on_event=on_event,
+                                 force=force)
     except MatrixNoAnswer as exc:  # the table as far as it went, then the error and exit 9
         if exc.result is not None and as_json:  # one object on stdout: the error's, holding the table
             exc.details = {**exc.result.payload, "archive": exc.result.archive}

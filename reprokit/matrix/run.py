@@ -50,7 +50,8 @@ class MatrixResult:
 
 def verify_versions(archive_path: str, versions: str, *, target: str | None = None, bisect: bool = False,
                     ray_address: str | None = None, gpus: tuple[str, ...] = (), jobs: int = 2,
-                    timeout: float = 600.0, out_path: str | None = None, on_event=None) -> MatrixResult:
+                    timeout: float = 600.0, out_path: str | None = None, on_event=None,
+                    force: bool = False) -> MatrixResult:
     event = on_event or (lambda text: None)
     spec = specs.parse_versions(versions)
     if not os.path.isfile(archive_path):  # as verify words it, before uv or the index is asked
@@ -62,7 +63,7 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
     if gpus and ray_address is None:
         raise UsageError("--gpus places cells on GPU kinds of a Ray cluster", hint="add --ray auto (or an address)")
     out_path = out_path or re.sub(r"(\.tar\.gz|\.tgz|\.zip)?$", "", archive_path, count=1) + ".matrix.tar.gz"
-    _check_out(out_path, archive_path)
+    _check_out(out_path, archive_path, force)
     with open(archive_path, "rb") as handle:
         blob = handle.read()
     with tempfile.TemporaryDirectory(prefix="reprokit-matrix-") as tmp:
@@ -204,13 +205,15 @@ def _reproduced_when_packed(top: str) -> bool:
         return False
 
 
-def _check_out(out_path: str, archive_path: str) -> None:
-    """The new archive may replace only a matrix archive reprokit wrote, never the user's."""
-    if os.path.abspath(out_path) == os.path.abspath(archive_path):
+def _check_out(out_path: str, archive_path: str, force: bool = False) -> None:
+    """The new archive may replace only a matrix archive reprokit wrote (or, with ``force``, any
+    file but the archive being verified), never the user's (reprokit/files.py's rule)."""
+    if os.path.abspath(out_path) == os.path.abspath(archive_path) or (
+            os.path.exists(out_path) and os.path.samefile(out_path, archive_path)):
         raise UsageError("--out names the archive being verified", hint="the matrix goes into a new archive")
-    if os.path.exists(out_path) and not _is_matrix_archive(out_path):
+    if os.path.exists(out_path) and not force and not _is_matrix_archive(out_path):
         raise UsageError(f"{out_path} exists and is not a matrix archive reprokit wrote; not replacing it",
-                         hint="move it away, or choose another path with --out")
+                         hint="move it away, choose another path with --out, or add --force to replace it")
 
 
 def _is_matrix_archive(path: str) -> bool:
