@@ -136,3 +136,27 @@ def test_reference_words_follow_the_spec():
     assert [describe.reference_words(r) for r in ("ort", "ort:cuda,fp16", "openvino", "emulate:bf16")] == [
         "ONNX Runtime (CPU, fp32)", "ONNX Runtime (CUDA, fp16)", "OpenVINO (CPU, bf16)",
         "reprokit's storage emulator (bf16)"]
+
+
+@pytest.mark.slow
+def test_an_archive_packed_against_openvino_says_so(tmp_path):
+    """samples/matrix/make_avgpool_ceil.py packed with ``--target ort --reference openvino:f32``
+    (onnxruntime >= 1.29 and OpenVINO divide the trailing ceil_mode window differently): the real
+    archive's ISSUE.md names OpenVINO as what onnxruntime differs from, never ONNX Runtime."""
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "samples" / "matrix"))
+    import make_avgpool_ceil
+
+    from reprokit.api import RunOptions
+    from reprokit.report.bundle import pack
+
+    model, inputs = make_avgpool_ceil.write(str(tmp_path))
+    result = pack(model, "ort", str(tmp_path / "ovref.tar.gz"), options=RunOptions(inputs=inputs, reference="openvino:f32"))
+    if not result.reproduces:
+        pytest.skip("this onnxruntime agrees with OpenVINO on the model (the ceil_mode fix is in onnxruntime >= 1.29)")
+    with tarfile.open(result.archive) as handle:
+        issue = handle.extractfile(next(m for m in handle.getmembers() if m.name.endswith("/ISSUE.md"))).read().decode()
+    assert "differs from OpenVINO (CPU, f32)" in issue
+    assert "reference: `openvino:f32` (OpenVINO, CPU, f32)" in issue and "ONNX Runtime (CPU, fp32)" not in issue
