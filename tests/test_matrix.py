@@ -112,6 +112,9 @@ def test_issue_answer_replaces_the_latest_release_section():
     (["--versions", "onnxruntime==1.28.0", "--bisect", "--gpus", "L4,A100"], "one GPU kind at a time"),
     (["--versions", "onnxruntime==1.28.0", "--gpus", "L4"], "GPU kinds of a Ray cluster"),
     (["--versions", "onnxruntime>=>=1"], "not a version range"),
+    (["--versions", "onnxruntime==1.2x"], "'1.2x' is not a version"),
+    (["--versions", "onnxruntime==1.28.0", "--target", "bogus"], "unknown engine 'bogus'"),
+    (["--versions", "onnxruntime==1.28.0", "--ray", "nonsense"], "is not an address"),
 ])
 def test_verify_versions_usage_errors(tmp_path, args, message):
     archive = tmp_path / "report.tar.gz"
@@ -174,3 +177,22 @@ def test_exit_9_is_documented():
     root = Path(__file__).parent.parent
     assert "| 9 | `verify --versions`" in (root / "README.md").read_text()
     assert "| 9 | the matrix answers nothing" in (root / "docs" / "matrix.md").read_text()
+
+
+def test_a_ray_address_nobody_listens_on_is_exit_4_at_once(tmp_path):
+    """ray.init would retry for minutes, printing its own log lines; reprokit asks the port first."""
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    archive = tmp_path / "report.tar.gz"
+    archive.write_bytes(b"")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "reprokit", "verify", str(archive), "--versions",
+                           "onnxruntime==1.28.0", "--ray", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 4, done.stderr
+    assert f"Error: cannot reach the Ray cluster at '127.0.0.1:{port}'" in done.stderr and "Hint:" in done.stderr
+    assert "Traceback" not in done.stderr and time.monotonic() - started < 60

@@ -11,6 +11,8 @@ instead of waiting for ever. The same executor serves ``reprokit check`` over ma
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 
 import reprokit
-from reprokit.errors import EngineUnavailable
+from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.matrix.cells import Cell, Outcome, run_cell
 from reprokit.matrix.envs import EnvBuildError, allow_all, run_process, stop_all
 
@@ -84,6 +86,7 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
     except ImportError:
         raise EngineUnavailable("--ray needs Ray, which is not installed here", hint=INSTALL) from None
     if not ray.is_initialized():
+        ray_reachable(address)
         try:
             ray.init(address=None if address == "local" else address, log_to_driver=False,
                      runtime_env=_runtime_env(address))
@@ -135,6 +138,22 @@ def _gather(ray, tasks, refs, pending, results, report) -> None:
             result = _failed(fn, args, kind, f"the Ray task failed: {type(exc).__name__}: {str(exc)[:300]}")
         results[refs[done[0]]] = result
         report(result)
+
+
+def ray_reachable(address: str, timeout: float = 10.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) nobody listens on is an error at once: ray.init would
+    retry for minutes, printing its own log lines."""
+    if address in ("auto", "local"):
+        return
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]\s]+?)\]?:(\d+)", address.strip())
+    if match is None:
+        raise UsageError(f"--ray {address!r} is not an address", hint="auto, local, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((match.group(1), int(match.group(2))), timeout=timeout).close()
+    except OSError as exc:
+        raise EngineUnavailable(f"cannot reach the Ray cluster at {address!r}: {exc.strerror or exc}",
+                                hint="start one (ray start --head), give its address, or use --ray local "
+                                     "for a cluster on this machine") from None
 
 
 def _runtime_env(address: str) -> dict | None:

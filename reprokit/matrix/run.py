@@ -25,7 +25,7 @@ from reprokit.matrix import specs
 from reprokit.matrix.bisect import bisect as run_bisect
 from reprokit.matrix.cells import Cell, Outcome
 from reprokit.matrix.envs import cache_root, find_uv
-from reprokit.matrix.executor import INSTALL, execute
+from reprokit.matrix.executor import INSTALL, execute, ray_reachable
 from reprokit.matrix.table import SCHEMA, answer_in_issue, latest_answer
 from reprokit.report.archive import (
     MANIFEST,
@@ -35,6 +35,7 @@ from reprokit.report.archive import (
     write_manifest,
 )
 from reprokit.report.verify import trusted_archive_spec
+from reprokit.spec import parse_target
 
 # Which package a target's engine loads (emulate runs its rounded graph on onnxruntime).
 TARGET_PACKAGES = {"ort": ("onnxruntime", "onnxruntime-gpu"), "emulate": ("onnxruntime", "onnxruntime-gpu"),
@@ -56,12 +57,16 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
     spec = specs.parse_versions(versions)
     if not os.path.isfile(archive_path):  # as verify words it, before uv or the index is asked
         raise InputError(f"archive not found: {archive_path}", hint="check the path")
-    if find_uv() is None:
-        raise EngineUnavailable("--versions builds environments with uv, which is not installed here", hint=INSTALL)
     if bisect and len(gpus) > 1:
         raise UsageError("--bisect runs on one GPU kind at a time", hint="give one --gpus kind, or drop --bisect")
     if gpus and ray_address is None:
         raise UsageError("--gpus places cells on GPU kinds of a Ray cluster", hint="add --ray auto (or an address)")
+    if target:
+        parse_target(target)  # an unknown engine or option: exit 2 naming the valid ones
+    if find_uv() is None:
+        raise EngineUnavailable("--versions builds environments with uv, which is not installed here", hint=INSTALL)
+    if ray_address is not None:
+        ray_reachable(ray_address)  # before any work: an address nobody listens on is exit 4 at once
     out_path = out_path or re.sub(r"(\.tar\.gz|\.tgz|\.zip)?$", "", archive_path, count=1) + ".matrix.tar.gz"
     _check_out(out_path, archive_path, force)
     with open(archive_path, "rb") as handle:
