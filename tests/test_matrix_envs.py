@@ -145,6 +145,7 @@ def test_no_release_can_run_is_exit_9_and_writes_nothing(cse_archive, tmp_path):
     assert "Error: no release could run: 2 cells, each 'cannot run'" in done.stderr
     assert "Hint:" in done.stderr and "package index reachable" in done.stderr and "Traceback" not in done.stderr
     assert "cannot run" in done.stdout and "(latest)" not in done.stdout and not out.exists()
+    assert f"{FIXED} cannot run: environment: uv pip install failed: " in done.stdout  # the whole reason
     done = _cli(*args, "--json", env_cache=tmp_path / "envs", UV_DEFAULT_INDEX="http://127.0.0.1:9/simple")
     error = json.loads(done.stdout)  # one object: the error, with the table as far as it went
     assert done.returncode == 9 and (error["schema"], error["exit_code"]) == ("reprokit.error/1", 9)

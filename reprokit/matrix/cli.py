@@ -52,6 +52,10 @@ def show(result, as_json: bool) -> None:
         table.add_row(version, row.get("gpu") or "-", f"[{styles.get(row['outcome'], 'dim')}]{outcome}[/]",
                       *seconds, (row.get("why") or "")[:70])
     out.print(table)
+    for row in result.rows:  # the table cuts notes at 70 characters; why a cell cannot run needs all of it
+        if row["outcome"] == "cannot run" and len(row.get("why") or "") > 70:
+            out.print(f"{row['version']}{' @ ' + row['gpu'] if row.get('gpu') else ''} cannot run: "
+                      f"{' '.join(row['why'].split())[:400]}", markup=False, highlight=False)
     found = payload.get("bisect")
     if found:
         words = [b_words(b) for b in found["boundaries"]]

@@ -146,8 +146,8 @@ def _no_answer(rows: list[dict], found) -> tuple[str, str] | None:
     cannot = Outcome.CANNOT_RUN.value
     ran = [r for r in rows if r["outcome"] != cannot and not r.get("known")]
     if not ran:
-        return "no-cell-ran", (f"no release could run: {len(rows)} cell{'s' if len(rows) != 1 else ''}, "
-                               f"each 'cannot run'")
+        cells = f"{len(rows)} cells, each" if len(rows) != 1 else "its one cell"
+        return "no-cell-ran", f"no release could run: {cells} 'cannot run'"
     if found is not None:
         judged = [v for v, outcome in found.outcomes.items() if outcome != cannot]
         if len(judged) < 2:
