@@ -99,6 +99,8 @@ def causal_test(reducer):
     injects into (not inside a branch, not wrapped back into control flow), else None."""
     if reducer.build is not None or reducer.wrap is not None:
         return None
+    if reducer.causal is not None and reducer.causal.model is not reducer.model:
+        return None  # the inside step replaced the model: node numbers index another graph
     return reducer.causal
 
 

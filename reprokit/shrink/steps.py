@@ -193,6 +193,9 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                                                          search_accumulated=search_accumulated),
                                   message=verdict.message)
         reducer.close()
+        if reducer.causal is not None and reducer.causal.model is not reducer.model:
+            reducer.no_slippage["after_inside"] = ("the inside step reduced inside If branches: its candidates and the "
+                                                   "final judgement hold the signature only (no injection)")
         if outcome == "accumulated":
             said, window = finish_accumulated(run, reducer, writer, verdict)
             return ShrinkResult(writer.summary, run.out_dir, window, verdict, run.prepared.notes + [said],
