@@ -155,8 +155,6 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
-    if reducer.packing is not None and parse_target(run.target).engine == "cmd":
-        _calibrate_packs(run, reducer)
     if accept_milder and signature.kind is Kind.MISMATCH:
         reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "
                                    "milder one need not cause the original's")
@@ -170,6 +168,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
         reducer.message_key = normalize_message(verdict.message)
+    if reducer.packing is not None and parse_target(run.target).engine == "cmd":
+        _calibrate_packs(run, reducer)
     reducer.pack_bytes = limits.capture_chunk_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
@@ -256,6 +256,7 @@ class _Run:
 def _calibrate_packs(run: _Run, reducer) -> None:
     """A user's check may judge only part of a pack: one calibration call decides whether this
     run packs candidates at all (evaluator.calibrate); the summary says which and why."""
+    reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
     why, built, seconds = calibrate(reducer, Extraction(probe_model(), dict(PROBE_FEEDS), ["y"]))
     run.probe_calls += 1
     reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
