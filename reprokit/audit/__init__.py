@@ -173,7 +173,8 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         tested = None
         if isolated is not None and sweep:
             event("the fewest ranked nodes that, kept in fp32, bring the model within tolerance")
-            tested = _tested_workaround(prepared, path, feeds, reference, target, options, work, ledger, isolated)
+            tested = _tested_workaround(prepared, path, feeds, reference, target, options, work, ledger, isolated,
+                                        event)
         if diverges and sweep:
             rows = _sweep(bench, target, verdict, suspects, prepared, event, oracle.reference,
                           nodes_fixed=bool(tested and tested.agrees))
@@ -253,7 +254,7 @@ def _layerwise(oracle, ledger, model, marked, feeds, names, activations, target)
     return compare_marked_run(model, activations, result, oracle)
 
 
-def _tested_workaround(prepared, path, feeds, reference, target, options, work, ledger, isolated):
+def _tested_workaround(prepared, path, feeds, reference, target, options, work, ledger, isolated, event):
     """The precision search (:mod:`.precision`) over the isolated ranking, on the model as given;
     None where the target has no per-node precision (the sweep's fp32-nodes row says why)."""
     if not fp32_nodes_support(target)[0]:
@@ -262,7 +263,7 @@ def _tested_workaround(prepared, path, feeds, reference, target, options, work, 
     ranked = [n for n in isolated.get("ranking", []) if n in labels]
     search = Search(prepared.model, path, feeds, reference, target,
                     lambda spec: make_oracle(spec, options, os.path.join(work, "precision-calls")),
-                    os.path.join(work, "precision"), weights_dir=prepared.base_dir, ledger=ledger)
+                    os.path.join(work, "precision"), weights_dir=prepared.base_dir, ledger=ledger, on_event=event)
     return find_workaround(search, ranked)
 
 

@@ -100,7 +100,8 @@ def _tested_workaround(run, reducer, label) -> dict:
         return oracle
 
     search = precision.Search(run.prepared.model, run.prepared.path, run.feeds, reference, run.user_target,
-                              oracle_for, os.path.join(run.models_dir, "precision"), weights_dir=run.prepared.base_dir)
+                              oracle_for, os.path.join(run.models_dir, "precision"), weights_dir=run.prepared.base_dir,
+                              on_event=run.event)
     found = precision.find_workaround(search, ranked)
     reducer.stats["attribution"].calls += search.calls
     return found.to_json()

@@ -129,8 +129,10 @@ class Search:
     spec; ``reference`` holds the graph outputs of the reference run on ``feeds``."""
 
     def __init__(self, model, model_path: str, feeds: dict, reference: dict, target: str, oracle_for, workdir: str,
-                 weights_dir: str | None = None, ledger=None, width: int = PACK_WIDTH, pack: bool = True):
+                 weights_dir: str | None = None, ledger=None, width: int = PACK_WIDTH, pack: bool = True,
+                 on_event=None):
         self.model = model
+        self.event = on_event or (lambda text: None)  # a line per engine call: the search takes minutes
         self.path = model_path
         self.feeds = feeds
         self.reference = reference
@@ -154,6 +156,7 @@ class Search:
         oracle = self.oracle_for(spec)
         oracle.weights_dir = self.weights_dir
         self.calls += 1
+        self.event(f"precision search, call {self.calls}: {what}")
         if self.ledger is not None:
             result = self.ledger.run("precision", "target", oracle, what, path, feeds)
         else:
