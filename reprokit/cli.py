@@ -62,6 +62,7 @@ from reprokit.matrix.fanout import check_many
 from reprokit.report import bundle as report
 from reprokit.report import verify as verifying
 from reprokit.shrink import steps as shrinking
+from reprokit.shrink.budget import Limits
 from reprokit.shrink.clock import StepClock, process_started
 from reprokit.shrink.output import close_summary, pack_accumulated
 from reprokit.shrink.runstate import STATE_DIR, drop_state, finished_run, state_bytes
@@ -438,7 +439,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     _engine_log(out_dir, fresh=resume is None)
     progress = Ticker(stamp=True, quiet=as_json)  # a line at least every few seconds, in every step
 
-    limits = shrinking.Limits(
+    limits = Limits(
         capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
         max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
         max_calls=_parse_max_calls(max_calls),

@@ -277,7 +277,7 @@ def test_gpu_tests_skip_here_saying_why():
 
 def test_shrink_replays_gpu_targets_and_audit_sweeps_their_settings():
     from reprokit.audit.sweep import plan
-    from reprokit.shrink.steps import default_replays
+    from reprokit.shrink.budget import default_replays
 
     assert default_replays("ort") == (0, 0) and default_replays("ort:cuda,fp16") == (1, 1)
     assert default_replays("cmd:precision=fp16:true") == (1, 2)

@@ -26,8 +26,8 @@ from reprokit.engine.activations import ActivationStore
 from reprokit.engine.oracle import Kind, Signature
 from reprokit.errors import NothingRemoved
 from reprokit.graph.index import GraphIndex
+from reprokit.shrink.budget import Limits, default_replays
 from reprokit.shrink.reducer import Journal, Reducer
-from reprokit.shrink.steps import Limits, default_replays
 from reprokit.shrink.steps import shrink as shrink_run
 
 REPO = Path(__file__).resolve().parent.parent

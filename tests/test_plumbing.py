@@ -21,7 +21,8 @@ from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from reprokit.api import RunOptions
-from reprokit.shrink.steps import Limits, shrink
+from reprokit.shrink.budget import Limits
+from reprokit.shrink.steps import shrink
 
 FLOAT = TensorProto.FLOAT
 

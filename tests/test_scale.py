@@ -15,7 +15,8 @@ import pytest
 
 from reprokit.api import RunOptions
 from reprokit.errors import InputError
-from reprokit.shrink.steps import Limits, shrink
+from reprokit.shrink.budget import Limits
+from reprokit.shrink.steps import shrink
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -23,7 +23,8 @@ import shrink_models as sm
 from conftest import assert_user_error, pid_gone, reprokit_exe, run_cli
 
 from reprokit.api import RunOptions
-from reprokit.shrink.steps import Limits, shrink
+from reprokit.shrink.budget import Limits
+from reprokit.shrink.steps import shrink
 
 # The search tests ask for a 1-minimal result: no call budget (the default stops near
 # polygraphy's cost on searches that localization cannot settle; see test_budget_*).

@@ -7,23 +7,30 @@ journal of candidate outcomes and continues (``runstate.py``).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
 
 from reprokit.engine.activations import ActivationStore, tensor_bytes
-from reprokit.engine.backends import backend_class
 from reprokit.engine.bug import NUMERIC, CausalTest, shows_bug
 from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
 from reprokit.engine.session import RunOptions, make_oracle, prepare
-from reprokit.errors import InputError, NothingRemoved, NotReproduced, UsageError
+from reprokit.errors import InputError, NothingRemoved, NotReproduced
 from reprokit.graph.extract import Extraction
 from reprokit.graph.index import GraphIndex, count_nodes
 from reprokit.graph.io import save_model
 from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
 from reprokit.shrink import pipeline
 from reprokit.shrink.accumulated import finish_accumulated
+from reprokit.shrink.budget import (
+    SHAPE_CALLS,
+    Limits,
+    auto_call_budget,
+    check_budget,
+    default_replays,
+    earlier_calls,
+    inside_allowance,
+)
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, flaky_tally, probe_model
 from reprokit.shrink.evaluator import calibrate, causal_test
@@ -45,15 +52,6 @@ from reprokit.spec import parse_target
 from reprokit.standalone.compare import Metric
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Resource bounds of a shrink run."""
-
-    capture_chunk_bytes: int = 1 << 30  # activations one reference run may return at once
-    max_activation_disk_bytes: int | None = None  # --max-activation-disk
-    max_calls: int | None = -1  # target calls in all; -1 = auto (polygraphy parity), None = no limit
-
-
 def severity_floor(verdict) -> float | None:
     """The error a mismatch candidate must reach: a tenth of the original's worst error, at least
     the tolerance and at most ten times it — so a 1.0 divergence never shrinks to a 0.0104 one
@@ -65,34 +63,6 @@ def severity_floor(verdict) -> float | None:
     if not floats:  # only exact outputs (ids, indices) differ: every differing element counts
         return None
     return max(tolerance, min(max(floats) / 10, 10 * tolerance))
-
-
-def default_replays(target: str) -> tuple[int, int]:
-    """Extra runs of (the original, the result) when the user gives no --replays: none for a
-    deterministic engine; for others the original once (a flaky target is caught before any
-    reduction) and the result once, twice for a check command (a result is "done" only after
-    three runs of it failed alike: judged alone, then replayed)."""
-    spec = parse_target(target)
-    engine = spec.engine
-    if backend_class(engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
-        return 0, 0
-    return 1, 2 if engine == "cmd" else 1
-
-
-SHAPE_CALLS = 3  # what the auto budget adds for shape shrinking: two halving rounds and the result alone
-
-
-def auto_call_budget(nodes: int, replays: int = 0) -> int:
-    """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for each
-    end), plus what reprokit spends on its promises: the confirming call, the final judgement of
-    the result alone and the ``replays`` of both. Every target call counts against it."""
-    return 2 * math.ceil(math.log2(nodes + 1)) + 2 + replays
-
-
-def inside_allowance(inner: int) -> int:
-    """What the auto budget adds for reducing inside If branches (the inside step) when the model
-    reduced still has ``inner`` nodes inside control flow: a bisection's worth of them."""
-    return 2 * math.ceil(math.log2(inner + 1)) if inner > 0 else 0
 
 
 @dataclass
@@ -118,7 +88,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     ``--resume`` continues with every option of the run."""
     options = options or RunOptions()
     limits = limits or Limits()
-    _check_budget(target, limits.max_calls, replays, resume)
+    check_budget(target, limits.max_calls, replays, resume)
     clock = clock or StepClock(time.monotonic(), first="setup")
     clock.begin("setup")
     run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args)
@@ -143,48 +113,16 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     run.oracle.build_only = signature.kind is Kind.BUILD_ERROR
 
     original_nodes = len(run.model.graph.node)
-    reducer = Reducer(run.model, run.index, store, run.feeds, run.oracle, signature,
-                      workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
-                      best=frozenset(range(original_nodes)))
-    reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
-    reducer.wrap = wrap
-    reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
-    # the inside step replaces the run's model: only where nothing else reads the old numbering
-    reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)
-    reducer.clock = clock
-    reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
-    reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
-    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
-    if accept_milder and signature.kind is Kind.MISMATCH:
-        reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "
-                                   "milder one need not cause the original's")
-    elif signature.kind in NUMERIC:
-        reducer.causal = CausalTest(run.oracle, run.model, run.index, store, run.feeds, signature,
-                                    run.oracle.criterion, run.models_dir)
-    else:
-        reducer.no_slippage.update(test="signature", why=f"a {signature.kind.value} has no output values to "
-                                   "inject: the same failure class (and message) is what is held")
-    if not accept_milder:
-        reducer.severity = severity_floor(verdict)
-    if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
-        reducer.message_key = normalize_message(verdict.message)
-    if reducer.packing is not None and parse_target(run.target).engine == "cmd":
-        _calibrate_packs(run, reducer)
-    reducer.pack_bytes = limits.capture_chunk_bytes
-    reducer.pack_nodes = max(512, 6 * original_nodes)
+    reducer = _make_reducer(run, store, verdict, wrap, clock, limits, jobs=jobs, pack_candidates=pack_candidates,
+                            keep_inputs=keep_inputs, keep_outputs=keep_outputs, accept_milder=accept_milder)
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) + opening_calls
                  + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0) + run.probe_calls
                  + (inside_allowance(count_nodes(run.model.graph) - original_nodes + (original_nodes if wrap else 0))
                     if reducer.reach_inside else 0)
                  if limits.max_calls == -1 else limits.max_calls)
-    earlier = _earlier_calls(out_dir) if resume else 0
-    writer = _BestWriter(out_dir, model_path, run.user_target, options, original_nodes, clock.started, max_calls,
-                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings,
-                         given_nodes=count_nodes(run.given.graph) if run.levels else None)
-    run.prepared.notes.extend(f"warning: {w}" for w in verdict.warnings)  # a degenerate reference
-    writer.samples = samples_summary(run.prepared)
-    writer.clock = clock
+    earlier = earlier_calls(out_dir) if resume else 0
+    writer = _writer_for(run, model_path, options, verdict, clock, max_calls, earlier)
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
         reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays - samples_reserved)
@@ -223,6 +161,56 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         except Exception:  # the disk may be what failed: keep the previous best-so-far as it is
             pass
         raise
+
+
+def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_candidates: bool,
+                  keep_inputs: bool, keep_outputs: bool, accept_milder: bool) -> Reducer:
+    """The Reducer over the run's model, every node its first best: how candidates are packed,
+    what "shows the original bug" is held to (the causal test, or the signature), the severity
+    floor, and the limits of a pack."""
+    original_nodes = len(run.model.graph.node)
+    signature = verdict.signature
+    reducer = Reducer(run.model, run.index, store, run.feeds, run.oracle, signature,
+                      workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
+                      best=frozenset(range(original_nodes)))
+    reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
+    reducer.wrap = wrap
+    reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
+    # the inside step replaces the run's model: only where nothing else reads the old numbering
+    reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)
+    reducer.clock = clock
+    reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
+    reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
+    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
+    if accept_milder and signature.kind is Kind.MISMATCH:
+        reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "
+                                   "milder one need not cause the original's")
+    elif signature.kind in NUMERIC:
+        reducer.causal = CausalTest(run.oracle, run.model, run.index, store, run.feeds, signature,
+                                    run.oracle.criterion, run.models_dir)
+    else:
+        reducer.no_slippage.update(test="signature", why=f"a {signature.kind.value} has no output values to "
+                                   "inject: the same failure class (and message) is what is held")
+    if not accept_milder:
+        reducer.severity = severity_floor(verdict)
+    if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
+        reducer.message_key = normalize_message(verdict.message)
+    if reducer.packing is not None and parse_target(run.target).engine == "cmd":
+        _calibrate_packs(run, reducer)
+    reducer.pack_bytes = limits.capture_chunk_bytes
+    reducer.pack_nodes = max(512, 6 * original_nodes)
+    return reducer
+
+
+def _writer_for(run, model_path, options, verdict, clock, max_calls: int, earlier: int) -> _BestWriter:
+    """What writes minimal.onnx and summary.json after every accepted step."""
+    writer = _BestWriter(run.out_dir, model_path, run.user_target, options, len(run.model.graph.node), clock.started, max_calls,
+                         earlier_calls=earlier, file_nodes=run.prepared.file_nodes, warnings=verdict.warnings,
+                         given_nodes=count_nodes(run.given.graph) if run.levels else None)
+    run.prepared.notes.extend(f"warning: {w}" for w in verdict.warnings)  # a degenerate reference
+    writer.samples = samples_summary(run.prepared)
+    writer.clock = clock
+    return writer
 
 
 @dataclass
@@ -266,17 +254,6 @@ def _calibrate_packs(run: _Run, reducer) -> None:
     reducer.packing = None
     reducer.no_slippage["packs"] = f"one candidate per call: {why}"
     run.event(f"packs: one candidate per call ({why})")
-
-
-def _earlier_calls(out_dir: str) -> int:
-    """Target calls the interrupted or budget-stopped run in ``out_dir`` already made."""
-    import json
-
-    try:
-        with open(os.path.join(out_dir, "summary.json")) as handle:
-            return int(json.load(handle)["calls"]["target"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
 
 
 def _open_run(model_path, target, out_dir, options, resume, event, clock, run_args=()) -> _Run:
@@ -375,28 +352,6 @@ def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> Shrin
         f"the reduced model does not show {reducer.signature.describe()} when judged alone ({tried[0]})",
         hint="the target is flaky or the divergence needs more context; rerun with --replays 2, or "
              f"look at {run.out_dir}/summary.json (steps, other_findings)")
-
-
-def fixed_calls(target: str, replays: int | None) -> int:
-    """Target calls a run makes whatever the search does: the confirming call and its replays,
-    for a check command the Identity probe and the pack calibration, the result judged alone
-    and its replays (steps confirm, calibrate, final)."""
-    original, minimal = default_replays(target) if replays is None else (replays, replays)
-    return 1 + original + (2 if parse_target(target).engine == "cmd" else 0) + 1 + minimal
-
-
-def _check_budget(target: str, max_calls: int | None, replays: int | None, resume: bool) -> None:
-    """A --max-calls below what a run spends outside the search cannot be kept: refused before
-    any call (a resumed run counts its earlier calls, so it is not checked here)."""
-    if resume or max_calls is None or max_calls == -1:
-        return
-    needed = fixed_calls(target, replays)
-    if max_calls < needed:
-        raise UsageError(f"--max-calls {max_calls} is below the {needed} target calls every run of this target "
-                         "makes outside the search (the confirming call, the result judged alone, their replays"
-                         + (", the check's Identity probe and pack calibration" if parse_target(target).engine == "cmd"
-                            else "") + ")",
-                         hint=f"give --max-calls {needed + 10} or more (or 'auto'), or fewer --replays")
 
 
 def _nothing_removed(run: _Run, reducer, writer, final, verdict, reference, note: str) -> None:

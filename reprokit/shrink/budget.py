@@ -1,0 +1,84 @@
+"""A shrink run's call budget: its resource limits, the replays a target gets, the automatic
+budget (about what polygraphy's bisect spends, plus reprokit's promises), the calls every run
+makes outside the search, and the refusal of a --max-calls that cannot be kept. Every target call
+counts against the budget. Runs no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from reprokit.engine.backends import backend_class
+from reprokit.errors import UsageError
+from reprokit.spec import parse_target
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource bounds of a shrink run."""
+
+    capture_chunk_bytes: int = 1 << 30  # activations one reference run may return at once
+    max_activation_disk_bytes: int | None = None  # --max-activation-disk
+    max_calls: int | None = -1  # target calls in all; -1 = auto (polygraphy parity), None = no limit
+
+
+def default_replays(target: str) -> tuple[int, int]:
+    """Extra runs of (the original, the result) when the user gives no --replays: none for a
+    deterministic engine; for others the original once (a flaky target is caught before any
+    reduction) and the result once, twice for a check command (a result is "done" only after
+    three runs of it failed alike: judged alone, then replayed)."""
+    spec = parse_target(target)
+    engine = spec.engine
+    if backend_class(engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
+        return 0, 0
+    return 1, 2 if engine == "cmd" else 1
+
+
+SHAPE_CALLS = 3  # what the auto budget adds for shape shrinking: two halving rounds and the result alone
+
+
+def auto_call_budget(nodes: int, replays: int = 0) -> int:
+    """About what polygraphy's bisect spends on a graph of ``nodes`` (log2 of the nodes for each
+    end), plus what reprokit spends on its promises: the confirming call, the final judgement of
+    the result alone and the ``replays`` of both. Every target call counts against it."""
+    return 2 * math.ceil(math.log2(nodes + 1)) + 2 + replays
+
+
+def inside_allowance(inner: int) -> int:
+    """What the auto budget adds for reducing inside If branches (the inside step) when the model
+    reduced still has ``inner`` nodes inside control flow: a bisection's worth of them."""
+    return 2 * math.ceil(math.log2(inner + 1)) if inner > 0 else 0
+
+
+def fixed_calls(target: str, replays: int | None) -> int:
+    """Target calls a run makes whatever the search does: the confirming call and its replays,
+    for a check command the Identity probe and the pack calibration, the result judged alone
+    and its replays (steps confirm, calibrate, final)."""
+    original, minimal = default_replays(target) if replays is None else (replays, replays)
+    return 1 + original + (2 if parse_target(target).engine == "cmd" else 0) + 1 + minimal
+
+
+def check_budget(target: str, max_calls: int | None, replays: int | None, resume: bool) -> None:
+    """A --max-calls below what a run spends outside the search cannot be kept: refused before
+    any call (a resumed run counts its earlier calls, so it is not checked here)."""
+    if resume or max_calls is None or max_calls == -1:
+        return
+    needed = fixed_calls(target, replays)
+    if max_calls < needed:
+        raise UsageError(f"--max-calls {max_calls} is below the {needed} target calls every run of this target "
+                         "makes outside the search (the confirming call, the result judged alone, their replays"
+                         + (", the check's Identity probe and pack calibration" if parse_target(target).engine == "cmd"
+                            else "") + ")",
+                         hint=f"give --max-calls {needed + 10} or more (or 'auto'), or fewer --replays")
+
+
+def earlier_calls(out_dir: str) -> int:
+    """Target calls the interrupted or budget-stopped run in ``out_dir`` already made."""
+    try:
+        with open(os.path.join(out_dir, "summary.json")) as handle:
+            return int(json.load(handle)["calls"]["target"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
