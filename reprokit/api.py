@@ -2,10 +2,10 @@
 ``shrink`` it to a minimal repro, ``pack`` a report archive, with the run's options
 (:class:`RunOptions`). Knows nothing of click; raises ReprokitError subclasses only.
 
-Only names: the work is done below — preparing and checking in :mod:`reprokit.engine.session`
-(the engine wing's top, which shrink, audit and report build on; this module sits above them
-all, so they cannot import it), shrinking in :mod:`reprokit.shrink.steps`, packing in
-:mod:`reprokit.report.bundle`.
+The work is done below — preparing and checking in :mod:`reprokit.engine.session` (the engine
+wing's top, which shrink, audit and report build on; this module sits above them all, so they
+cannot import it), shrinking in :mod:`reprokit.shrink.steps`, packing in
+:mod:`reprokit.report.bundle`; ``check --layerwise`` adds shrink's isolated survey here.
 """
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""The ``reprokit`` group and its entry point: ``--debug``/``--verbose``, the engines' log
+lines, the outputs a command is writing (said on an interruption or a full disk), and the ONE
+place where errors become ``Error:``/``Hint:`` lines (and a ``reprokit.error/1`` object under
+``--json``) and documented exit codes (docs/exit-codes.md). Holds no logic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import click
+
+from reprokit import __version__
+from reprokit.console import (
+    Ticker,
+    err,
+)
+from reprokit.engine import enginelog
+from reprokit.errors import ExitCode, ReprokitError
+from reprokit.graph.dims import say_in_error
+
+_DEBUG = False
+
+
+_JSON = False  # --json: failures also print a reprokit.error/1 object on stdout
+
+
+_OUT: str | None = None  # the command's -o: a full disk names it when the failed write named no file
+
+
+def writing(path: str) -> None:
+    global _OUT
+    _OUT = path
+    if os.path.isdir(path):
+        _OUT_DIRS.append(path)  # what an interrupt left there is said from it (interrupted_hint)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="reprokit")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors, and the engines' own log lines.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Show the engines' own log lines (onnxruntime, OpenVINO, TensorRT); always in OUT/engine.log.")
+def cli(debug, verbose):
+    """Find, shrink and package divergences of an inference engine from an ONNX reference."""
+    global _DEBUG
+    _DEBUG = _DEBUG or debug
+    if _DEBUG or verbose:
+        _show_engine_logs()
+
+
+def _show_engine_logs() -> None:
+    from rich.text import Text
+
+    def echo(label: str, text: str) -> None:
+        err.print(f"[dim]engine log: {label}[/]")
+        err.print(Text(text, style="dim"))
+
+    enginelog.set_echo(echo)
+
+
+def engine_log(out_dir: str | None, *, fresh: bool = True) -> None:
+    """The engines' own messages of this run go to OUT/engine.log (reprokit/enginelog.py)."""
+    enginelog.set_log(os.path.join(out_dir, "engine.log") if out_dir else None, fresh=fresh)
+
+
+# Output folders this command made or writes into: what an interruption leaves is said from them.
+_OUT_DIRS: list[str] = []
+
+
+_STARTED = time.time()  # files changed since are this command's
+
+
+def interrupted_hint() -> str:
+    """Say what an interruption left on disk: the files it wrote, or that nothing was written."""
+    written = []
+    for folder in dict.fromkeys(_OUT_DIRS):
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]  # work state, not results
+            written += [path for path in (os.path.join(root, name) for name in files)
+                        if _written_since_start(path)]  # a user's own file there is no result of ours
+    if not written:
+        return "nothing was written; run the command again"
+    shown = ", ".join(sorted(written)[:4]) + (f" and {len(written) - 4} more" if len(written) > 4 else "")
+    return f"files written so far are kept: {shown}"
+
+
+def _written_since_start(path: str) -> bool:
+    try:
+        return os.stat(path).st_mtime >= _STARTED
+    except OSError:
+        return False
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+# A multi-line reason (an engine's or the OS's own words) is kept, but not without bound.
+_MORE_LINES = 20
+
+
+def fail(message: str, hint: str | None, code: int, details: dict | None = None) -> None:
+    Ticker.close_all()  # no "still at it" line after the Error: line
+    lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()] or [message]
+    first, rest = lines[0], lines[1:]
+    if len(rest) > _MORE_LINES:
+        rest = [*rest[:_MORE_LINES], f"… {len(rest) - _MORE_LINES} more lines (--debug shows the traceback)"]
+    if _JSON:  # scripts read stdout: one object, whatever failed
+        extra = {"details": details} if details else {}  # e.g. verify --versions' table as far as it went
+        click.echo(json.dumps({"schema": "reprokit.error/1", "error": "\n".join([first, *rest]), "hint": hint,
+                               "exit_code": int(code), **extra}, indent=2, default=str))
+    # First line on Error: (what scripts grep), the rest indented below it: still one Error: line.
+    click.echo(f"Error: {first}", err=True)
+    for line in rest:
+        click.echo(f"  {line.strip()}", err=True)
+    if hint:
+        click.echo(f"Hint: {hint}", err=True)
+    sys.exit(int(code))
+
+
+def main(argv=None) -> None:
+    """Entry point: run the CLI and turn every failure into its exit code."""
+    import errno
+
+    global _DEBUG, _JSON
+    args = list(sys.argv[1:] if argv is None else argv)
+    _DEBUG = "--debug" in args or os.environ.get("REPROKIT_DEBUG") == "1"
+    _JSON = "--json" in args
+    # SIGTERM ends every command like Ctrl-C: workers are killed, best-so-far results kept.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        cli.main(args=args, prog_name="reprokit", standalone_mode=False)
+    except SystemExit:
+        raise
+    except ReprokitError as exc:
+        if _DEBUG:
+            traceback.print_exc()
+
+        say_in_error(exc)  # sizes reprokit chose for dynamic dims are named in every outcome
+        fail(exc.message, exc.hint, exc.exit_code, exc.details)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        sys.exit(0)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "reprokit"
+        fail(exc.format_message(), f"see '{command} --help'", ExitCode.USAGE)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        if isinstance(exc, click.exceptions.Abort) and isinstance(exc.__context__, EOFError):
+            fail(f"unexpected end of input: {exc.__context__}", "a file ended early; check it", ExitCode.INPUT)
+        fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            where = f" {exc.filename or _OUT}" if exc.filename or _OUT else ""
+            fail(f"cannot write{where}: {exc.strerror} (disk full or file size limit)",
+                  "free disk space or write elsewhere (-o); results already written are kept",
+                  ExitCode.ENVIRONMENT)
+        if _DEBUG:
+            traceback.print_exc()
+        fail(f"internal error: {exc.__class__.__name__}: {exc}",
+              "rerun with --debug and report the traceback", ExitCode.INTERNAL)
+    except click.ClickException as exc:
+        fail(exc.format_message(), None, exc.exit_code)
+    except Exception as exc:  # a bug: say so plainly, traceback only with --debug
+        if _DEBUG:
+            traceback.print_exc()
+        fail(f"internal error: {exc.__class__.__name__}: {exc}",
+              "rerun with --debug and report the traceback", ExitCode.INTERNAL)

@@ -1,0 +1,264 @@
+"""``reprokit shrink``: its options, the resume rules (a resumed run replays the saved options;
+a changed judging option is a usage error), the run and its archive. Holds no logic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import click
+
+from reprokit.audit import audit as run_audit
+from reprokit.cli.app import cli, engine_log, writing
+from reprokit.cli.options import (
+    AUDIT_FILES,
+    FORCE,
+    SHRINK_FILES,
+    SHRINK_ONLY,
+    as_args,
+    files_read,
+    from_torch,
+    given,
+    make_run_options,
+    parse_max_calls,
+    parse_size,
+    run_options,
+    torch_files,
+    torch_options,
+    torch_summary,
+)
+from reprokit.console import (
+    Ticker,
+    err,
+    print_shrink,
+)
+from reprokit.errors import ExitCode, ReprokitError, UsageError
+from reprokit.files import claim_folder
+from reprokit.shrink import steps as shrinking
+from reprokit.shrink.budget import Limits
+from reprokit.shrink.clock import StepClock, process_started
+from reprokit.shrink.output import close_summary, pack_accumulated
+from reprokit.shrink.runstate import STATE_DIR, drop_state, finished_run, state_bytes
+from reprokit.spec import parse_target
+
+
+@cli.command()
+@click.argument("model", required=False)
+@click.option("--target", "-t", default=None,
+              help="Target spec, e.g. trt:fp16, emulate:fp16, openvino:bf16 (required unless --resume DIR).")
+@run_options
+@torch_options
+@click.option("--out", "-o", "out_dir", default="reprokit-out", show_default=True, metavar="DIR",
+              help="Where minimal.onnx, inputs.npz and summary.json go (rewritten after every step).")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Evaluate candidates in parallel; the result is the same for every N.")
+@click.option("--replays", default=None, type=click.IntRange(0, 10),
+              help="Extra runs of the original and of the result to detect a flaky target. Default: none "
+                   "for deterministic engines; otherwise the original once and the result once (twice for "
+                   "cmd checks).")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+              help="Continue an interrupted or budget-stopped run: --resume DIR alone takes the model, target "
+                   "and run options from DIR; plain --resume continues the same command's --out.")
+@click.option("--max-activation-disk", default=None, metavar="SIZE",
+              help="Stop with an error if the captured activations would pass SIZE (e.g. 20G, 500M).")
+@click.option("--max-calls", default="auto", show_default=True, metavar="N|auto",
+              help="Target calls in all (engine builds). auto: about polygraphy's bisect cost; 0: no limit.")
+@click.option("--capture-chunk", default="1G", show_default=True, metavar="SIZE",
+              help="Activations one reference run may return at once; more runs when the model needs more.")
+@click.option("--no-localize", is_flag=True,
+              help="Skip the survey and localization (named node, each node alone, layerwise); search only.")
+@click.option("--one-by-one", is_flag=True,
+              help="Judge one candidate per engine call (no packed candidates, no group testing).")
+@click.option("--accept-milder", is_flag=True,
+              help="Accept candidates whose mismatch is much milder than the original's (by default a candidate "
+                   "must reach a tenth of its error, between 1x and 10x the tolerance).")
+@click.option("--search-accumulated", is_flag=True,
+              help="When no small region shows a mismatch alone (accumulated error), search on for the "
+                   "smallest window instead of stopping with the attribution.")
+@click.option("--no-reduce-inputs", is_flag=True,
+              help="Keep the model's own inputs: remove nodes only from the end (polygraphy's flag).")
+@click.option("--no-reduce-outputs", is_flag=True,
+              help="Keep the model's own outputs: remove nodes only from the start (polygraphy's flag).")
+@click.option("--no-shrink-shapes", is_flag=True,
+              help="Keep the minimal model's input shapes (by default they are halved while the signature holds).")
+@click.option("--no-pack", is_flag=True, help="Do not write the report archive OUT/report.tar.gz.")
+@click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default="tar.gz", show_default=True,
+              help="Report archive format.")
+@click.option("--redact", is_flag=True, help="Redact names, metadata and (if it still reproduces) weights in the report.")
+@click.option("--audit", "with_audit", is_flag=True,
+              help="Also audit the original model (OUT/audit/; the report gets audit/ and a sweep).")
+@click.option("--overlay", "with_overlay", is_flag=True,
+              help="Write Model Explorer overlays of the original model (OUT/audit/overlay-*.json: layerwise, "
+                   "isolated and range data, the nodes kept); a light audit unless --audit.")
+@click.option("--keep-state", is_flag=True,
+              help="Keep OUT/.reprokit's captured activations and candidate models after the run (by default "
+                   "they are removed when the run ends, kept only when it is interrupted).")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
+@FORCE
+@click.pass_context
+def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
+           no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
+           no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, keep_state, as_json, force, **kw):
+    """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
+    clock = StepClock(process_started())  # summary.json's steps cover the process, start-up included
+
+    flags = {name: ctx.params[name] for name in SHRINK_ONLY}  # the command's own options
+    if resume:  # --resume DIR: every option not given again comes from DIR's saved run
+        resumed = _resumed(ctx, resume, out_dir, model, target, flags, kw, as_json)
+        if resumed is None:  # nothing to continue: the answer on disk stays as it is
+            return
+        out_dir, model, target = resumed
+    (jobs, replays, max_activation_disk, max_calls, capture_chunk, no_localize, one_by_one, accept_milder,
+     search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_pack, fmt, redact, with_audit,
+     with_overlay, keep_state) = (flags[name] for name in SHRINK_ONLY)
+    run_args = [a for p in ctx.command.params if p.name in flags and flags[p.name] not in (None, p.default)
+                for a in as_args(p, flags[p.name])]
+    if (model is None and not kw.get("torch_entry")) or target is None:
+        raise UsageError("shrink needs MODEL and --target (or --resume DIR of an earlier run)",
+                         hint="e.g. reprokit shrink model.onnx --target emulate:fp16 -o out/")
+    reads = files_read(model, kw)
+    options = make_run_options(kw)
+    parse_target(target)  # a bad spec or a missing check script fails before any work
+    # so does an output that would replace a file the run reads or one the user wrote
+    claim_folder(out_dir, SHRINK_FILES + torch_files(kw) + (() if no_pack else (f"report.{fmt}",))
+                 + (tuple(f"audit/{p}" for p in AUDIT_FILES) if with_audit or with_overlay else ()),
+                 reads, force=force)
+    writing(out_dir)
+    if kw.get("torch_entry"):
+        clock.begin("torch export")
+    model, exported = from_torch(model, kw, options, os.path.join(out_dir, "torch"))
+    torch_info = torch_summary(exported, options, out_dir, as_json)
+    engine_log(out_dir, fresh=resume is None)
+    progress = Ticker(stamp=True, quiet=as_json)  # a line at least every few seconds, in every step
+
+    limits = Limits(
+        capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
+        max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
+        max_calls=parse_max_calls(max_calls),
+    )
+    try:  # the captured activations outlive the run only when it was interrupted, or with --keep-state
+        result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,
+                                  resume=resume is not None, localize_first=not no_localize, on_event=progress,
+                                  limits=limits, pack_candidates=not one_by_one,
+                                  search_accumulated=search_accumulated, accept_milder=accept_milder,
+                                  keep_inputs=no_reduce_inputs, keep_outputs=no_reduce_outputs,
+                                  shrink_shapes=not no_shrink_shapes, clock=clock, run_args=tuple(run_args))
+    except KeyboardInterrupt:  # run.json holds every option: --resume DIR alone continues
+        _end_state(out_dir, True, as_json, "for --resume")
+        raise ReprokitError("interrupted", hint=shrinking.resume_hint(out_dir),
+                            exit_code=ExitCode.INTERRUPTED) from None
+    except BaseException:
+        _end_state(out_dir, keep_state, as_json)
+        raise
+    _end_state(out_dir, keep_state, as_json)
+    if torch_info is not None:
+        result.summary["torch"] = torch_info
+    _audit_and_pack(result, model, target, options, out_dir, progress, clock, with_audit=with_audit,
+                    with_overlay=with_overlay, no_pack=no_pack, fmt=fmt, redact=redact)
+    progress.close()
+    close_summary(result)  # every step's seconds, the archive's included, add up to wall_s
+    if as_json:
+        click.echo(json.dumps(result.summary, indent=2, default=str))
+    else:
+        print_shrink(result)
+
+
+def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dict, as_json: bool):
+    """``--resume DIR``: every option not given again comes from DIR's saved run (``flags``, the
+    command's own, and ``kw``, the run options, are updated in place). (out_dir, model, target);
+    None when the run there has finished (said as such)."""
+    if given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
+        raise UsageError(f"--resume {resume} and -o {out_dir} name different directories",
+                         hint=f"give one of them: reprokit shrink --resume {resume}")
+    out_dir = resume
+    saved = shrinking.saved_run(out_dir)
+    finished = finished_run(out_dir)
+    if finished is not None:
+        _say_finished(out_dir, finished, as_json)
+        return None
+    model, target = model or saved["model"], target or saved["target"]
+    before = ctx.command.make_context("shrink", list(saved["args"]))
+    for name, value in before.params.items():
+        if given(before, name) and not given(ctx, name):
+            if name in flags:
+                flags[name] = value
+            elif name in kw:
+                kw[name] = value
+    return out_dir, model, target
+
+
+def _audit_and_pack(result, model, target, options, out_dir: str, progress, clock, *, with_audit: bool,
+                    with_overlay: bool, no_pack: bool, fmt: str, redact: bool) -> None:
+    """After the run: Model Explorer overlays or the audit of the original model (naming what
+    shrink kept), then the report archive (the whole model with the attribution, for an
+    accumulated error)."""
+    audited = None
+    accumulated = result.summary["status"] == "accumulated"  # no model to call minimal, nothing to pack
+    reduced_on = next((row["index"] for row in result.summary.get("samples") or [] if row.get("reduced_on")), None)
+    if reduced_on is not None:  # several samples: the audit explains the one shrink reduced on
+        options = replace(options, sample=reduced_on)
+    if with_overlay and not with_audit and not accumulated:  # overlays only: no sweep, no explain
+
+        progress("Model Explorer overlays of the original model")
+        clock.begin("overlay")
+        light = run_audit(model, target, os.path.join(out_dir, "audit"), options=options, sweep=False,
+                          explain_inputs=False, kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
+        result.summary["overlay"] = light.payload.get("overlay")
+        if light.payload.get("overlay"):
+            result.notes.append(f"overlay: {light.payload['overlay']['command']}")
+    if with_audit and not accumulated:  # --- audit (reprokit/audit): the ORIGINAL model, naming what shrink kept
+
+        progress("auditing the original model")
+        clock.begin("audit")
+        audited = run_audit(model, target, os.path.join(out_dir, "audit"), options=options,
+                            kept_nodes=result.summary["minimal"]["node_names"], on_event=progress)
+        result.summary["overlay"] = audited.payload.get("overlay")
+        result.summary["audit"] = os.path.join(out_dir, "audit", "audit.json")
+        found = audited.workaround
+        result.notes.append(f"audit: {out_dir}/audit/audit.html"
+                            + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
+    if not no_pack and accumulated:  # the whole model is the repro; ISSUE.md gets the attribution
+        progress("packing the report archive (the whole model, with the attribution)")
+        clock.begin("pack")
+
+        packed = pack_accumulated(result, model, target, options, fmt=fmt, redact=redact, on_event=progress)
+        if packed is not None:
+            result.notes.extend(packed.notes)
+    if not no_pack and not accumulated:
+        progress("packing the report archive")
+        clock.begin("pack")
+        packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress,
+                                       audit=audited)
+        result.summary["report"] = packed.archive
+        result.notes.extend(packed.notes)
+
+
+def _end_state(out_dir: str, keep: bool, as_json: bool, why: str = "(--keep-state)") -> None:
+    """A shrink run has ended: its captured activations go, unless kept; either way, say how much."""
+    where = os.path.join(out_dir, STATE_DIR)
+    if keep:
+        size = state_bytes(out_dir)
+        text = f"kept {_mib(size)} of captured activations and candidates in {where} {why}"
+    else:
+        size = drop_state(out_dir)
+        text = f"removed {_mib(size)} of captured activations and candidates from {where} (--keep-state keeps them)"
+    if size and not as_json:
+        err.print(f"[dim]{text}[/]")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
+
+
+def _say_finished(out_dir: str, summary: dict, as_json: bool) -> None:
+    """--resume of a run that already ended with its answer: say so, change nothing."""
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    minimal = summary.get("minimal") or {}
+    what = (f"a minimal model of {minimal.get('nodes')} nodes" if summary.get("status") == "done"
+            else "an accumulated error (summary.json: attribution)")
+    err.print(f"{out_dir} holds a finished run ({what}, {summary.get('calls', {}).get('target')} target calls); "
+              "nothing to continue, the result is kept as it is. To start over, use a new -o directory.")
