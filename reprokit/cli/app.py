@@ -16,8 +16,8 @@ import traceback
 import click
 
 from reprokit import __version__
+from reprokit.cli.progress import Ticker
 from reprokit.console import (
-    Ticker,
     err,
 )
 from reprokit.engine import enginelog

@@ -31,8 +31,8 @@ from reprokit.cli.options import (
     torch_options,
     torch_summary,
 )
+from reprokit.cli.progress import Ticker
 from reprokit.console import (
-    Ticker,
     err,
     print_audit,
     print_backends,

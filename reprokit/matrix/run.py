@@ -34,7 +34,7 @@ from reprokit.report.archive import (
     write_archive,
     write_manifest,
 )
-from reprokit.report.verify import trusted_archive_spec
+from reprokit.report.verify import archive_json, trusted_archive_spec
 from reprokit.spec import parse_target
 
 # Which package a target's engine loads (emulate runs its rounded graph on onnxruntime).
@@ -77,8 +77,8 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
         if problems:
             raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}",
                              hint="the archive was changed after packing; ask for a fresh one")
-        recorded = _read_json(top, "verdict.json", archive_path)
-        packed_env = _read_json(top, "env.json", archive_path)
+        recorded = archive_json(top, "verdict.json", archive_path, use="run as a matrix")
+        packed_env = archive_json(top, "env.json", archive_path, use="run as a matrix")
         chosen_target = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
         engine = chosen_target.partition(":")[0].strip().lower()
         if spec.package not in TARGET_PACKAGES.get(engine, ()):
@@ -191,15 +191,6 @@ def _progress(package: str, row: dict) -> str:
     where = f" @ {row['gpu']}" if row.get("gpu") else ""
     took = f" (env {row['env_seconds']} s, repro.py {row['run_seconds']} s)" if row.get("run_seconds") is not None else ""
     return f"{package} {row['version']}{where}: {row['outcome']}{took}"
-
-
-def _read_json(top: str, name: str, archive_path: str) -> dict:
-    try:
-        with open(os.path.join(top, name)) as handle:
-            return json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"archive {archive_path} has no usable {name} ({exc})",
-                         hint="only archives written by `reprokit pack` can be run as a matrix") from exc
 
 
 def _reproduced_when_packed(top: str) -> bool:

@@ -151,13 +151,15 @@ def _regex_risk(pattern: str) -> str | None:
     return None
 
 
-def _archive_json(top: str, name: str, archive_path: str):
+def archive_json(top: str, name: str, archive_path: str, *, use: str = "verified"):
+    """The JSON file ``name`` of an archive extracted to ``top``; an InputError when it is
+    missing or unreadable (only archives ``reprokit pack`` wrote can be ``use``)."""
     try:
         with open(os.path.join(top, name)) as handle:
             return json.load(handle)
     except (OSError, ValueError) as exc:
         raise InputError(f"archive {archive_path} has no usable {name} ({exc})",
-                         hint="only archives written by `reprokit pack` can be verified") from exc
+                         hint=f"only archives written by `reprokit pack` can be {use}") from exc
 
 
 def verify(archive_path: str, target: str | None = None, *, timeout: float = 600.0) -> VerifyResult:
@@ -165,13 +167,13 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float = 600
     with tempfile.TemporaryDirectory(prefix="reprokit-verify-") as tmp:
         top = safe_extract(archive_path, tmp)
         if os.path.exists(os.path.join(top, MANIFEST)):  # a missing one: check_manifest says so
-            check_manifest_schema(_archive_json(top, MANIFEST, archive_path), archive_path)
+            check_manifest_schema(archive_json(top, MANIFEST, archive_path), archive_path)
         problems = check_manifest(top)
         if problems:
             raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}"
                              + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
                              hint="the archive was changed after packing; ask for a fresh one")
-        recorded = _archive_json(top, "verdict.json", archive_path)
+        recorded = archive_json(top, "verdict.json", archive_path)
         check_verdict(recorded, archive_path)  # every field read below is there, of its type
         criterion = recorded["criterion"]
         chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
