@@ -1019,8 +1019,10 @@ def best_write_fails(tmp_path_factory):
     model = save(wide_expand_chain(), root / "wide.onnx")
     script = write_script(root / "softmax_fails.py", SOFTMAX_FAILS)
     out = root / "out"
-    # --no-shrink-shapes: the scenario needs the 1 MiB cut as the node reduction leaves it
-    args = ["shrink", model, "--target", cmd_target(script, "{model}"), "-o", out, "--no-pack", "--no-shrink-shapes"]
+    # --no-shrink-shapes: the scenario needs the 1 MiB cut as the node reduction leaves it;
+    # --keep-state: the resume replays with the activations captured, no engine call (issue 28 item 7)
+    args = ["shrink", model, "--target", cmd_target(script, "{model}"), "-o", out, "--no-pack", "--no-shrink-shapes",
+            "--keep-state"]
     first = reprokit(*args, cwd=root, timeout=180)
     assert first.returncode == 0, first.stderr[-3000:]
     with np.load(out / "inputs.npz") as data:
@@ -1039,6 +1041,24 @@ def test_failed_write_of_the_best_so_far_is_a_clear_error(best_write_fails):
 def test_failed_write_of_the_best_so_far_keeps_a_consistent_previous_best(best_write_fails):
     _, out = best_write_fails
     assert_consistent_best(out)
+
+
+def test_a_capture_that_does_not_fit_is_a_disk_error_not_an_internal_one(tmp_path):
+    """Without --keep-state the finished run's activations are gone (issue 28 item 7): the resume
+    captures again, and the engine worker's write past RLIMIT_FSIZE (numpy's short write, no
+    errno) is exit 4 naming the folder, not exit 70."""
+    model = save(wide_expand_chain(), tmp_path / "wide.onnx")
+    script = write_script(tmp_path / "softmax_fails.py", SOFTMAX_FAILS)
+    args = ["shrink", model, "--target", cmd_target(script, "{model}"), "-o", tmp_path / "out", "--no-pack",
+            "--no-shrink-shapes", "--max-calls", "0"]
+    first = reprokit(*args, cwd=tmp_path, timeout=180)
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary["status"] = "interrupted"  # as if stopped before the end: --resume continues, captures again
+    (tmp_path / "out" / "summary.json").write_text(json.dumps(summary))
+    second = reprokit(*args, "--resume", cwd=tmp_path, timeout=180, preexec_fn=_file_size_limit(512 << 10))
+    assert_disk_error(second)
+    assert "out/.reprokit" in second.stderr and second.returncode == 4
 
 
 FILL_WHEN_PACKING = """

@@ -8,8 +8,10 @@ read back memory-mapped.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -249,15 +251,29 @@ def _child(job_dir: str) -> int:
     except Exception as exc:  # a Python error in reprokit's worker code is not the engine's fault
         import traceback
 
-        # The traceback travels as the log: the parent chains it to its error for --debug only.
-        result = {"status": "error", "message": f"internal error in the engine worker: {exc.__class__.__name__}: {exc}",
-                  "hint": "rerun with --debug and report the traceback", "log": traceback.format_exc(),
-                  "exit_code": 70}
+        if _disk_full(exc):  # the outputs did not fit on the disk: the user's environment, exit 4
+            result = {"status": "error", "exit_code": 4,
+                      "message": f"cannot write the engine's outputs in {job_dir}: {exc} (disk full or file size limit)",
+                      "hint": "free disk space or write elsewhere (-o); results already written are kept"}
+        else:
+
+            # The traceback travels as the log: the parent chains it to its error for --debug only.
+            result = {"status": "error",
+                      "message": f"internal error in the engine worker: {exc.__class__.__name__}: {exc}",
+                      "hint": "rerun with --debug and report the traceback", "log": traceback.format_exc(),
+                      "exit_code": 70}
     tmp = os.path.join(job_dir, "result.json.tmp")
     with open(tmp, "w") as handle:
         json.dump(result, handle, default=str)
     os.replace(tmp, os.path.join(job_dir, "result.json"))
     return 0
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """A write that did not fit: ENOSPC/EFBIG/EDQUOT, or numpy's own short-write OSError
+    ("262144 requested and 131040 written"), which carries no errno."""
+    return isinstance(exc, OSError) and (exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+                                         or re.fullmatch(r"\d+ requested and \d+ written", str(exc)) is not None)
 
 
 def _tensors(outputs: dict) -> dict:
