@@ -80,6 +80,14 @@ def scenarios(work: str) -> list[dict]:
                 "check": [sys.executable, fusion, "{model}"]})
     out.append({"name": "conv_clip fusion, silent check (69 nodes)", "model": conv_clip, "expect": None,
                 "check": [sys.executable, silent, "{model}"]})
+    # issue 25's own cases, unseen by the reduction code's tests: two distant nodes that fail only
+    # together (a check naming neither), and a Conv→Clip fusion deep in a 144-node CNN
+    chain160 = planted.save(*planted.with_named_op("Abs", 160), work, "chain160")
+    out.append({"name": "pair of distant nodes, silent (160 nodes)", "model": chain160, "expect": ["n23", "n121"],
+                "check": [sys.executable, checker, "{model}", "--fail-node", "n23", "n121"]})
+    cnn = planted.save(*planted.cnn_with_one_clip(), work, "cnn_clip")
+    out.append({"name": "Conv→Clip fusion, silent check (144 nodes)", "model": cnn,
+                "expect": ["fused/conv", "fused/clip"], "check": [sys.executable, silent, "{model}"]})
     out.append({"name": "parser names Unique (120 nodes)", "model": unique, "expect": ["suspect"],
                 "check": [sys.executable, parser, "{model}"]})
     golden = os.path.join(work, "det_golden.npz")

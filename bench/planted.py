@@ -176,6 +176,27 @@ def with_named_op(op: str = "Unique", n_nodes: int = 120):
     return model, feeds
 
 
+def cnn_with_one_clip(blocks: int = 64, clip_at: int = 41):
+    """x[1,4,8,8] → ``blocks`` × (Conv 3x3 → Relu), 144 nodes, but block ``clip_at`` is Conv → Clip(0, 6)
+    ("fused/conv", "fused/clip"); every fourth block also adds a residual (its Conv output has two
+    readers there: no fusion). A fusion case unseen by the reduction code's tests (issue 25)."""
+    b = _Builder(7)
+    h = "x"
+    for k in range(blocks):
+        name = "fused" if k == clip_at else f"b{k}"
+        w = b.const(f"{name}/w", b.rng.standard_normal((4, 4, 3, 3)) * 0.3)
+        conv = b.op("Conv", [h, w], f"{name}/conv", pads=[1, 1, 1, 1])
+        if k == clip_at:
+            h = b.op("Clip", [conv, b.const("lo", 0.0), b.const("hi", 6.0)], f"{name}/clip")
+        elif k % 4 == 3:
+            h = b.op("Add", [b.op("Relu", [conv], f"{name}/relu"), conv], f"{name}/res")
+        else:
+            h = b.op("Relu", [conv], f"{name}/relu")
+    model = _model(b.nodes, [helper.make_tensor_value_info("x", F, [1, 4, 8, 8])],
+                   [helper.make_tensor_value_info(h, F, [1, 4, 8, 8])], b.inits)
+    return model, {"x": np.random.default_rng(8).standard_normal((1, 4, 8, 8)).astype(np.float32)}
+
+
 # -- polygraphy's reducable models, rebuilt from their description ------------------------------
 
 def reducable():

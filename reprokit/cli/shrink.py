@@ -53,7 +53,10 @@ from reprokit.spec import parse_target
 @click.option("--out", "-o", "out_dir", default="reprokit-out", show_default=True, metavar="DIR",
               help="Where minimal.onnx, inputs.npz and summary.json go (rewritten after every step).")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Evaluate candidates in parallel; the result is the same for every N.")
+              help="Evaluate candidates one by one in parallel; the result is the same for every N. Only "
+                   "with --max-calls 0 and a search that judges candidates one by one (--one-by-one, or a "
+                   "pass/fail check's window and ddmin): under the auto call budget, and where candidates are "
+                   "packed into one engine call, N does nothing.")
 @click.option("--replays", default=None, type=click.IntRange(0, 10),
               help="Extra runs of the original and of the result to detect a flaky target. Default: none "
                    "for deterministic engines; otherwise the original once and the result once (twice for "

@@ -37,7 +37,7 @@ def default_replays(target: str) -> tuple[int, int]:
     return 1, 2 if engine == "cmd" else 1
 
 
-SHAPE_CALLS = 3  # what the auto budget adds for shape shrinking: two halving rounds and the result alone
+SHAPE_CALLS = 1  # what the auto budget adds for shapes: the ladder's packed call (its crop alone is the final)
 
 
 def auto_call_budget(nodes: int, replays: int = 0) -> int:

@@ -15,7 +15,7 @@ Three ways, chosen by the Reducer from the signature, never by a pass:
   members interact: nothing is concluded.
 
 Every candidate outcome is journaled on its own, under the Reducer's one key, so ``--resume``
-replays packed work too. This module talks to the Reducer only through its public methods
+replays packed work too. The binary-splitting search over group verdicts is ``grouped.py``. This module talks to the Reducer only through its public methods
 (``cached``, ``record``, ``count``, ``test``, ``group_fails``, ``charge``, ``note_call``) and
 never imports it: the Reducer imports this module.
 """
@@ -23,6 +23,7 @@ never imports it: the Reducer imports this module.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from reprokit.engine.bug import largest_error, shows_bug, why_not
 from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
+from reprokit.errors import ReferenceFailure
 from reprokit.graph.extract import Extraction, NotCaptured
 from reprokit.graph.io import tensor_proto_bytes
 from reprokit.graph.model import mark_outputs
@@ -226,12 +228,31 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
             results[cand] = trivial
         else:
             members.append(Member(cand, sub))
-    for group in _fit(reducer, members):
+    groups = _fit(reducer, members)
+    _ride_along(reducer, groups, reducer.take_speculative_members())
+    for group in groups:
         found = _run_numeric_pack(reducer, group)
-        results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None)
+        results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None and not m.crop)
         if stop_at_hit and any(outcome.interesting for outcome in found.values()):
             break
     return [results.get(c) for c in candidates]
+
+
+def _ride_along(reducer, groups: list[list[Member]], extra: list[Member]) -> None:
+    """Speculative members (shape crops a later step will ask about) join the last pack while it
+    stays under the limits: they never cost a call of their own."""
+    if not extra or not groups:
+        return
+    last = groups[-1]
+    size = sum(_member_bytes(reducer, m) for m in last)
+    nodes = sum(len(m.sub.model.graph.node) for m in last)
+    for member in extra:
+        weight, count = _member_bytes(reducer, member), len(member.sub.model.graph.node)
+        if size + weight > reducer.pack_bytes or nodes + count > reducer.pack_nodes:
+            break
+        last.append(member)
+        size += weight
+        nodes += count
 
 
 def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
@@ -325,10 +346,74 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
                 verdict = reducer.oracle.verdict_from(own, reference,
                                                       keep_outputs=_causal_for(reducer, member) is not None)
                 outcome = _outcome(reducer, verdict, packed=True, member=member)
+                if outcome.interesting and not member.crop:  # where the shapes pass will crop around
+                    reducer.hotspots[member.nodes] = hotspot(outputs, reference)
             found[member] = reducer.record(member.nodes, outcome, crop=member.crop)
     finally:
         result.discard()
     return found
+
+
+def hotspot(outputs: dict, reference: dict):
+    """(output, index, shape) of the element of largest error: the first non-finite one the
+    reference does not share, else the largest absolute difference; None when nothing compares."""
+    best = None
+    for name, got in outputs.items():
+        target, wanted = np.asarray(got), np.asarray(reference[name])
+        if target.shape != wanted.shape or target.size == 0 or target.dtype.kind not in "biuf":
+            continue
+        target, wanted = target.astype(np.float64), wanted.astype(np.float64)
+        fresh = ~np.isfinite(target) & np.isfinite(wanted)
+        if fresh.any():
+            score, flat = float("inf"), int(np.flatnonzero(fresh)[0])
+        else:
+            diff = np.abs(target - wanted)
+            diff[~np.isfinite(diff)] = 0.0
+            flat = int(np.argmax(diff))
+            score = float(diff.flat[flat])
+        if best is None or score > best[0]:
+            best = (score, name, tuple(int(i) for i in np.unravel_index(flat, target.shape)), target.shape)
+    return None if best is None else best[1:]
+
+
+def reference_members(reducer, subs: list) -> list[dict | None]:
+    """The reference's outputs on each extraction (its own feeds), or None where the reference
+    cannot run it at its shapes: every one in one packed run, split in halves on a failure."""
+    if not subs:
+        return []
+    if len(subs) == 1:
+        path = _save(reducer, subs[0].model)
+        try:
+            result = reducer.oracle.run_reference(path, subs[0].feeds, list(subs[0].outputs))
+        except ReferenceFailure:
+            return [None]
+        finally:
+            os.remove(path)
+        try:
+            return [{name: np.array(value) for name, value in result.outputs.items()}]
+        finally:
+            result.discard()
+    pack = build_pack(subs, keep_node_names=False)
+    path = _save(reducer, pack.model)
+    try:
+        result = reducer.oracle.run_reference(path, pack.feeds)
+    except ReferenceFailure as exc:
+        # the engine's message usually names the node that refused: its member goes, the rest
+        # runs again; else halves
+        named = re.search(r"\brk(\d+)/", str(exc))
+        bad = int(named.group(1)) if named else -1
+        if 0 <= bad < len(subs):
+            rest = reference_members(reducer, subs[:bad] + subs[bad + 1:])
+            return rest[:bad] + [None] + rest[bad:]
+        half = len(subs) // 2
+        return reference_members(reducer, subs[:half]) + reference_members(reducer, subs[half:])
+    finally:
+        os.remove(path)
+    try:
+        return [{original: np.array(result.outputs[name]) for name, original in member.outputs.items()}
+                for member in pack.members]
+    finally:
+        result.discard()
 
 
 def group_fails(reducer, group: list[frozenset]) -> bool:
@@ -356,78 +441,6 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
         for cand, _ in prepared:
             reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
     return fails
-
-
-def first_failing_group(reducer, candidates: list[frozenset], *, together_fail: bool = False) -> int | None:
-    """Earliest interesting candidate by group testing over runs of consecutive, pairwise
-    disjoint candidates (overlapping ones are judged one by one). ``together_fail``: all the
-    candidates together are known to fail, so the first run needs no call of its own."""
-    position = 0
-    while position < len(candidates):
-        known = reducer.cached(candidates[position])
-        if known is not None:
-            reducer.count(known)
-            if known.interesting:
-                return position
-            position += 1
-            continue
-        run, used, nodes = [position], set(candidates[position]), len(candidates[position])
-        following = position + 1
-        while following < len(candidates):
-            cand = candidates[following]
-            if cand & used or reducer.cached(cand) is not None or nodes + len(cand) > reducer.pack_nodes:
-                break
-            run.append(following)
-            used |= cand
-            nodes += len(cand)
-            following += 1
-        known = together_fail and len(run) == len(candidates) and position == 0
-        hit = _split(reducer, candidates, run, known_fail=known)
-        if hit is not None:
-            return hit
-        if known and len(run) > 1:
-            _interaction(reducer, [candidates[i] for i in run])
-        position = following
-    return None
-
-
-def _interaction(reducer, members: list[frozenset]) -> bool:
-    """A group failed but none of its members fails alone: they fail together. Their union is a
-    candidate of its own (judged alone); kept for the passes after this one when it holds."""
-    union = frozenset().union(*members)
-    if not reducer.smaller(union) or any(found <= union for found in reducer.interactions):
-        return False  # a smaller set inside it already fails together
-    if reducer.test(union):
-        reducer.interactions.append(union)
-        return True
-    reducer.contradictions += 1  # failing in a pack, not alone: a packing effect, or a flaky check
-    return False
-
-
-def _split(reducer, candidates, run: list[int], *, known_fail: bool, assumed: bool = False) -> int | None:
-    """Binary splitting: the earliest member of ``run`` that fails alone, or None. ``assumed``:
-    the run's failure is inferred from the confirmed model, not seen in a pack — its right half
-    is then tested rather than inferred (no single may fail alone at all: a fusion, a pair)."""
-    if len(run) == 1:
-        return run[0] if reducer.test(candidates[run[0]]) else None
-    if not known_fail and not reducer.group_fails([candidates[i] for i in run]):
-        return None
-    half = len(run) // 2
-    left, right = run[:half], run[half:]
-    left_fails = (reducer.test(candidates[left[0]]) if len(left) == 1
-                  else reducer.group_fails([candidates[i] for i in left]))
-    if left_fails:
-        hit = _split(reducer, candidates, left, known_fail=True)
-        if hit is not None:
-            return hit
-        if _interaction(reducer, [candidates[i] for i in left]):
-            return None  # the left members fail together: a smaller candidate than the rest
-        return _split(reducer, candidates, right, known_fail=False)
-    # Left passed, the whole failed: under "a pack fails when a member fails", right holds it.
-    hit = _split(reducer, candidates, right, known_fail=not assumed)
-    if hit is None and len(right) > 1 and not assumed:
-        _interaction(reducer, [candidates[i] for i in right])
-    return hit
 
 
 def calibrate(reducer, probe) -> tuple[str | None, int, float]:

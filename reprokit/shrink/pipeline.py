@@ -10,8 +10,9 @@ region says instead (attribution).
 4. A mismatch no region shows on its own is **accumulated** error: the run stops with each
    node's isolated error, the top contributors and the cumulative curve (``attribution``)
    instead of calling a large window minimal (``search_accumulated`` searches anyway).
-5. **window** (bisection of the end and the start), **branches** (one output's cone) and
-   **ddmin** (chunk deletion down to single nodes; packed complements for numeric oracles) —
+5. **conflict** (nodes that fail only together: QuickXplain, ``passes/conflict.py``), then
+   **window** (bisection of the end and the start) when it finds no set that fails alone,
+   **branches** (one output's cone) and **ddmin** (chunk deletion down to single nodes; packed complements for numeric oracles) —
    ddmin's last sweep proves 1-minimality, usually from answers already cached.
    **inside** takes ddmin's place when the best still holds If nodes with nodes in their
    branches: ddmin over every node, those inside the branches included (``passes/inside.py``);
@@ -24,13 +25,23 @@ from dataclasses import dataclass
 
 from reprokit.engine.oracle import Kind
 from reprokit.graph.index import GraphIndex
-from reprokit.shrink.passes import branches, ddmin, inside, localize, named, survey, window
+from reprokit.shrink.passes import (
+    branches,
+    conflict,
+    ddmin,
+    inside,
+    localize,
+    named,
+    survey,
+    window,
+)
 from reprokit.shrink.precision import ranking
 from reprokit.shrink.reducer import BudgetExhausted, Journal, Reducer
 from reprokit.standalone.compare import jsonable
 
 NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)
 GROUPED = (Kind.BUILD_ERROR, Kind.CRASH)  # timeouts are not packed: a bigger model is slower
+CONFLICT_UP_TO = 4096  # nodes the conflict-set search takes on; larger bests are windowed first
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,9 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
                 found = survey.pairs(reducer)
             if not found and reducer.signature.kind is Kind.MISMATCH and not plan.search_accumulated:
                 return "accumulated"
+        if not found and len(reducer.best) <= CONFLICT_UP_TO:
+            reducer.begin("conflict")
+            found = conflict.run(reducer)
         if not found:
             reducer.begin("window")
             window.run(reducer)

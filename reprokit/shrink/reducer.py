@@ -13,8 +13,6 @@ packing or on ``jobs``. Must not build packs or talk to the engine itself.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +23,9 @@ from reprokit.engine.worker import kill_running
 from reprokit.graph.extract import extract
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import weight_bytes
-from reprokit.shrink import evaluator
+from reprokit.shrink import evaluator, grouped
 from reprokit.shrink.evaluator import Outcome
+from reprokit.shrink.journal import Journal, PassStats
 from reprokit.standalone.compare import jsonable, unrepresentable
 
 __all__ = ["BudgetExhausted", "Journal", "Outcome", "PassStats", "Reducer", "TRIVIAL"]
@@ -34,57 +33,8 @@ __all__ = ["BudgetExhausted", "Journal", "Outcome", "PassStats", "Reducer", "TRI
 TRIVIAL = ("empty", "no-outputs", "invalid", "no-anchor")
 
 
-@dataclass
-class PassStats:
-    calls: int = 0  # engine calls
-    candidates: int = 0  # candidates those calls judged (more than calls when packed)
-    cached: int = 0
-    removed: int = 0
-    seconds: float = 0.0
-    accepted: int = 0
-    invalid: int = 0  # candidates refused before any engine call
-    nodes_built: int = 0  # nodes in the models those calls built ("build work")
-
-    def to_json(self, name: str) -> dict:
-        return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
-                "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
-                "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3),
-                "engine_seconds": round(self.seconds, 3)}  # "seconds": the step's wall time, clock.py
-
-
 class BudgetExhausted(Exception):
     """The run's target-call budget is spent: stop reducing, keep the best so far."""
-
-
-class Journal:
-    """Append-only record of candidate outcomes, replayed on --resume."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.entries: dict[str, dict] = {}
-        self._lock = threading.Lock()
-        if path and os.path.exists(path):
-            with open(path) as handle:
-                for line in handle:
-                    line = line.strip()
-                    if line:
-                        try:
-                            entry = json.loads(line)
-                        except json.JSONDecodeError:
-                            continue  # a line cut by a crash: that candidate is simply rerun
-                        self.entries[entry["key"]] = entry
-
-    def get(self, key: str) -> dict | None:
-        with self._lock:
-            return self.entries.get(key)
-
-    def put(self, key: str, value: dict) -> None:
-        with self._lock:
-            self.entries[key] = {"key": key, **value}
-            if self.path:
-                with open(self.path, "a") as handle:
-                    handle.write(json.dumps(self.entries[key]) + "\n")
-                    handle.flush()
 
 
 @dataclass
@@ -118,6 +68,10 @@ class Reducer:
     isolated: dict = field(default_factory=dict)  # node index -> Outcome of the node alone
     severity: float | None = None  # a mismatch candidate's error must reach this (None: the tolerance)
     message_key: str = ""  # the original failure's normalized message (pass/fail oracles)
+    allowance: Callable[[int], int] | None = None  # allowance(calls): extra budget a pass may claim (auto budget)
+    hotspots: dict = field(default_factory=dict)
+    crop_tries: dict = field(default_factory=dict)  # node set -> [ShapeTry] judged speculatively
+    shapes: bool = False  # the run crops the result's inputs (shapes pass): crops may ride along early  # node set -> (output, index, shape) of its largest error
     interactions: list = field(default_factory=list)  # groups that fail only together (group testing)
     contradictions: int = 0  # groups that failed with no member failing alone (or a flaky check)
     want_layerwise: bool = False  # the next packed call also runs the marked whole model
@@ -141,6 +95,7 @@ class Reducer:
         self._lock = threading.Lock()
         self._feed_ok: dict[str, str | None] = {}
         self._speculative: list[frozenset] = []
+        self._speculative_members: list = []
         self._weights: int | None = None
         self._readers: dict | None = None
 
@@ -294,7 +249,7 @@ class Reducer:
                         return start + offset
             return None
         if self.packing == "group":
-            return evaluator.first_failing_group(self, candidates, together_fail=together_fail)
+            return grouped.first_failing_group(self, candidates, together_fail=together_fail)
         for start in range(len(candidates)):
             self.prefetch(candidates[start : start + self.jobs])
             if self.test(candidates[start]):
@@ -306,6 +261,16 @@ class Reducer:
         call (numeric oracles only), so that step finds them cached."""
         if self.packing == "numeric":
             self._speculative.extend(frozenset(c) for c in candidates)
+
+    def also_judge_members(self, members: list) -> None:
+        """Members with their own reference (shape crops of a likely next best) for the next
+        packed call (numeric oracles only)."""
+        if self.packing == "numeric":
+            self._speculative_members.extend(members)
+
+    def take_speculative_members(self) -> list:
+        taken, self._speculative_members = self._speculative_members, []
+        return taken
 
     def _take_speculative(self) -> list[frozenset]:
         taken, self._speculative = self._speculative, []
@@ -329,6 +294,12 @@ class Reducer:
             return known
         self.charge()
         return self._evaluate(nodes)
+
+    def claim(self, calls: int) -> None:
+        """A pass whose cost bound is known up front (the conflict-set search) widens an auto
+        budget by that bound; an explicit --max-calls stays as given."""
+        if self.budget is not None and self.allowance is not None:
+            self.budget += self.allowance(calls)
 
     def charge(self, calls: int = 1) -> None:
         """Before an engine call: stop at the budget. The call is counted by ``note_call``."""

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from reprokit.engine.activations import ActivationStore, tensor_bytes
-from reprokit.engine.bug import NUMERIC, CausalTest, shows_bug
+from reprokit.engine.bug import NUMERIC, CausalTest
 from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import InputError, NothingRemoved, NotReproduced
@@ -32,11 +32,11 @@ from reprokit.shrink.budget import (
     inside_allowance,
 )
 from reprokit.shrink.clock import StepClock
-from reprokit.shrink.confirm import PROBE_FEEDS, confirm, flaky_tally, probe_model
-from reprokit.shrink.evaluator import calibrate, causal_test
+from reprokit.shrink.confirm import PROBE_FEEDS, confirm, probe_model
+from reprokit.shrink.evaluator import calibrate
+from reprokit.shrink.final import ShrinkResult, finish
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
-from reprokit.shrink.passes.shapes import MIN_ELEMENTS, ShapeJudge, elements, shrink_shapes
 from reprokit.shrink.reducer import Journal, PassStats, Reducer
 from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
     STATE_DIR,
@@ -47,7 +47,7 @@ from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, r
     resume_hint,
     saved_run,
 )
-from reprokit.shrink.samples import choose_sample, judge_minimal, sample_calls, samples_summary
+from reprokit.shrink.samples import choose_sample, sample_calls, samples_summary
 from reprokit.spec import parse_target
 from reprokit.standalone.compare import Metric
 
@@ -63,16 +63,6 @@ def severity_floor(verdict) -> float | None:
     if not floats:  # only exact outputs (ids, indices) differ: every differing element counts
         return None
     return max(tolerance, min(max(floats) / 10, 10 * tolerance))
-
-
-@dataclass
-class ShrinkResult:
-    summary: dict
-    out_dir: str
-    minimal_path: str
-    verdict: object
-    notes: list[str] = field(default_factory=list)
-    clock: StepClock | None = None  # the run's steps go on after it returns (audit, pack): clock.py
 
 
 def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
@@ -124,6 +114,14 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     earlier = earlier_calls(out_dir) if resume else 0
     writer = _writer_for(run, model_path, options, verdict, clock, max_calls, earlier)
     reducer.on_accept = lambda r, step: writer.write(r, "running")
+    reducer.shapes = shrink_shapes  # crops may ride along in earlier packs (localize)
+    if limits.max_calls == -1:
+        def widen(calls: int) -> int:  # a pass with a known cost bound claims it (the conflict search)
+            calls = max(0, calls)
+            writer.max_calls += calls
+            return calls
+
+        reducer.allowance = widen
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
         reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays - samples_reserved)
     try:
@@ -150,7 +148,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
             # within the budget, which is a promise
             spare = None if not max_calls else max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays
             minimal_replays += 2 if spare is None else max(0, min(2, spare))
-        return _finish(run, reducer, writer, store, minimal_replays, note)
+        return finish(run, reducer, writer, store, minimal_replays, note, verdict.message)
     except BaseException as exc:
         reducer.close(interrupted=True)
         if isinstance(exc, (NotReproduced, NothingRemoved)):
@@ -291,99 +289,6 @@ def _open_run(model_path, target, out_dir, options, resume, event, clock, run_ar
     return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
                 GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
                 given, levels)
-
-
-def _finish(run: _Run, reducer, writer, store, replays: int, note: str) -> ShrinkResult:
-    """The last word is a single model: the best is judged alone (and replayed where the engine
-    is not deterministic) before it is written as done. A best that does not reproduce alone
-    falls back to the previous accepted best (twice at most), then stops with its own outcome."""
-    reducer.begin("final")
-    tried = []
-    for nodes in list(dict.fromkeys(reversed(reducer.history)))[:3] or [reducer.best]:
-        calls_before = run.oracle.stats.target
-        if tried and writer.max_calls and calls_before + 1 + replays > writer.max_calls - writer.earlier_calls:
-            break  # a fallback would pass the budget (--max-calls is a promise): not reproduced
-
-        started = time.monotonic()
-        final = reducer.extraction(nodes)
-        judged = save_model(final.model, os.path.join(run.models_dir, "final.onnx"),
-                            base_dir=run.prepared.base_dir, self_contained=True)
-        reference = {n: store.get(n) for n in final.outputs if n in store}
-        verdicts = [run.oracle.judge(judged, final.feeds, reference_outputs=reference,
-                                     keep_outputs=reducer.causal is not None)]
-        for _ in range(replays if verdicts[0].diverges else 0):
-            verdicts.append(run.oracle.run_again(judged, final.feeds, reference))
-        made = run.oracle.stats.target - calls_before
-        reducer.stats["final"].calls += made
-        reducer.stats["final"].nodes_built += made * len(nodes)
-        reducer.stats["final"].candidates += 1
-        reducer.stats["final"].seconds += time.monotonic() - started
-        tried.append(f"{len(nodes)} nodes: " + ", ".join(v.signature.describe() for v in verdicts))
-        shows = [shows_bug(reducer.signature, v, causal=causal_test(reducer), nodes=nodes) for v in verdicts]
-        if shows[0] and not all(shows):
-            # One model, two answers: the target is flaky. A larger model would only be luckier.
-            said = flaky_tally(verdicts, reducer.signature)
-            writer.write(reducer, "flaky", final_verdict=verdicts[-1], note=f"the target is flaky: {said}")
-            raise NotReproduced(
-                f"the target is flaky: {len(verdicts)} runs of the reduced model ({len(nodes)} nodes) disagree: {said}",
-                hint="a flaky check reduces noise, not the bug: make it give one answer per model (fixed "
-                     "tactics, a timing cache, a deterministic checker), or raise --replays to be sure")
-        if all(shows):
-            reducer.best = frozenset(nodes)
-            if len(nodes) >= len(run.model.graph.node) > 1 and not reducer.one_minimal:
-                _nothing_removed(run, reducer, writer, final, verdicts[0], reference, note)
-            if len(tried) > 1:
-                note = (note + "; " if note else "") + ("smaller results did not reproduce alone: "
-                                                          + " | ".join(tried[:-1]))
-            model, feeds, verdict = final.model, final.feeds, verdicts[0]
-            writer.samples = judge_minimal(run, reducer, nodes, final, verdict)  # on the other failing samples
-            shrunk = _shrink_shapes(run, reducer, writer, final, reference) if run.shrink_shapes else None
-            if shrunk is not None:
-                model, feeds, reference, verdict = shrunk["model"], shrunk["feeds"], shrunk["reference"], shrunk["verdict"]
-                writer.shapes = shrunk["report"]
-            writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
-                         reference=reference, note=note)
-            notes = run.prepared.notes + ([note] if note else [])
-            return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"),
-                                verdict, notes, writer.clock)
-    writer.write(reducer, "not-reproduced", final_verdict=verdicts[0],
-                 note="the minimal model does not reproduce alone: " + " | ".join(tried))
-    raise NotReproduced(
-        f"the reduced model does not show {reducer.signature.describe()} when judged alone ({tried[0]})",
-        hint="the target is flaky or the divergence needs more context; rerun with --replays 2, or "
-             f"look at {run.out_dir}/summary.json (steps, other_findings)")
-
-
-def _nothing_removed(run: _Run, reducer, writer, final, verdict, reference, note: str) -> None:
-    """No node removed and none proven needed: the bug is confirmed, the model is not reduced.
-    Its own status and exit code, never "done"."""
-    why = ("the call budget ran out first" if reducer.stopped else
-           "no smaller candidate showed the bug on its own (nodes that fail only together, or a check "
-           "that needs the whole model)")
-    writer.write(reducer, "nothing-removed", final_verdict=verdict, minimal_model=final.model, feeds=final.feeds,
-                 reference=reference, note=(note + "; " if note else "") + f"nothing removed: {why}")
-    raise NothingRemoved(
-        f"the bug is confirmed ({reducer.signature.describe()}) but no node was removed: {why}",
-        hint=(f"continue with a larger budget: reprokit shrink --resume {run.out_dir} --max-calls 0"
-              if reducer.stopped else "name the failure with --fail-regex, or try --one-by-one; "
-              f"{run.out_dir}/summary.json says what was tried"))
-
-
-def _shrink_shapes(run: _Run, reducer, writer, final, reference) -> dict | None:
-    """The node-minimal model's inputs halved axis by axis while the signature holds, within
-    what is left of the call budget (reduce/shapes.py)."""
-    if elements(final.feeds) <= MIN_ELEMENTS:
-        return None
-    left = None
-    if writer.max_calls:
-        left = writer.max_calls - writer.earlier_calls - run.oracle.stats.target
-        if left <= 1:
-            run.prepared.notes.append("shapes not shrunk: the call budget is spent (--max-calls)")
-            return None
-    reducer.begin("shapes")
-    reducer.budget = None if left is None else reducer.spent + left
-    judge = ShapeJudge(reducer, reducer.best, run.models_dir, calls_left=left)
-    return shrink_shapes(judge, final.model, final.feeds, list(reference), run.event)
 
 
 def node_label(model, index: int) -> str:

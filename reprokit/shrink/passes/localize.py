@@ -16,13 +16,16 @@ in every later candidate: a reduction never slips from this fault to another one
 
 from __future__ import annotations
 
-from reprokit.shrink.passes import ddmin
+from reprokit.graph.extract import NotCaptured
+from reprokit.shrink.passes import ddmin, shapes
 
 # Rungs up to this many nodes bring their "minus one node" candidates along (build work grows
 # with the square of the size, so only small ones).
 SPECULATE_UP_TO = 8
 # The widest rung: localization looks for SMALL regions; a wider one is the search's business.
 MAX_WIDTH = 32
+# Rungs whose input crops ride along in localization's call (the smallest: the likeliest winners).
+CROP_RUNGS = 12
 
 
 def run(reducer) -> bool:
@@ -45,6 +48,8 @@ def run(reducer) -> bool:
     if not rungs:
         return False
     reducer.also_judge([c for r in rungs if len(r[0]) <= SPECULATE_UP_TO for c in ddmin.deletions(sorted(r[0]))])
+    if reducer.shapes and reducer.packing == "numeric":
+        _speculate_crops(reducer, [r[0] for r in rungs if len(r[0]) <= SPECULATE_UP_TO][:CROP_RUNGS])
     hit = reducer.first_interesting([r[0] for r in rungs])
     if hit is None:
         return False
@@ -53,6 +58,20 @@ def run(reducer) -> bool:
     if anchor is not None and reducer.signature.kind.value in ("nonfinite", "mismatch"):
         reducer.required = frozenset([anchor])
     return True
+
+
+def _speculate_crops(reducer, regions: list[frozenset]) -> None:
+    """The input crops of the smallest rungs ride in the same call (where the pack has room): the
+    rung accepted finds its shapes judged, and the run saves the shapes pass's own call."""
+    ready = []
+    for region in regions:
+        try:
+            sub = reducer.extraction(region, check=False)
+        except NotCaptured:
+            continue  # cuts at a value the capture has none of: no crops for it
+        if sub.outputs and reducer.unrepresentable_feed(sub.feeds) is None:
+            ready.append((region, sub, {n: reducer.store.get(n) for n in sub.outputs if n in reducer.store}))
+    shapes.Shapes(reducer, frozenset(), reducer.workdir).speculate(ready)
 
 
 def _widths(size: int) -> list[int]:

@@ -1,0 +1,181 @@
+"""The last step of a shrink run: the result judged alone — and, where shapes shrink, the result
+is the smallest input crop that held, so that one judgement (and its replays) is the final call.
+
+Order, per best (the latest accepted first, then up to two earlier ones when a best does not
+reproduce alone): for a numeric signature the shapes pass judges its crop ladder in one packed
+call (``passes/shapes.py``); for a pass/fail one it proposes its smallest crop unjudged. The
+first crop is judged alone, replayed where the engine is not deterministic; when it holds it is
+the result, else the uncropped best is judged alone as before. A run whose other input samples
+are judged on the node-minimal model judges that model alone first and crops after.
+Must not search: it only judges what the passes and the shapes pass hand it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from reprokit.engine.bug import shows_bug
+from reprokit.errors import NothingRemoved, NotReproduced
+from reprokit.graph.io import save_model
+from reprokit.shrink.clock import StepClock
+from reprokit.shrink.confirm import flaky_tally
+from reprokit.shrink.evaluator import causal_test
+from reprokit.shrink.passes.shapes import (
+    MIN_ELEMENTS,
+    Shapes,
+    declare_output_shapes,
+    elements,
+    report,
+)
+from reprokit.shrink.samples import judge_minimal
+
+
+@dataclass
+class ShrinkResult:
+    summary: dict
+    out_dir: str
+    minimal_path: str
+    verdict: object
+    notes: list[str] = field(default_factory=list)
+    clock: StepClock | None = None  # the run's steps go on after it returns (audit, pack): clock.py
+
+
+def finish(run, reducer, writer, store, replays: int, note: str, message: str = "") -> ShrinkResult:
+    """The last word is a single model judged alone (and replayed where the engine is not
+    deterministic) before it is written as done. A best that does not reproduce alone falls back
+    to the previous accepted best (twice at most), then stops with its own outcome."""
+    tried: list[str] = []
+    verdicts = []
+    for position, nodes in enumerate(list(dict.fromkeys(reversed(reducer.history)))[:3] or [reducer.best]):
+        if tried and writer.max_calls and run.oracle.stats.target + 1 + replays > writer.max_calls - writer.earlier_calls:
+            break  # a fallback would pass the budget (--max-calls is a promise): not reproduced
+        final = reducer.extraction(nodes)
+        reference = {n: store.get(n) for n in final.outputs if n in store}
+        whole = len(nodes) >= len(run.model.graph.node) > 1 and not reducer.one_minimal
+        crops_first = position == 0 and not run.prepared.sample_verdicts and not whole
+        crops = _crops(run, reducer, writer, nodes, final, reference, replays, message) if crops_first else []
+        for attempt in crops[:1]:
+            # a crop judged in the shapes pack was run once already: that run is its first replay
+            again = max(0, replays - 1) if reducer.packing == "numeric" else replays
+            verdicts = _judged(run, reducer, attempt.model, attempt.feeds, attempt.reference, again, nodes,
+                               tried, f"{len(nodes)} nodes at {elements(attempt.feeds)} input elements")
+            if _shows_all(run, reducer, writer, verdicts, nodes):
+                declare_output_shapes(attempt.model, attempt.reference)
+                writer.shapes = report(final.model, final.feeds, attempt, reducer.stats["shapes"].calls)
+                return _done(run, reducer, writer, nodes, tried, note, attempt.model, attempt.feeds,
+                             attempt.reference, verdicts[0])
+        verdicts = _judged(run, reducer, final.model, final.feeds, reference, replays, nodes, tried,
+                           f"{len(nodes)} nodes", causal=True)
+        if _shows_all(run, reducer, writer, verdicts, nodes, causal=True):
+            if whole:
+                _nothing_removed(run, reducer, writer, final, verdicts[0], reference, note)
+            model, feeds, verdict = final.model, final.feeds, verdicts[0]
+            writer.samples = judge_minimal(run, reducer, nodes, final, verdict)  # on the other failing samples
+            if not crops_first:
+                crops = _crops(run, reducer, writer, nodes, final, reference, replays, message, after=True)
+                for attempt in crops[:1]:
+                    again = _judged(run, reducer, attempt.model, attempt.feeds, attempt.reference, 0, nodes, [], "")
+                    if shows_bug(reducer.signature, again[0]):
+                        declare_output_shapes(attempt.model, attempt.reference)
+                        writer.shapes = report(final.model, final.feeds, attempt, reducer.stats["shapes"].calls)
+                        model, feeds, reference, verdict = attempt.model, attempt.feeds, attempt.reference, again[0]
+            return _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, verdict)
+    writer.write(reducer, "not-reproduced", final_verdict=verdicts[0],
+                 note="the minimal model does not reproduce alone: " + " | ".join(tried))
+    raise NotReproduced(
+        f"the reduced model does not show {reducer.signature.describe()} when judged alone ({tried[0]})",
+        hint="the target is flaky or the divergence needs more context; rerun with --replays 2, or "
+             f"look at {run.out_dir}/summary.json (steps, other_findings)")
+
+
+def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: list, label: str, *,
+            causal: bool = False) -> list:
+    """One model judged alone, then replayed while it diverges: the final step's calls.
+    ``causal``: the node-minimal model (a crop has no full-size values to inject)."""
+    reducer.begin("final")
+    calls_before = run.oracle.stats.target
+    started = time.monotonic()
+    judged = save_model(model, os.path.join(run.models_dir, "final.onnx"),
+                        base_dir=run.prepared.base_dir, self_contained=True)
+    verdicts = [run.oracle.judge(judged, feeds, reference_outputs=reference,
+                                 keep_outputs=causal and reducer.causal is not None)]
+    for _ in range(replays if verdicts[0].diverges else 0):
+        verdicts.append(run.oracle.run_again(judged, feeds, reference))
+    made = run.oracle.stats.target - calls_before
+    reducer.stats["final"].calls += made
+    reducer.stats["final"].nodes_built += made * len(nodes)
+    reducer.stats["final"].candidates += 1
+    reducer.stats["final"].seconds += time.monotonic() - started
+    if label:
+        tried.append(f"{label}: " + ", ".join(v.signature.describe() for v in verdicts))
+    return verdicts
+
+
+def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = False) -> bool:
+    """Do all runs show the signature? One model with two answers is a flaky target: stop."""
+    test = causal_test(reducer) if causal else None
+    shows = [shows_bug(reducer.signature, v, causal=test, nodes=nodes if causal else None) for v in verdicts]
+    if shows[0] and not all(shows):
+        # One model, two answers: the target is flaky. A larger model would only be luckier.
+        said = flaky_tally(verdicts, reducer.signature)
+        writer.write(reducer, "flaky", final_verdict=verdicts[-1], note=f"the target is flaky: {said}")
+        raise NotReproduced(
+            f"the target is flaky: {len(verdicts)} runs of the reduced model ({len(nodes)} nodes) disagree: {said}",
+            hint="a flaky check reduces noise, not the bug: make it give one answer per model (fixed "
+                 "tactics, a timing cache, a deterministic checker), or raise --replays to be sure")
+    return all(shows)
+
+
+def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, verdict) -> ShrinkResult:
+    reducer.best = frozenset(nodes)
+    failed = tried[:-1]
+    if failed:
+        note = (note + "; " if note else "") + "smaller results did not reproduce alone: " + " | ".join(failed)
+    writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
+                 reference=reference, note=note)
+    notes = run.prepared.notes + ([note] if note else [])
+    return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"), verdict, notes,
+                        writer.clock)
+
+
+def _nothing_removed(run, reducer, writer, final, verdict, reference, note: str) -> None:
+    """No node removed and none proven needed: the bug is confirmed, the model is not reduced.
+    Its own status and exit code, never "done"."""
+    why = ("the call budget ran out first" if reducer.stopped else
+           "no smaller candidate showed the bug on its own (nodes that fail only together, or a check "
+           "that needs the whole model)")
+    writer.write(reducer, "nothing-removed", final_verdict=verdict, minimal_model=final.model, feeds=final.feeds,
+                 reference=reference, note=(note + "; " if note else "") + f"nothing removed: {why}")
+    raise NothingRemoved(
+        f"the bug is confirmed ({reducer.signature.describe()}) but no node was removed: {why}",
+        hint=(f"continue with a larger budget: reprokit shrink --resume {run.out_dir} --max-calls 0"
+              if reducer.stopped else "name the failure with --fail-regex, or try --one-by-one; "
+              f"{run.out_dir}/summary.json says what was tried"))
+
+
+def _crops(run, reducer, writer, nodes, final, reference, replays: int, message: str, *, after: bool = False):
+    """The shapes pass on this best, within what is left of the call budget once the final
+    judgement (and its replays) is reserved: crops that held, smallest first."""
+    if not run.shrink_shapes or elements(final.feeds) <= MIN_ELEMENTS:
+        return []
+    shapes = Shapes(reducer, nodes, run.models_dir)
+    if shapes.skips(message):
+        run.prepared.notes.append("shapes not shrunk: the failure's message names no shape")
+        return []
+    numeric = reducer.packing == "numeric"
+    left = None
+    if writer.max_calls:
+        # calls still allowed after the crop's own judgement alone and its replays (not
+        # reserved when the uncropped model was judged already, ``after``)
+        left = writer.max_calls - writer.earlier_calls - run.oracle.stats.target - (0 if after else 1 + replays)
+        if left < 1 + (1 if after and numeric else 0):  # the pack (or a fallback), and the crop alone
+            run.prepared.notes.append("shapes not shrunk: the call budget is spent (--max-calls)")
+            return []
+    reducer.begin("shapes")
+    reducer.budget = None if left is None else reducer.spent + left
+    found = shapes.tries(final.model, final.feeds, list(reference), reducer.hotspots.get(frozenset(nodes)))
+    if found:
+        run.event(f"shapes: {found[0].label} ({elements(found[0].feeds)} of {elements(final.feeds)} input elements)")
+    return found

@@ -1,0 +1,62 @@
+"""The run's record: the journal of candidate outcomes (append-only JSON lines, replayed on
+--resume; one key per candidate, ``Reducer.key``) and per-step statistics. Knows nothing of
+engines or passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+
+
+@dataclass
+class PassStats:
+    calls: int = 0  # engine calls
+    candidates: int = 0  # candidates those calls judged (more than calls when packed)
+    cached: int = 0
+    removed: int = 0
+    seconds: float = 0.0
+    accepted: int = 0
+    invalid: int = 0  # candidates refused before any engine call
+    nodes_built: int = 0  # nodes in the models those calls built ("build work")
+
+    def to_json(self, name: str) -> dict:
+        return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
+                "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
+                "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3),
+                "engine_seconds": round(self.seconds, 3)}  # "seconds": the step's wall time, clock.py
+
+
+class Journal:
+    """Append-only record of candidate outcomes, replayed on --resume."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.entries: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        if path and os.path.exists(path):
+            with open(path) as handle:
+                for line in handle:
+                    line = line.strip()
+                    if line:
+                        try:
+                            entry = json.loads(line)
+                        except json.JSONDecodeError:
+                            continue  # a line cut by a crash: that candidate is simply rerun
+                        self.entries[entry["key"]] = entry
+
+    def get(self, key: str) -> dict | None:
+        with self._lock:
+            return self.entries.get(key)
+
+    def put(self, key: str, value: dict) -> None:
+        with self._lock:
+            self.entries[key] = {"key": key, **value}
+            if self.path:
+                with open(self.path, "a") as handle:
+                    handle.write(json.dumps(self.entries[key]) + "\n")
+                    handle.flush()
+
+
