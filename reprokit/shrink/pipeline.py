@@ -79,7 +79,9 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
                 found = survey.pairs(reducer)
             if not found and reducer.signature.kind is Kind.MISMATCH and not plan.search_accumulated:
                 return "accumulated"
-        if not found and len(reducer.best) <= CONFLICT_UP_TO:
+        # the conflict search where the survey said no single node shows it alone; a search-only
+        # run (--no-localize) bisects a window as polygraphy does
+        if not found and plan.localize and len(reducer.best) <= CONFLICT_UP_TO:
             reducer.begin("conflict")
             found = conflict.run(reducer)
         if not found:
