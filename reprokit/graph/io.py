@@ -56,18 +56,33 @@ def load_model(path: str, *, load_weights: bool = True):
 def check_valid(model, path: str) -> None:
     """onnx's checker on the user's file: an invalid model (a cycle, a tensor defined twice, a
     node reading a name nothing defines) is an InputError naming ``path``, before any engine runs
-    and says it on reprokit's copy. Nodes merely out of order are not refused: engines sort them."""
+    and says it on reprokit's copy. Only a broken graph is refused: nodes merely out of order (engines
+    sort them) or an op the checker has no schema for (a TensorRT plugin, a custom op) are left to
+    the engines, whose failure is a verdict."""
     import onnx
 
     try:
         onnx.checker.check_model(path)
     except onnx.checker.ValidationError as exc:
         text = str(exc).strip()
-        if "topologically sorted" in text and _sortable(model.graph):
-            return
+        if _sortable(model.graph) and not _defined_twice(model.graph):
+            return  # out of order, or a node schema the checker does not know (a plugin op): engines judge it
         first = " ".join(text.split())[:300]
         raise InputError(f"{path} is not a valid ONNX model: onnx's checker says: {first}",
                          hint="fix the export (onnx.checker.check_model(path) shows the same)") from exc
+
+
+def _defined_twice(graph) -> bool:
+    """A tensor two nodes produce, a node output that shadows an input or weight, or an output
+    listed twice."""
+    seen = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        for name in node.output:
+            if name and name in seen:
+                return True
+            seen.add(name)
+    outputs = [o.name for o in graph.output]
+    return len(outputs) != len(set(outputs))
 
 
 def _sortable(graph) -> bool:
