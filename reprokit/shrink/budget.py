@@ -72,7 +72,8 @@ def check_budget(target: str, max_calls: int | None, replays: int | None, resume
                          "makes outside the search (the confirming call, the result judged alone, their replays"
                          + (", the check's Identity probe and pack calibration" if parse_target(target).engine == "cmd"
                             else "") + ")",
-                         hint=f"give --max-calls {needed + 10} or more (or 'auto'), or fewer --replays")
+                         hint=f"give --max-calls {needed} or more ({needed + 10} leaves the search room), or 'auto', "
+                              "or fewer --replays")
 
 
 def earlier_calls(out_dir: str) -> int:
