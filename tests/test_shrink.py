@@ -293,6 +293,78 @@ def test_without_fail_regex_the_exit_status_is_the_bug_and_other_messages_are_sa
                for k in summary["other_findings"]), summary["other_findings"]
 
 
+# -- 5b. the original's replay rides in the survey's packed call (issue 25) -------------------
+
+
+def test_a_numeric_replay_rides_with_the_survey_one_call_fewer(tmp_path):
+    """--replays 1 on the (deterministic) emulator forces an original replay: it rides in the
+    survey's packed call, so the run takes exactly the calls of a --replays 0 run (4 on this
+    sample: confirm, survey, localize, final; the result's replay rides too). Before issue 25
+    the replay was a call of its own at confirm: 5 calls, auto budget 21 (now 20)."""
+    name = "layernorm_overflow"
+    runs = {}
+    for replays in (0, 1):
+        runs[replays] = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(tmp_path / f"out{replays}"),
+                               replays=replays, options=RunOptions(inputs=str(SAMPLES / f"{name}.inputs.npz"))).summary
+    zero, one = runs[0], runs[1]
+    assert one["calls"]["target"] == zero["calls"]["target"] == 4
+    assert step(one, "confirm")["calls"] == 1
+    assert "riding with the survey's packed call" in one["original_replays"], one["original_replays"]
+    assert zero["original_replays"] == "none"
+    assert one["budget"]["max_calls"] == zero["budget"]["max_calls"] + 1  # the result's replay only
+    assert one["minimal"]["node_names"] == zero["minimal"]["node_names"]
+
+
+FLAKY_NUMERIC = """
+    # A numeric check (it writes the model's outputs) whose Sigmoid comes out 1.5x too big, except
+    # on its 4th run: confirm (1), the Identity probe (2), the pack calibration (3), then the
+    # survey's packed call (4), which carries the original's replay: that replay agrees.
+    import sys
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    with open({log!r}, "a+") as handle:
+        handle.write("run\\n")
+        handle.seek(0)
+        count = len(handle.read().splitlines())
+    model = onnx.load(sys.argv[1])
+    graph = model.graph
+    nodes = []
+    for n in graph.node:
+        nodes.append(n)
+        if n.op_type == "Sigmoid" and count != 4:
+            wanted = n.output[0]
+            n.output[0] = wanted + "__bad"
+            nodes.append(helper.make_node("Mul", [wanted + "__bad", "__bug"], [wanted]))
+    if len(nodes) > len(graph.node):
+        graph.initializer.append(numpy_helper.from_array(np.array(1.5, np.float32), "__bug"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    np.savez(sys.argv[3], **dict(zip(names, session.run(names, dict(np.load(sys.argv[2]))))))
+"""
+
+
+def test_a_flaky_numeric_original_is_refused_by_the_replay_riding_with_the_survey(tmp_path):
+    """The replay that rides in the survey's pack is held to the same rule as one at confirm: a
+    numeric check that agrees on that run stops the run as a flaky original (exit 6, the tally),
+    with no reduction and no result."""
+    path = sm.save(sm.pair_chain(length=8, first=2, second=6), tmp_path / "chain.onnx")
+    log = tmp_path / "runs.log"
+    script = sm.write_script(tmp_path, "flaky_numeric.py", FLAKY_NUMERIC.format(log=str(log)))
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", f"cmd:{PY} {script} {{model}} {{inputs}} {{outputs}}",
+                   "-o", str(out), "--replays", "1")
+    assert proc.returncode == 6, proc.stderr
+    assert "flaky on the unchanged model" in proc.stderr and "2 runs" in proc.stderr, proc.stderr
+    assert "mismatch" in proc.stderr and "agree" in proc.stderr, proc.stderr
+    assert len(log.read_text().splitlines()) == 4  # it rode in the 4th call: the survey's pack
+    assert not (out / "minimal.onnx").exists()
+
+
 # -- 6. nothing to reduce -------------------------------------------------------------------
 
 

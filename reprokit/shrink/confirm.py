@@ -1,7 +1,10 @@
 """The confirming step of a shrink run: the original must diverge, every replay alike (a flaky
 target is diagnosed with a tally, never reduced), and a check command must pass a one-node
 Identity probe that holds nothing of the user's: a check that fails there too does not depend on
-the model, and is refused before anything is reduced (exit 4, with its own words).
+the model, and is refused before anything is reduced (exit 4, with its own words). Where the
+survey runs packed (numeric signatures), the original's last replay is not a call of its own: it
+rides in the survey's first packed call as one more member (:class:`RideAlong`), judged there
+with the same rule, and a flaky answer stops the run with the same words.
 """
 
 from __future__ import annotations
@@ -14,18 +17,41 @@ import numpy as np
 from reprokit.engine.bug import shows_bug
 from reprokit.engine.oracle import quote_message
 from reprokit.errors import EngineUnavailable, NothingToReduce
+from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
 from reprokit.shrink.runstate import rerun_command
 from reprokit.spec import parse_target
 
 
-def confirm(run, graph_outputs: dict, replays: int):
-    """The original must diverge (and every replay the user asked for, with the same signature)."""
+class RideAlong:
+    """The original's last replay, pending until a packed call carries it (evaluator.py): the
+    whole original model as a member judged against the reference outputs."""
+
+    def __init__(self, model, feeds: dict, graph_outputs: dict, seen: list, rerun: str):
+        self.model, self.feeds, self.reference = model, dict(feeds), graph_outputs
+        self.sub = Extraction(model, self.feeds, list(graph_outputs))
+        self.seen, self.signature, self.rerun = seen, seen[0].signature, rerun
+
+    def check(self, again) -> None:
+        """The replay's verdict: the same signature, else the run stops as a flaky original does
+        at confirm (the same message and tally)."""
+        self.seen.append(again)
+        if not shows_bug(self.signature, again):
+            raise _flaky_original(self.seen, self.signature, self.rerun)
+
+
+def confirm(run, graph_outputs: dict, replays: int, ride=None):
+    """The original must diverge (and every replay the user asked for, with the same signature).
+    ``ride(verdict)``: may the last replay ride in the survey's packed call? Then it is not run
+    here; the returned RideAlong (else None) carries it. Returns (verdict, ride-along)."""
     oracle = run.oracle
-    model_file = save_model(run.given if run.given is not None else run.model,
-                            os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
-    run.event(f"confirming the divergence ({1 + replays} target run{'s' if replays else ''})")
+    model = run.given if run.given is not None else run.model
+    model_file = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
     verdict = oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
+    folded = bool(replays and verdict.diverges and ride is not None and ride(verdict))
+    here = 1 + replays - folded
+    run.event(f"confirming the divergence ({here} target run{'s' if here > 1 else ''}"
+              + (", the last replay rides in the survey's packed call)" if folded else ")"))
     signature = verdict.signature
     rerun = rerun_command(run.model_path, run.target, run.options)
     if not verdict.diverges and replays:  # a flaky target that happened to pass: say so
@@ -39,13 +65,13 @@ def confirm(run, graph_outputs: dict, replays: int):
             f"the original model does not diverge under {run.target} ({verdict.criterion.describe()}; {numbers})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")
     seen = [verdict]
-    for _ in range(replays):
+    for _ in range(replays - folded):
         seen.append(oracle.run_again(model_file, run.feeds, graph_outputs))
         if not shows_bug(signature, seen[-1]):
             raise _flaky_original(seen, signature, rerun)
     _refuse_model_blind_check(run, verdict)  # after the replays: a flaky check is said as flaky
     run.event(f"diverges: {signature.describe()}")
-    return verdict
+    return verdict, (RideAlong(model, run.feeds, graph_outputs, seen, rerun) if folded else None)
 
 
 def _flaky_original(verdicts: list, signature, rerun: str) -> NothingToReduce:

@@ -64,6 +64,7 @@ class Member:
     sub: object  # Extraction
     reference: dict | None = None
     crop: str = ""
+    replay: bool = False  # the original's replay riding along (confirm.RideAlong): no candidate
 
 # Progress inside one step (issue 28 item 8): packs this big say when they are built, run and
 # compared, and a long extraction of candidates says how far it got every few seconds.
@@ -218,6 +219,9 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
             _run_marked_alone(reducer, marked)
         else:
             members.append(Member(None, marked))
+    ride = reducer.ride_along
+    if ride is not None:  # first, so the first pack carries it, whatever stops the packs later
+        members.insert(0, Member(None, ride.sub, reference=ride.reference, replay=True))
     said = time.monotonic()
     for done, cand in enumerate(candidates):
         if len(candidates) >= BIG_PACK and time.monotonic() - said >= SAY_EVERY:  # extraction is slow on big models
@@ -301,11 +305,41 @@ def _run_marked_alone(reducer, sub) -> None:
         result.discard()
 
 
+def _replayed(reducer, result) -> None:
+    """The original's replay came back: judged against the reference as confirm judges it; a
+    verdict without the signature stops the run (a flaky original, confirm.RideAlong.check)."""
+    ride, reducer.ride_along = reducer.ride_along, None
+    if set(result.outputs) != set(ride.reference):  # a pack lost an output: no replay, run it alone
+        reducer.ride_along = ride
+        run_replay_alone(reducer)
+        return
+    ride.check(reducer.oracle.verdict_from(result, ride.reference))
+
+
+def run_replay_alone(reducer) -> None:
+    """The original's replay in a call of its own (no packed call carried it). Not charged to
+    the passes' budget: the run reserves it where no pack carries it (steps.py)."""
+    ride, reducer.ride_along = reducer.ride_along, None
+    if ride is None:
+        return
+    path = _save(reducer, ride.model)
+    try:
+        again = reducer.oracle.run_again(path, ride.feeds, ride.reference)
+    finally:
+        os.remove(path)
+    reducer.original_replay = reducer.original_replay.replace("riding with the survey's packed call",
+                                                              "in a call of its own (no packed call carried it)")
+    ride.check(again)
+
+
 def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     """One packed call for ``group`` (split in halves when the engine refuses the whole);
     returns {member: Outcome} for the members that are candidates (not the marked model)."""
     if len(group) == 1:
         member = group[0]
+        if member.replay:
+            run_replay_alone(reducer)
+            return {}
         if member.nodes is None:
             _run_marked_alone(reducer, member.sub)
             return {}
@@ -335,6 +369,9 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
         for packed, member in zip(pack.members, group):
             outputs = {original: result.outputs[name] for name, original in packed.outputs.items()
                        if name in result.outputs}
+            if member.replay:
+                _replayed(reducer, WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds))
+                continue
             if member.nodes is None:
                 _layerwise_from(reducer, outputs)
                 continue

@@ -15,10 +15,10 @@ from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.bug import NUMERIC, CausalTest
 from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
 from reprokit.engine.session import RunOptions, make_oracle, prepare
-from reprokit.errors import InputError, NothingRemoved, NotReproduced
+from reprokit.errors import InputError, NothingRemoved, NothingToReduce, NotReproduced
 from reprokit.graph.extract import Extraction
 from reprokit.graph.index import GraphIndex, count_nodes
-from reprokit.graph.io import save_model
+from reprokit.graph.io import save_model, weight_bytes
 from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
 from reprokit.shrink import pipeline
 from reprokit.shrink.accumulated import finish_accumulated
@@ -33,7 +33,7 @@ from reprokit.shrink.budget import (
 )
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, probe_model
-from reprokit.shrink.evaluator import calibrate
+from reprokit.shrink.evaluator import calibrate, run_replay_alone
 from reprokit.shrink.final import ShrinkResult, finish
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
@@ -94,7 +94,16 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     check_reference_finite(graph_outputs, run.oracle.reference)
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     clock.begin("confirm")
-    verdict = confirm(run, graph_outputs, original_replays)
+    # The original's last replay rides in the survey's first packed call (issue 25) where that
+    # call is sure to come: a numeric signature, packing, the survey on, a fresh run, weights
+    # that fit a pack beside a copy (a check command whose calibration refuses packs runs it
+    # alone at once, below).
+    def ride(first) -> bool:
+        return (localize_first and not resume and pipeline.packing_for(first.signature.kind, pack_candidates) == "numeric"
+                and weight_bytes(run.model) <= limits.capture_chunk_bytes // 2)
+
+    verdict, ride_along = confirm(run, graph_outputs, original_replays, ride)
+    folded = ride_along is not None
     confirmed_calls = run.oracle.stats.target
     wrap = keep_opening(run, store, graph_outputs, verdict)
     opening_calls = run.oracle.stats.target - confirmed_calls
@@ -106,7 +115,15 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer = _make_reducer(run, store, verdict, wrap, clock, limits, jobs=jobs, pack_candidates=pack_candidates,
                             keep_inputs=keep_inputs, keep_outputs=keep_outputs, accept_milder=accept_milder)
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
-    max_calls = (auto_call_budget(original_nodes, original_replays + minimal_replays) + opening_calls
+    reducer.ride_along = ride_along
+    reducer.original_replay = ("none" if not original_replays else
+                               f"{original_replays - folded} call(s) of its own at confirm"
+                               + (" and one riding with the survey's packed call" if folded else ""))
+    if reducer.packing != "numeric":  # the check's calibration refused packs: the replay alone, now
+        run_replay_alone(reducer)
+        folded = False
+    # the auto budget reserves one call less where the replay rides along (the pack is a call anyway)
+    max_calls = (auto_call_budget(original_nodes, original_replays - folded + minimal_replays) + opening_calls
                  + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0) + run.probe_calls
                  + (inside_allowance(count_nodes(run.model.graph) - original_nodes + (original_nodes if wrap else 0))
                     if reducer.reach_inside else 0)
@@ -128,6 +145,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         outcome = pipeline.reduce(reducer, pipeline.Plan(localize=localize_first, pack=pack_candidates,
                                                          search_accumulated=search_accumulated),
                                   message=verdict.message)
+        run_replay_alone(reducer)  # no packed call carried the replay (the survey found it all cached)
         reducer.close()
         if reducer.causal is not None and reducer.causal.model is not reducer.model:
             reducer.no_slippage["after_inside"] = ("the inside step reduced inside If branches: its candidates and the "
@@ -151,7 +169,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         return finish(run, reducer, writer, store, minimal_replays, note, verdict.message)
     except BaseException as exc:
         reducer.close(interrupted=True)
-        if isinstance(exc, (NotReproduced, NothingRemoved)):
+        if isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce)):  # the last: a flaky replay
             raise
         interrupted = isinstance(exc, KeyboardInterrupt)
         try:
