@@ -149,8 +149,10 @@ def test_group_norm_folding_is_checked_and_skipped_in_audit(tmp_path):
                    "-o", str(tmp_path / "audit"))
     assert proc.returncode == 0, proc.stderr
     assert "constant folding skipped" in proc.stdout and "reference (ort) fails" not in proc.stdout + proc.stderr
-    # the divergence survives only in full fp32, which is the reference: said, not offered
-    assert "only full fp32 avoids it" in proc.stdout
+    # no single knob avoids it; the precision search (issue 29) offers a set of fp32 nodes that it
+    # ran on the target and that agrees — a tested workaround, never an untested one
+    assert "fp32-nodes=" in proc.stdout and "agree" in proc.stdout
+    assert "untested" not in proc.stdout
 
 
 def test_group_norm_folding_after_input_shapes_is_checked_in_shrink(tmp_path):
