@@ -17,28 +17,28 @@ Three ways, chosen by the Reducer from the signature, never by a pass:
 Every candidate outcome is journaled on its own, under the Reducer's one key, so ``--resume``
 replays packed work too. The binary-splitting search over group verdicts is ``grouped.py``. This module talks to the Reducer only through its public methods
 (``cached``, ``record``, ``count``, ``test``, ``group_fails``, ``charge``, ``note_call``) and
-never imports it: the Reducer imports this module.
+never imports it: the Reducer imports this module. Group tests of pass/fail candidates and the
+calibration of a check's packs are ``passfail.py``; reference runs of extractions and the element
+of largest error are ``references.py``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.engine.bug import largest_error, shows_bug, why_not
+from reprokit.engine.bug import largest_error, why_not
 from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
-from reprokit.errors import ReferenceFailure
 from reprokit.graph.extract import Extraction, NotCaptured
 from reprokit.graph.io import tensor_proto_bytes
 from reprokit.graph.model import mark_outputs
 from reprokit.graph.pack import build_pack, feed_bytes
+from reprokit.shrink.references import hotspot, save_candidate
 
 
 @dataclass
@@ -72,17 +72,7 @@ BIG_PACK = 256
 SAY_EVERY = 3.0
 
 
-def _save(reducer, model) -> str:
-    import onnx  # heavy: loaded once a call is made
-
-    # A unique file per evaluation: threads never share one. External weights stay where
-    # they are; the engines are told the folder (oracle.weights_dir).
-    path = os.path.join(reducer.workdir, f"candidate-{uuid.uuid4().hex}.onnx")
-    onnx.save(model, path)
-    return path
-
-
-def _prepare(reducer, nodes: frozenset, *, check: bool):
+def prepare_candidate(reducer, nodes: frozenset, *, check: bool):
     """The candidate's extraction, or a trivial outcome that needs no engine call."""
     try:
         sub = reducer.extraction(nodes, check=check)
@@ -144,7 +134,7 @@ def _outcome(reducer, verdict, *, packed: bool, member=None) -> Outcome:
 
 def judge_alone(reducer, nodes: frozenset) -> Outcome:
     """One candidate in one engine call (or the oracle's own cache)."""
-    sub, trivial = _prepare(reducer, nodes, check=True)
+    sub, trivial = prepare_candidate(reducer, nodes, check=True)
     if trivial is not None:
         return trivial
     return judge_member(reducer, Member(nodes, sub))[0]
@@ -154,7 +144,7 @@ def judge_member(reducer, member: Member):
     """One member alone, in one engine call: (its journaled Outcome, the Verdict)."""
     sub = member.sub
     reducer.charge()
-    path = _save(reducer, sub.model)
+    path = save_candidate(reducer, sub.model)
     start = time.monotonic()
     try:
         verdict = reducer.oracle.judge(path, sub.feeds, reference_outputs=_reference(reducer, member),
@@ -227,7 +217,7 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
         if len(candidates) >= BIG_PACK and time.monotonic() - said >= SAY_EVERY:  # extraction is slow on big models
             reducer.event(f"{reducer.step}: extracted {done} of {len(candidates)} candidates")
             said = time.monotonic()
-        sub, trivial = _prepare(reducer, cand, check=False)
+        sub, trivial = prepare_candidate(reducer, cand, check=False)
         if trivial is not None:
             results[cand] = trivial
         else:
@@ -291,7 +281,7 @@ def _layerwise_from(reducer, outputs: dict, status: str = "ok", message: str = "
 
 def _run_marked_alone(reducer, sub) -> None:
     reducer.charge()
-    path = _save(reducer, sub.model)
+    path = save_candidate(reducer, sub.model)
     start = time.monotonic()
     try:
         result = reducer.oracle.run_target(path, sub.feeds, sub.outputs)
@@ -322,7 +312,7 @@ def run_replay_alone(reducer) -> None:
     ride, reducer.ride_along = reducer.ride_along, None
     if ride is None:
         return
-    path = _save(reducer, ride.model)
+    path = save_candidate(reducer, ride.model)
     try:
         again = reducer.oracle.run_again(path, ride.feeds, ride.reference)
     finally:
@@ -349,7 +339,7 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
         reducer.event(f"{reducer.step}: packing {len(group)} candidates into one model")
     pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
     reducer.charge()
-    path = _save(reducer, pack.model)
+    path = save_candidate(reducer, pack.model)
     if big:
         reducer.event(f"{reducer.step}: one target call for {len(group)} candidates ({pack.nodes} nodes)")
     start = time.monotonic()
@@ -390,138 +380,3 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
         result.discard()
     return found
 
-
-def hotspot(outputs: dict, reference: dict):
-    """(output, index, shape) of the element of largest error: the first non-finite one the
-    reference does not share, else the largest absolute difference; None when nothing compares."""
-    best = None
-    for name, got in outputs.items():
-        target, wanted = np.asarray(got), np.asarray(reference[name])
-        if target.shape != wanted.shape or target.size == 0 or target.dtype.kind not in "biuf":
-            continue
-        target, wanted = target.astype(np.float64), wanted.astype(np.float64)
-        fresh = ~np.isfinite(target) & np.isfinite(wanted)
-        if fresh.any():
-            score, flat = float("inf"), int(np.flatnonzero(fresh)[0])
-        else:
-            diff = np.abs(target - wanted)
-            diff[~np.isfinite(diff)] = 0.0
-            flat = int(np.argmax(diff))
-            score = float(diff.flat[flat])
-        if best is None or score > best[0]:
-            best = (score, name, tuple(int(i) for i in np.unravel_index(flat, target.shape)), target.shape)
-    return None if best is None else best[1:]
-
-
-def reference_members(reducer, subs: list) -> list[dict | None]:
-    """The reference's outputs on each extraction (its own feeds), or None where the reference
-    cannot run it at its shapes: every one in one packed run, split in halves on a failure."""
-    if not subs:
-        return []
-    if len(subs) == 1:
-        path = _save(reducer, subs[0].model)
-        try:
-            result = reducer.oracle.run_reference(path, subs[0].feeds, list(subs[0].outputs))
-        except ReferenceFailure:
-            return [None]
-        finally:
-            os.remove(path)
-        try:
-            return [{name: np.array(value) for name, value in result.outputs.items()}]
-        finally:
-            result.discard()
-    pack = build_pack(subs, keep_node_names=False)
-    path = _save(reducer, pack.model)
-    try:
-        result = reducer.oracle.run_reference(path, pack.feeds)
-    except ReferenceFailure as exc:
-        # the engine's message usually names the node that refused: its member goes, the rest
-        # runs again; else halves
-        named = re.search(r"\brk(\d+)/", str(exc))
-        bad = int(named.group(1)) if named else -1
-        if 0 <= bad < len(subs):
-            rest = reference_members(reducer, subs[:bad] + subs[bad + 1:])
-            return rest[:bad] + [None] + rest[bad:]
-        half = len(subs) // 2
-        return reference_members(reducer, subs[:half]) + reference_members(reducer, subs[half:])
-    finally:
-        os.remove(path)
-    try:
-        return [{original: np.array(result.outputs[name]) for name, original in member.outputs.items()}
-                for member in pack.members]
-    finally:
-        result.discard()
-
-
-def group_fails(reducer, group: list[frozenset]) -> bool:
-    """Pass/fail: does a pack of these disjoint candidates show the signature? One call.
-    A pack that passes clears every member: journaled as inferred from the group, not observed."""
-    prepared = []
-    for cand in group:
-        sub, trivial = _prepare(reducer, cand, check=False)
-        if trivial is None:
-            prepared.append((cand, sub))
-    if not prepared:
-        return False
-    pack = build_pack([sub for _, sub in prepared], keep_node_names=True)
-    reducer.charge()
-    path = _save(reducer, pack.model)
-    start = time.monotonic()
-    try:
-        verdict = reducer.oracle.judge(path, pack.feeds, reference_outputs={})
-    finally:
-        os.remove(path)
-    if not verdict.cached:
-        reducer.note_call(pack.nodes, len(prepared), time.monotonic() - start)
-    fails = shows_bug(reducer.signature, verdict)
-    if not fails and not verdict.diverges:
-        for cand, _ in prepared:
-            reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
-    return fails
-
-
-def calibrate(reducer, probe) -> tuple[str | None, int, float]:
-    """Is a pack judged as a whole by this check? One call: the known failing best placed after
-    ``probe`` (an Extraction the check passes). A check that reads only the first output, or
-    only some of the outputs, passes that pack: group testing would then clear the culprit with
-    its pack. Returns (None when packs are sound, else why not; nodes built; seconds)."""
-
-    best = reducer.extraction(reducer.best)
-    group = reducer.packing == "group"
-    pack = build_pack([probe, best], keep_node_names=group, same_node_names=reducer.names_select_nodes)
-    path = _save(reducer, pack.model)
-    start = time.monotonic()
-    try:
-        if group:
-            verdict = reducer.oracle.run_again(path, pack.feeds, {})
-        else:
-            result = reducer.oracle.run_target(path, pack.feeds)
-    finally:
-        os.remove(path)
-    why = _calibration_verdict(reducer, best, pack, verdict if group else result)
-    return why, pack.nodes, time.monotonic() - start
-
-
-def _calibration_verdict(reducer, best, pack, seen) -> str | None:
-    if reducer.packing == "group":
-        verdict = seen
-        if shows_bug(reducer.signature, verdict):
-            return None
-        return (f"a pack holding the failing model after a passing one gave "
-                f"{verdict.signature.describe() if verdict.diverges else 'a pass'}: the check does not judge every member")
-    result = seen
-    try:
-        if result.status != "ok":
-            return f"the check failed on a pack as a whole ({result.status}): it cannot judge members one by one"
-        member = pack.members[1]
-        outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
-                   if packed in result.outputs}
-        if set(outputs) != set(member.outputs.values()):
-            return (f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
-                    "outputs: it reads fewer outputs than a pack has")
-        reference = {n: reducer.store.get(n) for n in best.outputs if n in reducer.store}
-        own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
-        why = why_not(reducer.signature, reducer.oracle.verdict_from(own, reference), severity=reducer.severity)
-        return None if why is None else f"the failing model, second in a pack, gave {why}"
-    finally:
-        result.discard()

@@ -1,5 +1,5 @@
 """Group testing for pass/fail checks: the earliest failing candidate by binary splitting over
-packs of disjoint candidates (one call per pack, built by ``evaluator.group_fails``).
+packs of disjoint candidates (one call per pack, built by ``passfail.group_fails``).
 
 A pack that passes clears every member; a failing one is split in halves, so one failing member
 among W costs about log2 W calls. A pack that fails with no member failing alone means the

@@ -23,7 +23,7 @@ from reprokit.engine.worker import kill_running
 from reprokit.graph.extract import extract
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import weight_bytes
-from reprokit.shrink import evaluator, grouped
+from reprokit.shrink import evaluator, grouped, passfail
 from reprokit.shrink.evaluator import Outcome
 from reprokit.shrink.journal import Journal, PassStats
 from reprokit.standalone.compare import jsonable, unrepresentable
@@ -201,7 +201,7 @@ class Reducer:
 
     def group_fails(self, candidates: list[frozenset]) -> bool:
         """Pass/fail: does one call on these disjoint candidates together show the signature?"""
-        return evaluator.group_fails(self, candidates)
+        return passfail.group_fails(self, candidates)
 
     def unrepresentable_feed(self, feeds: dict) -> str | None:
         """A cut tensor the target's storage type cannot hold (fp16 overflow, mass underflow)

@@ -33,10 +33,11 @@ from reprokit.shrink.budget import (
 )
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, probe_model
-from reprokit.shrink.evaluator import calibrate, run_replay_alone
+from reprokit.shrink.evaluator import run_replay_alone
 from reprokit.shrink.final import ShrinkResult, finish
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
+from reprokit.shrink.passfail import calibrate
 from reprokit.shrink.reducer import Journal, PassStats, Reducer
 from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
     STATE_DIR,
@@ -259,7 +260,7 @@ class _Run:
 
 def _calibrate_packs(run: _Run, reducer) -> None:
     """A user's check may judge only part of a pack: one calibration call decides whether this
-    run packs candidates at all (evaluator.calibrate); the summary says which and why."""
+    run packs candidates at all (passfail.calibrate); the summary says which and why."""
     reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
     why, built, seconds = calibrate(reducer, Extraction(probe_model(), dict(PROBE_FEEDS), ["y"]))
     run.probe_calls += 1

@@ -29,8 +29,9 @@ from reprokit.engine.oracle import Kind, check_reference_finite
 from reprokit.errors import ReferenceFailure
 from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
-from reprokit.shrink.evaluator import Member, judge_members, reference_members
+from reprokit.shrink.evaluator import Member, judge_members
 from reprokit.shrink.reducer import BudgetExhausted
+from reprokit.shrink.references import reference_members
 
 MIN_ELEMENTS = 16  # inputs this small are left as they are
 

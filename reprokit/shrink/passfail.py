@@ -1,0 +1,89 @@
+"""Pass/fail packs: one call judges a group of disjoint candidates (``group_fails``, used by the
+Reducer's binary splitting in ``grouped.py``), and one calibration call decides whether a
+check judges every member of a pack at all (a check that reads only the first output does not:
+it is then given one candidate per call). Builds its packs here, beside the evaluator's."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from reprokit.engine.bug import shows_bug, why_not
+from reprokit.engine.worker import WorkerResult
+from reprokit.graph.pack import build_pack
+from reprokit.shrink.evaluator import Outcome, prepare_candidate
+from reprokit.shrink.references import save_candidate
+
+
+def group_fails(reducer, group: list[frozenset]) -> bool:
+    """Pass/fail: does a pack of these disjoint candidates show the signature? One call.
+    A pack that passes clears every member: journaled as inferred from the group, not observed."""
+    prepared = []
+    for cand in group:
+        sub, trivial = prepare_candidate(reducer, cand, check=False)
+        if trivial is None:
+            prepared.append((cand, sub))
+    if not prepared:
+        return False
+    pack = build_pack([sub for _, sub in prepared], keep_node_names=True)
+    reducer.charge()
+    path = save_candidate(reducer, pack.model)
+    start = time.monotonic()
+    try:
+        verdict = reducer.oracle.judge(path, pack.feeds, reference_outputs={})
+    finally:
+        os.remove(path)
+    if not verdict.cached:
+        reducer.note_call(pack.nodes, len(prepared), time.monotonic() - start)
+    fails = shows_bug(reducer.signature, verdict)
+    if not fails and not verdict.diverges:
+        for cand, _ in prepared:
+            reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
+    return fails
+
+
+def calibrate(reducer, probe) -> tuple[str | None, int, float]:
+    """Is a pack judged as a whole by this check? One call: the known failing best placed after
+    ``probe`` (an Extraction the check passes). A check that reads only the first output, or
+    only some of the outputs, passes that pack: group testing would then clear the culprit with
+    its pack. Returns (None when packs are sound, else why not; nodes built; seconds)."""
+
+    best = reducer.extraction(reducer.best)
+    group = reducer.packing == "group"
+    pack = build_pack([probe, best], keep_node_names=group, same_node_names=reducer.names_select_nodes)
+    path = save_candidate(reducer, pack.model)
+    start = time.monotonic()
+    try:
+        if group:
+            verdict = reducer.oracle.run_again(path, pack.feeds, {})
+        else:
+            result = reducer.oracle.run_target(path, pack.feeds)
+    finally:
+        os.remove(path)
+    why = _calibration_verdict(reducer, best, pack, verdict if group else result)
+    return why, pack.nodes, time.monotonic() - start
+
+
+def _calibration_verdict(reducer, best, pack, seen) -> str | None:
+    if reducer.packing == "group":
+        verdict = seen
+        if shows_bug(reducer.signature, verdict):
+            return None
+        return (f"a pack holding the failing model after a passing one gave "
+                f"{verdict.signature.describe() if verdict.diverges else 'a pass'}: the check does not judge every member")
+    result = seen
+    try:
+        if result.status != "ok":
+            return f"the check failed on a pack as a whole ({result.status}): it cannot judge members one by one"
+        member = pack.members[1]
+        outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
+                   if packed in result.outputs}
+        if set(outputs) != set(member.outputs.values()):
+            return (f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
+                    "outputs: it reads fewer outputs than a pack has")
+        reference = {n: reducer.store.get(n) for n in best.outputs if n in reducer.store}
+        own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
+        why = why_not(reducer.signature, reducer.oracle.verdict_from(own, reference), severity=reducer.severity)
+        return None if why is None else f"the failing model, second in a pack, gave {why}"
+    finally:
+        result.discard()
