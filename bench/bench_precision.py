@@ -190,6 +190,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+
+def run_rows(prefix: str, args, run_case, table, *, quick: bool, gpu: bool, failed=lambda case: {}) -> list:
+    """Every case (``--only`` filters) through ``run_case``, a failed case a row saying why; the
+    table printed and the rows written to ``--json``. Shared with bench_window.py."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as work:
+        for number, case in enumerate(cases(work, quick, gpu)):
+            if args.only and args.only not in f"{case['name']} {case['target']}":
+                continue
+            print(f"== {case['name']} {case['target']}", file=sys.stderr, flush=True)
+            try:
+                row = run_case(case, os.path.join(work, f"case{number}"))
+            except Exception as exc:  # a bench row, not a crash: say what failed
+                row = {"case": case["name"], "target": case["target"], **failed(case),
+                       "failed": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            print(json.dumps(row, default=str), file=sys.stderr, flush=True)
+            rows.append(row)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=1, default=str)
+    return rows
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one target per real model")
@@ -200,23 +223,8 @@ def main() -> int:
                         help="a folder holding the PP-OCRv4 models (and det.npz/rec.npz pictures)")
     args = parser.parse_args()
     MODELS.extend(args.models)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-precision-") as work:
-        for number, case in enumerate(cases(work, args.quick, args.gpu)):
-            if args.only and args.only not in f"{case['name']} {case['target']}":
-                continue
-            print(f"== {case['name']} {case['target']}", file=sys.stderr, flush=True)
-            try:
-                row = run_case(case, os.path.join(work, f"case{number}"))
-            except Exception as exc:  # a bench row, not a crash: say what failed
-                row = {"case": case["name"], "target": case["target"], "nodes": "?", "error": None,
-                       "tolerance": case["tol"], "failed": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            print(json.dumps(row, default=str), file=sys.stderr, flush=True)
-            rows.append(row)
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1, default=str)
+    run_rows("bench-precision-", args, run_case, table, quick=args.quick, gpu=args.gpu,
+             failed=lambda case: {"nodes": "?", "error": None, "tolerance": case["tol"]})
     return 0
 
 

@@ -9,17 +9,15 @@ tested fp32 set, and the run's target calls. Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, ROOT)
 
-from bench_precision import MODELS, cases  # noqa: E402
+from bench_precision import MODELS, run_rows  # noqa: E402
 
 from reprokit.engine.session import RunOptions  # noqa: E402
 from reprokit.shrink.steps import shrink  # noqa: E402
@@ -71,22 +69,7 @@ def main() -> int:
     parser.add_argument("--models", action="append", default=[], help="as bench_precision.py --models")
     args = parser.parse_args()
     MODELS.extend(args.models)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-window-") as work:
-        for number, case in enumerate(cases(work, False, False)):
-            if args.only and args.only not in f"{case['name']} {case['target']}":
-                continue
-            print(f"== {case['name']} {case['target']}", file=sys.stderr, flush=True)
-            try:
-                row = run_case(case, os.path.join(work, f"case{number}"))
-            except Exception as exc:  # a bench row, not a crash: say what failed
-                row = {"case": case["name"], "target": case["target"], "failed": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            print(json.dumps(row, default=str), file=sys.stderr, flush=True)
-            rows.append(row)
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1, default=str)
+    run_rows("bench-window-", args, run_case, table, quick=False, gpu=False)
     return 0
 
 
