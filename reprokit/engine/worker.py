@@ -231,7 +231,7 @@ def _child(job_dir: str) -> int:
         finally:
             shutil.rmtree(os.path.join(job_dir, "staged"), ignore_errors=True)
         entries = []
-        for index, (name, value) in enumerate(_tensors(run.outputs).items()):
+        for index, (name, value) in enumerate(_tensors(run.outputs)):
             file = f"out{index:05d}.npy"
             array, note = storable(np.asarray(value))  # the same rule as every .npz reprokit writes
             entry = {"name": name, "file": file}
@@ -239,6 +239,7 @@ def _child(job_dir: str) -> int:
                 entry["dtype"] = note
             np.save(os.path.join(job_dir, file), array, allow_pickle=False)
             entries.append(entry)
+            del value, array  # the next output's copy does not join this one
         result.update(outputs=entries, meta=run.meta, log=run.log if len(run.log) <= _STDERR_TAIL else _whole_lines(run.log[-_STDERR_TAIL:]))
     except CommandCrash as exc:
         result = {"status": "crash", "message": exc.message, "meta": {"signal": exc.signal_name}}
@@ -276,19 +277,20 @@ def _disk_full(exc: BaseException) -> bool:
                                          or re.fullmatch(r"\d+ requested and \d+ written", str(exc)) is not None)
 
 
-def _tensors(outputs: dict) -> dict:
-    """Outputs as tensors: a sequence output (onnxruntime returns a list) becomes one output per
-    element, ``name[i]``, since its tensors may differ in shape and cannot form one array. An
-    empty optional (None) holds no tensor: it is left out, as a value nothing can be compared to."""
-    flat = {}
-    for name, value in outputs.items():
+def _tensors(outputs: Mapping):
+    """Outputs as (name, tensor) pairs: a sequence output (onnxruntime returns a list) becomes one
+    output per element, ``name[i]``, since its tensors may differ in shape and cannot form one
+    array. An empty optional (None) holds no tensor: it is left out, as a value nothing can be
+    compared to. Each value is read only when its turn comes: a backend whose outputs copy out
+    of the engine on reading (OpenVINO) then holds one copy at a time."""
+    for name in outputs:
+        value = outputs[name]
         if value is None:
             continue
         if isinstance(value, (list, tuple)):
-            flat.update({f"{name}[{i}]": item for i, item in enumerate(value)})
+            yield from ((f"{name}[{i}]", item) for i, item in enumerate(value))
         else:
-            flat[name] = value
-    return flat
+            yield name, value
 
 
 def _place_weights(backend, model_path: str, weights_dir: str | None, job_dir: str) -> str:
