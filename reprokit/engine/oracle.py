@@ -12,6 +12,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,6 +128,7 @@ class CallStats:
     target_seconds: float = 0.0
     reference_seconds: float = 0.0
     build_seconds: list = field(default_factory=list)  # per engine build, where the engine says
+    feeds_seconds: float = 0.0  # writing the feeds' .npz for the workers (bookkeeping, not engine)
 
 
 class Oracle:
@@ -170,7 +172,10 @@ class Oracle:
     def _feeds_file(self, job_dir: str, feeds: dict[str, np.ndarray]) -> str:
         os.makedirs(job_dir, exist_ok=True)
         path = os.path.join(job_dir, "feeds.npz")
+        start = time.monotonic()
         save_npz(path, feeds)
+        with self._lock:
+            self.stats.feeds_seconds += time.monotonic() - start
         return path
 
     def run_reference(self, model_path: str, feeds: dict, output_names=None) -> WorkerResult:

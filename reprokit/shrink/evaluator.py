@@ -153,7 +153,8 @@ def judge_member(reducer, member: Member):
         os.remove(path)
     if not verdict.cached:
         reducer.note_call(len(sub.model.graph.node), 1, time.monotonic() - start)
-    outcome = _outcome(reducer, verdict, packed=False, member=member)
+    with reducer.tally.timing("compare"):
+        outcome = _outcome(reducer, verdict, packed=False, member=member)
     return reducer.record(member.nodes, outcome, crop=member.crop), verdict
 
 
@@ -337,7 +338,8 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     big = len(group) >= BIG_PACK  # the silent stretches of a big model: say each phase
     if big:
         reducer.event(f"{reducer.step}: packing {len(group)} candidates into one model")
-    pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
+    with reducer.tally.timing("pack"):
+        pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
     reducer.charge()
     path = save_candidate(reducer, pack.model)
     if big:
@@ -354,29 +356,35 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
         return {**_run_numeric_pack(reducer, group[:half]), **_run_numeric_pack(reducer, group[half:])}
     if big:
         reducer.event(f"{reducer.step}: comparing the outputs of {len(group)} candidates")
-    found = {}
     try:
-        for packed, member in zip(pack.members, group):
-            outputs = {original: result.outputs[name] for name, original in packed.outputs.items()
-                       if name in result.outputs}
-            if member.replay:
-                _replayed(reducer, WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds))
-                continue
-            if member.nodes is None:
-                _layerwise_from(reducer, outputs)
-                continue
-            reference = _reference(reducer, member)
-            if set(outputs) != set(packed.outputs.values()) or set(reference) != set(outputs):
-                outcome = Outcome(False, "build-error", "target output missing", None, packed=True)
-            else:
-                own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
-                verdict = reducer.oracle.verdict_from(own, reference,
-                                                      keep_outputs=_causal_for(reducer, member) is not None)
-                outcome = _outcome(reducer, verdict, packed=True, member=member)
-                if outcome.interesting and not member.crop:  # where the shapes pass will crop around
-                    reducer.hotspots[member.nodes] = hotspot(outputs, reference)
-            found[member] = reducer.record(member.nodes, outcome, crop=member.crop)
+        with reducer.tally.timing("compare"):
+            return _judge_pack_outputs(reducer, pack, group, result)
     finally:
         result.discard()
+
+
+def _judge_pack_outputs(reducer, pack, group: list[Member], result) -> dict:
+    """Each member of one packed call judged from its own outputs: {member: Outcome}."""
+    found = {}
+    for packed, member in zip(pack.members, group):
+        outputs = {original: result.outputs[name] for name, original in packed.outputs.items()
+                   if name in result.outputs}
+        if member.replay:
+            _replayed(reducer, WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds))
+            continue
+        if member.nodes is None:
+            _layerwise_from(reducer, outputs)
+            continue
+        reference = _reference(reducer, member)
+        if set(outputs) != set(packed.outputs.values()) or set(reference) != set(outputs):
+            outcome = Outcome(False, "build-error", "target output missing", None, packed=True)
+        else:
+            own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
+            verdict = reducer.oracle.verdict_from(own, reference,
+                                                  keep_outputs=_causal_for(reducer, member) is not None)
+            outcome = _outcome(reducer, verdict, packed=True, member=member)
+            if outcome.interesting and not member.crop:  # where the shapes pass will crop around
+                reducer.hotspots[member.nodes] = hotspot(outputs, reference)
+        found[member] = reducer.record(member.nodes, outcome, crop=member.crop)
     return found
 

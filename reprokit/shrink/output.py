@@ -145,6 +145,8 @@ class _BestWriter:
                            "candidates_judged": sum(s.candidates for s in reducer.stats.values())},
             "one_minimal": reducer.one_minimal,
             "resources": _resources(stats, now - self.started),
+            # issue 25: reprokit's own extraction, packing, writing and comparing (shrink/tally.py)
+            "bookkeeping": reducer.tally.to_json(stats.feeds_seconds),
             "original_replays": reducer.original_replay,  # issue 25: did the replay ride with the survey?
             "budget": {"max_calls": self.max_calls, "target_calls_for_passes": reducer.budget,
                        "spent": reducer.spent, "stopped": reducer.stopped},

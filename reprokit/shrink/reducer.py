@@ -26,6 +26,7 @@ from reprokit.graph.io import weight_bytes
 from reprokit.shrink import evaluator, grouped, passfail
 from reprokit.shrink.evaluator import Outcome
 from reprokit.shrink.journal import Journal, PassStats
+from reprokit.shrink.tally import Tally
 from reprokit.standalone.compare import jsonable, unrepresentable
 
 __all__ = ["BudgetExhausted", "Journal", "Outcome", "PassStats", "Reducer", "TRIVIAL"]
@@ -90,6 +91,7 @@ class Reducer:
     causal: object | None = None  # reprokit.engine.bug.CausalTest of a numeric signature, or None
     no_slippage: dict = field(default_factory=dict)  # which test held the signature, and why (summary)
     clock: object | None = None  # reprokit.shrink.clock.StepClock: wall seconds per step
+    tally: Tally = field(default_factory=Tally)  # seconds of extraction, packing, writing, comparing
     _current: str = "setup"
 
     def __post_init__(self):
@@ -120,10 +122,11 @@ class Reducer:
         return elements < than
 
     def extraction(self, nodes, *, check: bool = True):
-        if self.build is not None:
-            return self.build(nodes, check)
-        sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
-        return self.wrap(sub) if self.wrap is not None and sub.outputs else sub
+        with self.tally.timing("extraction"):
+            if self.build is not None:
+                return self.build(nodes, check)
+            sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
+            return self.wrap(sub) if self.wrap is not None and sub.outputs else sub
 
     def cached(self, nodes, crop: str = "") -> Outcome | None:
         """The known outcome of a candidate (journal), or the trivial one; None = needs a call."""

@@ -20,7 +20,8 @@ def save_candidate(reducer, model) -> str:
     # A unique file per evaluation: threads never share one. External weights stay where
     # they are; the engines are told the folder (oracle.weights_dir).
     path = os.path.join(reducer.workdir, f"candidate-{uuid.uuid4().hex}.onnx")
-    onnx.save(model, path)
+    with reducer.tally.timing("write"):
+        onnx.save(model, path)
     return path
 
 
@@ -64,7 +65,8 @@ def reference_members(reducer, subs: list) -> list[dict | None]:
             return [{name: np.array(value) for name, value in result.outputs.items()}]
         finally:
             result.discard()
-    pack = build_pack(subs, keep_node_names=False)
+    with reducer.tally.timing("pack"):
+        pack = build_pack(subs, keep_node_names=False)
     path = save_candidate(reducer, pack.model)
     try:
         result = reducer.oracle.run_reference(path, pack.feeds)
