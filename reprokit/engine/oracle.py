@@ -289,7 +289,12 @@ class Oracle:
         finally:
             result.discard()
 
-    def verdict_from(self, result: WorkerResult, reference_outputs: dict, *, keep_outputs: bool = False) -> Verdict:
+    def verdict_from(self, result: WorkerResult, reference_outputs: dict, *, keep_outputs: bool = False,
+                     full: bool = True) -> Verdict:
+        """The verdict of one target run against reference outputs. ``full=False`` (the members of
+        a pack, hundreds per call) leaves out the numbers no verdict reads unless the criterion's
+        metric needs them: cosine distance, allclose count, degenerate-reference note
+        (``compare_arrays``); the signature and every output's error are the same either way."""
         base = dict(criterion=self.criterion, reference=self.reference, target=self.target,
                     precision=self.precision, target_meta=result.meta, seconds=result.seconds)
         if result.status == "timeout":
@@ -313,7 +318,7 @@ class Oracle:
                            message=f"the target produced no output named {missing[0]!r}", **base)
         for name, ref in reference_outputs.items():
             if name in result.outputs:
-                errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion))
+                errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion, full=full))
         reshaped = [e for e in errors if e.shape_mismatch]
         if reshaped:  # an error of inf between arrays of other shapes says nothing: name the shapes
             shapes = "; ".join(f"{e.name!r}: target {list(e.target_shape)} vs reference {list(e.shape)}"

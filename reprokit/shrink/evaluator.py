@@ -380,7 +380,9 @@ def _judge_pack_outputs(reducer, pack, group: list[Member], result) -> dict:
             outcome = Outcome(False, "build-error", "target output missing", None, packed=True)
         else:
             own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
-            verdict = reducer.oracle.verdict_from(own, reference,
+            # full=False: a member's outcome reads only its signature and error (never the last
+            # word: a result is judged alone, with every number, before it is kept)
+            verdict = reducer.oracle.verdict_from(own, reference, full=False,
                                                   keep_outputs=_causal_for(reducer, member) is not None)
             outcome = _outcome(reducer, verdict, packed=True, member=member)
             if outcome.interesting and not member.crop:  # where the shapes pass will crop around
