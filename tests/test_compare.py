@@ -181,3 +181,30 @@ def test_narrow_float_and_int4_outputs_compare_by_value_not_as_bytes():
     assert ints.max_abs == 1.0
     with pytest.raises(ReferenceFailure):
         check_reference_finite({"y": np.array([1.0, np.nan], dtype=ml_dtypes.float8_e4m3fn)}, "ort")
+
+
+@pytest.mark.parametrize("metric", list(Metric))
+def test_a_short_comparison_gives_the_same_verdict_numbers_as_a_full_one(metric):
+    """full=False (pack members) leaves out only what the criterion's metric does not read."""
+    rng = np.random.default_rng(7)
+    reference = rng.standard_normal(5000).astype(np.float32)
+    criterion = Criterion.for_precision("fp16", metric)
+    for target in (reference + 1e-4, reference * 1.5, np.where(reference > 2, np.inf, reference),
+                   np.where(reference > 2, np.nan, reference)):
+        full = compare_arrays("y", reference, target.astype(np.float32), criterion)
+        short = compare_arrays("y", reference, target.astype(np.float32), criterion, full=False)
+        assert (short.error, short.exceeds, short.rel_l2, short.max_abs) == (full.error, full.exceeds, full.rel_l2,
+                                                                             full.max_abs)
+        assert (short.target_nan, short.target_inf, short.nonfinite_in_target_only) == (
+            full.target_nan, full.target_inf, full.nonfinite_in_target_only)
+
+
+def test_norms_are_blas_norms_to_the_last_bits():
+    """compare.py sums squares with einsum (no BLAS threads); the numbers stay numpy's."""
+    rng = np.random.default_rng(3)
+    for size in (0, 1, 7, 100_000):
+        values = rng.standard_normal(size) * 1e3
+        target = values + rng.standard_normal(size)
+        error = compare_arrays("y", values, target, Criterion())
+        expect = np.linalg.norm(target - values) / np.linalg.norm(values) if size else 0.0
+        assert error.rel_l2 == pytest.approx(expect, rel=1e-12)

@@ -115,6 +115,15 @@ def test_samples_shrink_in_at_most_four_calls_to_a_1_minimal_model(layernorm_run
     assert summary["build_work"]["candidates_judged"] > summary["calls"]["target"]
 
 
+def test_summary_says_what_extraction_packing_writing_and_comparing_cost(layernorm_run):
+    books = layernorm_run[3].summary["bookkeeping"]
+    kinds = ("extraction", "pack", "write", "compare")
+    # a packed survey ran: candidates were cut out, packed, written and judged
+    assert all(books[k] > 0 for k in kinds), books
+    assert books["seconds"] == pytest.approx(sum(books[k] for k in kinds), abs=0.01)
+    assert books["seconds"] < layernorm_run[3].summary["wall_s"]
+
+
 def test_a_small_pack_limit_splits_the_calls_but_not_the_result(layernorm_run, tmp_path):
     out, model, inputs, baseline = layernorm_run
     result = shrink(str(model), "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=str(inputs)),
