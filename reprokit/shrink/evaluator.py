@@ -225,6 +225,8 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
             members.append(Member(cand, sub))
     groups = _fit(reducer, members)
     _ride_along(reducer, groups, reducer.take_speculative_members())
+    asked = set(candidates)
+    _ride_along(reducer, groups, _rider_members(reducer, [c for c in reducer.take_riders() if c not in asked]))
     for group in groups:
         found = _run_numeric_pack(reducer, group)
         results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None and not m.crop)
@@ -233,10 +235,22 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
     return [results.get(c) for c in candidates]
 
 
-def _ride_along(reducer, groups: list[list[Member]], extra: list[Member]) -> None:
-    """Speculative members (shape crops a later step will ask about) join the last pack while it
-    stays under the limits: they never cost a call of their own."""
-    if not extra or not groups:
+def _rider_members(reducer, riders: list[frozenset]):
+    """Members for ``Reducer.ride_if_free`` candidates, extracted only as far as the last pack
+    takes them (a trivial one is recorded at once: it needs no call)."""
+    for cand in riders:
+        sub, trivial = prepare_candidate(reducer, cand, check=False)
+        if trivial is not None:
+            reducer.record(cand, trivial)
+        else:
+            yield Member(cand, sub)
+
+
+def _ride_along(reducer, groups: list[list[Member]], extra) -> None:
+    """Speculative members (shape crops a later step will ask about, producer→consumer pairs the
+    survey may need next) join the last pack while it stays under the limits: they never cost a
+    call of their own. ``extra`` may be a generator: it is drawn only while members fit."""
+    if not groups:
         return
     last = groups[-1]
     size = sum(_member_bytes(reducer, m) for m in last)

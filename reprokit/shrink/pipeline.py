@@ -4,9 +4,11 @@ region says instead (attribution).
 1. **named** (pass/fail signatures): the node the engine's message names, alone.
 2. **survey**: every node alone (one packed call for numeric oracles, with the marked
    layerwise run riding along; group testing for pass/fail ones, then producer→consumer pairs).
-3. **localize** (numeric): regions around the anchor and the origins, one packed call — for a
-   mismatch only when some node diverges on its own (else nothing is "born" anywhere); then
-   every producer→consumer pair alone, one packed call.
+3. **pairs** and **localize** (numeric): every producer→consumer pair alone rides in the
+   survey's call while the pack limits allow (a pair that reproduces there is taken for no
+   call); then regions around the anchor and the origins, one packed call (the pairs not judged
+   yet ride in it) — for a mismatch only when some node diverges on its own (else nothing is
+   "born" anywhere); then the pairs step, usually from answers already cached.
 4. A mismatch no region shows on its own is **accumulated** error: the run stops with each
    node's isolated error, the top contributors and the cumulative curve (``attribution``)
    instead of calling a large window minimal (``search_accumulated`` searches anyway).
@@ -71,8 +73,14 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
             if not found:
                 reducer.begin("survey")
                 found = survey.run(reducer, layerwise=numeric)
+            # pairs ride in the survey's call while the pack has room: one that reproduces is
+            # taken at once, for no call (a pair is the smallest region localize could grow);
+            # the rest ride in localize's call, so the pairs step finds them judged
+            if not found and numeric:
+                found = survey.pairs(reducer, known_only=True)
             if not found and numeric and _born_somewhere(reducer):
                 reducer.begin("localize")
+                survey.ride_pairs(reducer)
                 found = localize.run(reducer)
             if not found and numeric:
                 reducer.begin("pairs")

@@ -100,6 +100,7 @@ class Reducer:
         self._feed_ok: dict[str, str | None] = {}
         self._speculative: list[frozenset] = []
         self._speculative_members: list = []
+        self._riders: list[frozenset] = []
         self._weights: int | None = None
         self._readers: dict | None = None
 
@@ -272,6 +273,17 @@ class Reducer:
         packed call (numeric oracles only)."""
         if self.packing == "numeric":
             self._speculative_members.extend(members)
+
+    def ride_if_free(self, candidates: list) -> None:
+        """Candidates a later step may ask about that join the next packed call only while it
+        stays under the pack limits (numeric oracles only): never a call, never a pack, of their
+        own. Those that did not fit are judged when asked, as any other."""
+        if self.packing == "numeric":
+            self._riders.extend(frozenset(c) for c in candidates)
+
+    def take_riders(self) -> list[frozenset]:
+        taken, self._riders = self._riders, []
+        return [c for c in taken if self.cached(c) is None]
 
     def take_speculative_members(self) -> list:
         taken, self._speculative_members = self._speculative_members, []

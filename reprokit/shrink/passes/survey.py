@@ -44,6 +44,9 @@ def run(reducer, *, layerwise: bool) -> bool:
         reducer.isolated.update({i: o for i in order if (o := reducer.cached(frozenset([i]))) is not None})
         return _accept(reducer, candidates, hit)
     if reducer.packing == "numeric":
+        # every producer→consumer pair rides in the same call while the pack limits allow: when no
+        # node shows the signature alone, the pairs step then costs no call (issue 25: ≤ 4 calls)
+        ride_pairs(reducer)
         outcomes = reducer.verdicts(singles)
         reducer.isolated.update({i: o for i, o in zip(order, outcomes)})
         hit = next((k for k, o in enumerate(outcomes) if o.interesting), None)
@@ -63,11 +66,22 @@ def run(reducer, *, layerwise: bool) -> bool:
     return _accept(reducer, candidates, hit)
 
 
-def pairs(reducer) -> bool:
+def pairs(reducer, *, known_only: bool = False) -> bool:
     """Every producer→consumer pair alone (fusions of two neighbours intact); True when one
-    reproduces."""
+    reproduces. ``known_only``: only the pairs already judged (they rode in an earlier call);
+    no call. Any pair that reproduces is 1-minimal (its nodes were judged alone), so the first
+    known one is as good as the first in order."""
     candidates = matchings(reducer, reducer.ordered())
+    if known_only:
+        known = [reducer.cached(c) for c in candidates]
+        hit = next((k for k, o in enumerate(known) if o is not None and o.interesting), None)
+        return _accept(reducer, candidates, hit)
     return _accept(reducer, candidates, reducer.first_interesting(candidates) if candidates else None)
+
+
+def ride_pairs(reducer) -> None:
+    """The pairs not judged yet ride in the next packed call while it has room."""
+    reducer.ride_if_free(matchings(reducer, reducer.ordered()))
 
 
 def _accept(reducer, candidates, hit) -> bool:
