@@ -77,6 +77,7 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
             # taken at once, for no call (a pair is the smallest region localize could grow);
             # the rest ride in localize's call, so the pairs step finds them judged
             if not found and numeric:
+                reducer.begin("pairs")
                 found = survey.pairs(reducer, known_only=True)
             if not found and numeric and _born_somewhere(reducer):
                 reducer.begin("localize")
