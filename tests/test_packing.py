@@ -26,7 +26,7 @@ from reprokit.engine.activations import ActivationStore
 from reprokit.engine.oracle import Kind, Signature
 from reprokit.errors import NothingRemoved
 from reprokit.graph.index import GraphIndex
-from reprokit.shrink.budget import Limits, default_replays
+from reprokit.shrink.budget import PACK_MEMORY_FLOOR, Limits, default_replays, pack_memory
 from reprokit.shrink.reducer import Journal, Reducer
 from reprokit.shrink.steps import shrink as shrink_run
 
@@ -130,6 +130,32 @@ def test_a_small_pack_limit_splits_the_calls_but_not_the_result(layernorm_run, t
                     limits=Limits(capture_chunk_bytes=1 << 20, max_calls=None))
     assert result.summary["minimal"]["node_names"] == baseline.summary["minimal"]["node_names"]
     assert result.summary["calls"]["target"] > baseline.summary["calls"]["target"]
+
+
+@pytest.mark.parametrize("bound,heavy", [(256 << 10, False), (64 << 10, True)])
+def test_a_memory_bound_splits_the_survey_and_finds_the_same_node(tmp_path, bound, heavy):
+    # planted.blocks: 114 nodes, 100 KiB of weights, ~1 MiB of survey data (every node alone and
+    # the marked whole model). Under 256 KiB the survey is split into several packed calls; under
+    # 64 KiB the weights pass half a pack, so the marked model runs alone and the nodes nearest
+    # its anchor are judged first (the heavy path).
+    path, inputs = planted.save(*planted.blocks(), str(tmp_path), "m")
+    result = shrink(path, "emulate:fp16", str(tmp_path / "out"), options=RunOptions(inputs=inputs),
+                    limits=Limits(pack_memory_bytes=bound, max_calls=None))
+    whole = shrink(path, "emulate:fp16", str(tmp_path / "whole"), options=RunOptions(inputs=inputs),
+                   limits=Limits(max_calls=None))
+    survey, one = (next(s for s in r.summary["steps"] if s["step"] == "survey") for r in (result, whole))
+    assert survey["calls"] > 1 and one["calls"] == 1
+    # the heavy path stops at the first pack that holds a hit; the split survey judges every node
+    assert (survey["candidates"] < one["candidates"]) == heavy
+    assert result.summary["minimal"]["node_names"] == whole.summary["minimal"]["node_names"] == ["block1/qk"]
+    assert result.summary["one_minimal"] is True
+
+
+def test_the_auto_memory_bound_is_twice_a_marked_run_between_the_floor_and_a_capture_chunk():
+    mib = 1 << 20
+    assert pack_memory(Limits(), 200 * mib) == 400 * mib  # PP-OCRv4 rec: ~200 MiB marked run
+    assert pack_memory(Limits(), 10 * mib) == PACK_MEMORY_FLOOR  # a sample: one call, as before
+    assert pack_memory(Limits(capture_chunk_bytes=300 * mib), 200 * mib) == 300 * mib
 
 
 def test_jobs_do_not_change_a_packed_result(layernorm_run, tmp_path):

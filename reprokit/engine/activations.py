@@ -102,6 +102,11 @@ class ActivationStore:
         file, _, dtype = self._files[name].partition("#")
         return load_npy(os.path.join(self.directory, file), dtype or None)
 
+    def nbytes(self) -> int:
+        """Bytes of every captured tensor together (the files' sizes; nothing is read)."""
+        files = {entry.partition("#")[0] for entry in self._files.values()}
+        return sum(os.path.getsize(os.path.join(self.directory, file)) for file in files)
+
     def info(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         """Shape and dtype without reading the data."""
         if name not in self._meta:

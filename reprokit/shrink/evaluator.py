@@ -182,17 +182,19 @@ def _member_bytes(reducer, member: Member) -> int:
 
 
 def _fit(reducer, members: list[Member]) -> list[list[Member]]:
-    """Split members into packs under the byte and node limits."""
+    """Split members into packs under the byte (memory) and node limits, the bytes spread evenly
+    over as many packs as the byte limit needs: an engine's peak follows a pack's data, so two
+    halves peak lower than a full pack and its remainder. Members that fit one pack stay one."""
+    sizes = [(_member_bytes(reducer, m), len(m.sub.model.graph.node)) for m in members]
+    even = sum(b for b, _ in sizes) / max(1, -(-sum(b for b, _ in sizes) // reducer.pack_bytes))
     groups, current, size, nodes = [], [], 0, 0
-    for member in members:
-        weight = _member_bytes(reducer, member)
-        count = len(member.sub.model.graph.node)
-        if current and (size + weight > reducer.pack_bytes or nodes + count > reducer.pack_nodes):
+    for member, (weight, many) in zip(members, sizes):
+        if current and (size + weight > reducer.pack_bytes or nodes + many > reducer.pack_nodes or size >= even):
             groups.append(current)
             current, size, nodes = [], 0, 0
         current.append(member)
         size += weight
-        nodes += count
+        nodes += many
     if current:
         groups.append(current)
     return groups

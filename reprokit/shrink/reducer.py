@@ -64,7 +64,7 @@ class Reducer:
     spent: int = 0  # engine calls the passes made
     cancelled: bool = False  # set on interrupt: outcomes of killed calls are not journaled
     packing: str | None = None  # None (one by one), "numeric" (packed) or "group" (group testing)
-    pack_bytes: int = 1 << 30  # feeds + outputs one packed call may move
+    pack_bytes: int = 1 << 30  # data (feeds, outputs, weights) one packed call may hold: budget.pack_memory
     pack_nodes: int = 4096  # nodes one packed call may build
     isolated: dict = field(default_factory=dict)  # node index -> Outcome of the node alone
     severity: float | None = None  # a mismatch candidate's error must reach this (None: the tolerance)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.bug import NUMERIC, CausalTest
@@ -30,6 +30,7 @@ from reprokit.shrink.budget import (
     default_replays,
     earlier_calls,
     inside_allowance,
+    pack_memory,
 )
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import PROBE_FEEDS, confirm, probe_model
@@ -93,6 +94,9 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     run.event("capturing reference activations: done")
     graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
     check_reference_finite(graph_outputs, run.oracle.reference)
+    # The data of one marked run of the model (weights, feeds, every activation) bounds a pack's.
+    marked_run = weight_bytes(run.model) + sum(getattr(v, "nbytes", 0) for v in run.feeds.values()) + store.nbytes()
+    limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run))
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     clock.begin("confirm")
     # The original's last replay rides in the survey's first packed call (issue 25) where that
@@ -101,7 +105,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     # alone at once, below).
     def ride(first) -> bool:
         return (localize_first and not resume and pipeline.packing_for(first.signature.kind, pack_candidates) == "numeric"
-                and weight_bytes(run.model) <= limits.capture_chunk_bytes // 2)
+                and weight_bytes(run.model) <= limits.pack_memory_bytes // 2)
 
     verdict, ride_along = confirm(run, graph_outputs, original_replays, ride)
     folded = ride_along is not None
@@ -214,7 +218,7 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
         reducer.message_key = normalize_message(verdict.message)
     if reducer.packing is not None and parse_target(run.target).engine == "cmd":
         _calibrate_packs(run, reducer)
-    reducer.pack_bytes = limits.capture_chunk_bytes
+    reducer.pack_bytes = limits.pack_memory_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
     return reducer
 
