@@ -51,6 +51,11 @@ class Journal:
         with self._lock:
             return self.entries.get(key)
 
+    def claimed(self) -> int:
+        """Target calls the passes' allowances added to an auto budget (``Reducer.claim``)."""
+        with self._lock:
+            return sum(int(e.get("calls", 0)) for k, e in self.entries.items() if k.startswith("allowance:"))
+
     def put(self, key: str, value: dict) -> None:
         with self._lock:
             self.entries[key] = {"key": key, **value}

@@ -3,7 +3,7 @@ region says instead (attribution).
 
 1. **named** (pass/fail signatures): the node the engine's message names, alone.
 2. **survey**: every node alone (one packed call for numeric oracles, with the marked
-   layerwise run riding along; group testing for pass/fail ones, then producer→consumer pairs).
+   layerwise run riding along; group testing for pass/fail ones).
 3. **pairs** and **localize** (numeric): every producer→consumer pair alone rides in the
    survey's call while the pack limits allow (a pair that reproduces there is taken for no
    call); then regions around the anchor and the origins, one packed call (the pairs not judged
@@ -12,7 +12,7 @@ region says instead (attribution).
 4. A mismatch no region shows on its own is **accumulated** error: the run stops with each
    node's isolated error, the top contributors and the cumulative curve (``attribution``)
    instead of calling a large window minimal (``search_accumulated`` searches anyway).
-5. **conflict** (nodes that fail only together: QuickXplain, ``passes/conflict.py``), then
+5. **conflict** (nodes that fail only together, a fusion among them: ``passes/conflict.py``), then
    **window** (bisection of the end and the start) when it finds no set that fails alone,
    **branches** (one output's cone) and **ddmin** (chunk deletion down to single nodes; packed complements for numeric oracles) —
    ddmin's last sweep proves 1-minimality, usually from answers already cached.

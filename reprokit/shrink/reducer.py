@@ -314,9 +314,16 @@ class Reducer:
 
     def claim(self, calls: int) -> None:
         """A pass whose cost bound is known up front (the conflict-set search) widens an auto
-        budget by that bound; an explicit --max-calls stays as given."""
-        if self.budget is not None and self.allowance is not None:
-            self.budget += self.allowance(calls)
+        budget by that bound; an explicit --max-calls stays as given. The grant is journaled:
+        a resumed run starts with it (``Journal.claimed``) and is not granted it twice."""
+        if self.budget is None or self.allowance is None:
+            return
+        key = f"allowance:{self._current}"
+        if self.journal.get(key) is not None:
+            return  # granted before the run was interrupted: already in this run's budget
+        granted = self.allowance(calls)
+        self.budget += granted
+        self.journal.put(key, {"calls": granted})
 
     def charge(self, calls: int = 1) -> None:
         """Before an engine call: stop at the budget. The call is counted by ``note_call``."""

@@ -134,6 +134,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                     if reducer.reach_inside else 0)
                  if limits.max_calls == -1 else limits.max_calls)
     earlier = earlier_calls(out_dir) if resume else 0
+    if resume and limits.max_calls == -1:
+        max_calls += run.journal.claimed()  # the allowances the interrupted run was granted (Reducer.claim)
     writer = _writer_for(run, model_path, options, verdict, clock, max_calls, earlier)
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     reducer.shapes = shrink_shapes  # crops may ride along in earlier packs (localize)
@@ -162,7 +164,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         note = ""
         if outcome == "budget":
             reducer.stopped = True
-            note = (f"stopped at the call budget ({max_calls} target calls, --max-calls); the model is the "
+            note = (f"stopped at the call budget ({writer.max_calls} target calls, --max-calls); the model is the "
                     "smallest found so far. `--resume` with a larger --max-calls (0: no limit) continues")
             run.event(note)
         if reducer.contradictions and minimal_replays:

@@ -1,17 +1,31 @@
-"""conflict: the k nodes that fail only together, by a conflict-set search (QuickXplain, Junker 2004).
+"""conflict: the k nodes that fail only together, by a progressive conflict-set search.
 
-When no single node (and no producer→consumer pair) shows the bug alone, the nodes interact: a
-check that fails only when two distant nodes are both in the model, or an error that needs a
-chain to build up. Growing unions spends calls on sets that are almost the whole model; bisecting
-a contiguous window (polygraphy) keeps everything between the two ends. QuickXplain splits the
-nodes in halves and asks, recursively, "with what is already known to be needed, does this half
-fail without the other?": it finds a minimal set of k necessary nodes in at most
-2k·⌈log2(n/k)⌉ + 2k candidates judged alone, each through the Reducer's cache (so what the survey
-judged costs nothing), and in topological order, so the halves are windows of the graph.
+When no single node shows the bug alone, the nodes interact: a check that fails only when two
+distant nodes are both in the model, a fusion that needs a producer→consumer edge intact (a Conv
+whose only reader is a Clip), an error that needs a chain to build up. Growing unions spends calls
+on sets that are almost the whole model; bisecting a contiguous window (polygraphy) keeps
+everything between the two ends.
 
-The result is verified alone before it is accepted: a check that is not monotone (a node set that
-fails while a superset passes) can make the search end on a set that does not fail; it is then
-left to the window and ddmin passes, and counted as a contradiction.
+The search works on the nodes in topological order, every candidate judged alone through the
+Reducer's cache (what the survey judged costs nothing):
+
+1. the **last necessary node** ``b``: the smallest failing prefix, by bisection (the whole is
+   known to fail): ⌈log2 n⌉ calls. A prefix is a window of the graph, so a fusion is intact in it;
+2. does what is found fail alone? Then it is the answer (for k = 2 this question is the result
+   judged alone, so the final judgement comes from the cache);
+3. a **fusion first**: ``b`` with its direct producers, one call — a failing fusion ends here;
+4. else the **earliest necessary node** of the rest: the largest s such that the found nodes with
+   the window ``rest[s:]`` still fail, by bisection (⌈log2 |rest|⌉ calls); the nodes after it are
+   kept as background, so a third or fourth necessary node is never lost. Back to 2.
+
+A minimal set of k nodes costs at most k·(⌈log2 n⌉ + 2) calls, within QuickXplain's
+2k·⌈log2(n/k)⌉ + 2k (Junker 2004) for every k ≤ √n; a pair among 160 nodes costs 8 + 1 + 7 + 1,
+against the ⌈log2 C(160, 2)⌉ = 14 bits that any exact method needs from a 1-bit check.
+:func:`quickxplain` is kept for the sets larger than √n (the search switches to it there).
+
+The result is verified alone before it is accepted (usually from the cache): a check that is not
+monotone (a node set that fails while a superset passes) can make the search end on a set that
+does not fail; it is then left to the window and ddmin passes, and counted as a contradiction.
 """
 
 from __future__ import annotations
@@ -19,35 +33,105 @@ from __future__ import annotations
 import math
 
 
+def bound(n: int, k: int = 2) -> int:
+    """QuickXplain's worst case for k necessary nodes among n: 2k·⌈log2(n/k)⌉ + 2k calls."""
+    return 2 * k * math.ceil(math.log2(max(2, n / k))) + 2 * k
+
+
 def run(reducer) -> bool:
     """Accept a minimal set of nodes that shows the signature alone; True when found."""
     order = reducer.ordered()
     if len(order) < 3:
         return False
-    # the search's bound for a pair (k = 2): 2k·⌈log2(n/k)⌉ + 2k, the auto budget's bisection aside
-    reducer.claim(4 * math.ceil(math.log2(len(order) / 2)) + 4 - 2 * math.ceil(math.log2(len(order) + 1)))
-    found = quickxplain(reducer.test, order)
-    if found is None or not reducer.smaller(found):
+    # the search's bound for a pair (k = 2), the auto budget's bisection aside
+    reducer.claim(bound(len(order)) - 2 * math.ceil(math.log2(len(order) + 1)))
+    def narrowed(nodes: frozenset) -> None:  # a window seen failing alone: kept should the budget run out
+        if reducer.smaller(nodes):
+            reducer.accept(nodes, "a window that fails alone (conflict-set search)")
+
+    found = search(reducer.test, order, producers=_producers(reducer), narrowed=narrowed)
+    if found is None:
         return False
-    if not reducer.test(found):
+    if not reducer.test(found):  # from the cache when the search's last question was this set
         reducer.contradictions += 1  # the search's own answers disagree: not monotone, or flaky
         return False
-    reducer.accept(found, f"{len(found)} nodes that fail only together (conflict-set search)")
-    return True
+    if reducer.smaller(found):
+        reducer.accept(found, f"{len(found)} nodes that fail only together (conflict-set search)")
+    return found == reducer.best
 
 
-def quickxplain(test, order: list[int]) -> frozenset | None:
+def _producers(reducer):
+    """node → the nodes that produce its inputs (the fusion guess); None without a graph index."""
+    index = reducer.index
+    if index is None:
+        return None
+    return lambda node: {p for t in index.node_inputs[node] if (p := index.producer.get(t)) is not None}
+
+
+def search(test, order: list[int], producers=None, narrowed=None) -> frozenset | None:
     """A minimal subset of ``order`` for which ``test`` holds, assuming it holds on all of
-    ``order`` and is monotone (a superset of a failing set fails). ``test`` takes a frozenset."""
+    ``order`` and is monotone. ``test`` takes a frozenset; ``producers(node)`` (optional) names
+    the nodes feeding ``node``, tried first as its partners; ``narrowed(nodes)`` (optional) hears
+    each set that ``test`` held on, as the search closes in."""
     if not order:
         return None
-    return frozenset(_qx(test, frozenset(), False, list(order)))
+    narrowed = narrowed or (lambda nodes: None)
+
+    def fails(nodes) -> bool:
+        nodes = frozenset(nodes)
+        if test(nodes):
+            narrowed(nodes)
+            return True
+        return False
+
+    position = {node: i for i, node in enumerate(order)}
+    low, high = 1, len(order)  # the smallest failing prefix has a length in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        if fails(order[:middle]):
+            high = middle
+        else:
+            low = middle + 1
+    found = [order[high - 1]]
+    rest = order[:high - 1]  # found ∪ rest fails: the rest of a minimal set lies here
+    guess = producers is not None
+    while rest:
+        if fails(found):
+            return frozenset(found)
+        if len(found) * len(found) > len(order):  # many nodes: QuickXplain's bound is the better one
+            return frozenset(found) | quickxplain(lambda s: fails(s | frozenset(found)), rest, known=False)
+        if guess:
+            guess = False  # once, for the last necessary node: a fusion of it with what feeds it
+            near = sorted((p for p in producers(found[0]) if p in position and position[p] < high - 1),
+                          key=position.get)
+            if near and len(near) < len(rest) and fails(set(found) | set(near)):
+                rest = near
+                continue
+        first, last = 0, len(rest) - 1  # found ∪ rest[s:] fails for s = first; the earliest needed one
+        while first < last:
+            middle = (first + last + 1) // 2
+            if fails(set(found) | set(rest[middle:])):
+                first = middle
+            else:
+                last = middle - 1
+        found.append(rest[first])
+        rest = rest[first + 1:]
+    return frozenset(found)
+
+
+def quickxplain(test, order: list[int], known: bool = True) -> frozenset:
+    """A minimal subset of ``order`` for which ``test`` holds, assuming it holds on all of
+    ``order`` and is monotone (a superset of a failing set fails). ``test`` takes a frozenset;
+    ``known``: False when ``test`` may already hold on the empty set."""
+    if not order:
+        return frozenset()
+    return frozenset(_qx(test, frozenset(), not known, list(order)))
 
 
 def _qx(test, background: frozenset, asked: bool, candidates: list[int]) -> list[int]:
     """Junker's QX: the part of ``candidates`` that ``background`` needs to fail. ``asked``:
     ``background`` grew since the last question, so it may fail on its own already."""
-    if asked and background and test(background):
+    if asked and test(background):
         return []
     if len(candidates) == 1:
         return candidates

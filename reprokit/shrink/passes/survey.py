@@ -2,15 +2,16 @@
 
 This is the isolated layerwise view: each node's own error with no accumulation from upstream,
 and in pairs the fusion of two neighbours intact (Conv→Clip, MatMul→Add). Most real faults live
-in one or two nodes, so the earliest single, else the earliest pair, that shows the signature
-alone is the answer — and it is 1-minimal at once, since its parts were judged too.
+in one or two nodes, so the earliest single, else (numeric) the earliest pair, that shows the
+signature alone is the answer — and it is 1-minimal at once, since its parts were judged too.
 
 For numeric oracles the whole survey is one packed call (a few when the pack limits split it)
 and the marked layerwise run (every tensor of the whole model marked, where the signature's kind
 first appears) rides along in the same call. A model whose weights pass half a pack runs the
 marked model alone first and judges nodes nearest its anchor first, stopping at the first pack
 that holds a hit: memory stays that of one run of the model. For pass/fail oracles the same candidates are
-group-tested: singles first, then pairs arranged as matchings so each group is disjoint.
+group-tested, singles only: nodes that fail only together (a pair, a fusion) are the conflict
+search's (``conflict.py``), which needs fewer calls than a group test over every edge.
 Each node's isolated outcome is kept for attribution when no small window diverges alone.
 """
 
@@ -20,9 +21,9 @@ from reprokit.engine.oracle import Kind
 
 
 def run(reducer, *, layerwise: bool) -> bool:
-    """Accept the earliest single that reproduces alone (for pass/fail oracles, else the earliest
-    pair); True when one was found. Numeric oracles judge pairs later (:func:`pairs`), only when
-    localization finds nothing: a pair costs twice a single in build work."""
+    """Accept the earliest single that reproduces alone; True when one was found. Numeric
+    oracles' pairs ride in the same call and are taken by the pairs step (:func:`pairs`);
+    pass/fail ones leave pairs to the conflict search."""
     order = reducer.ordered()
     if reducer.packing == "group":  # nodes that only produce a constant are the least likely culprits
         order.sort(key=lambda i: not reducer.index.node_inputs[i])
@@ -53,10 +54,10 @@ def run(reducer, *, layerwise: bool) -> bool:
     else:
         # The singles together hold every node of the confirmed model: their group needs no
         # call of its own (binary splitting starts at its halves).
+        # No producer→consumer pairs here: a pair that fails only with its edge intact is found by
+        # the conflict search (a prefix window, then the node with its producers) in fewer calls
+        # than a group test over every edge, which also re-derives what the singles already said.
         hit = reducer.first_interesting(singles, together_fail=len(order) == len(reducer.index.node_outputs))
-        if hit is None and not reducer.interactions:
-            candidates = matchings(reducer, order)
-            hit = reducer.first_interesting(candidates) if candidates else None
     if layerwise:
         _anchors(reducer, saved)
     if hit is None and reducer.interactions:
