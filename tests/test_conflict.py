@@ -160,6 +160,17 @@ def test_a_pair_at_the_two_ends_of_a_branchy_graph(tmp_path):
     assert_found(summary, ["blk0/a", "last"], 61)
 
 
+def test_a_pair_in_one_half_of_a_branchy_graph(tmp_path):
+    """Both nodes in the first half: the singles' pack of that half fails and binary splitting
+    goes down it (at most 2 calls a level) before no single explains it; the conflict search then
+    starts from the smallest union seen failing alone."""
+    summary = run(tmp_path, branchy(), NAMES_CHECK, "blk1/b2", "blk4/c")
+    assert sorted(summary["minimal"]["node_names"]) == ["blk1/b2", "blk4/c"]
+    assert summary["one_minimal"] is True
+    levels = math.ceil(math.log2(61))
+    assert calls(summary, "survey") + calls(summary, "conflict") <= 2 * levels + search_bound(61, 2), summary["steps"]
+
+
 def test_three_nodes_that_fail_only_together(tmp_path):
     model = sm.pair_chain(length=40, first=3, second=35)  # nodes n00..n39
     summary = run(tmp_path, model, NAMES_CHECK, "n07", "n21", "n33")

@@ -62,8 +62,9 @@ def run(reducer, *, layerwise: bool) -> bool:
         _anchors(reducer, saved)
     if hit is None and reducer.interactions:
         together = min(reducer.interactions, key=len)
-        reducer.accept(together, "nodes that fail only together (group testing)")
-        return True
+        if reducer.smaller(together):
+            reducer.accept(together, "nodes that fail only together (group testing)")
+        return False  # a union that fails alone, not a minimal one: the conflict search goes on from it
     return _accept(reducer, candidates, hit)
 
 
