@@ -3,6 +3,7 @@
 
     python bench/bench_passfail.py            # every scenario (~3 min on 2 cores)
     python bench/bench_passfail.py --only reducable
+    python bench/bench_passfail.py --flaky-only --flaky-runs 30 --flaky-tools reprokit
 
 Both tools get the same check command, wrapped by ``bench/count_check.py``, which logs every call
 and the node count of the model it judged: "calls" and "nodes built" are counted the same way for
@@ -123,19 +124,27 @@ if random.random() < 0.5:
 """
 
 
-def flaky_runs(root: str, runs: int) -> dict:
-    """A check that fails half the time whatever the model: how often does each tool end in success?"""
+def flaky_runs(root: str, runs: int, tools=("reprokit", "polygraphy")) -> dict:
+    """A check that fails half the time whatever the model: how often does each tool end in
+    success, and how often does reprokit say "flaky" (exit 6 on the original, 7 on the result)?"""
     checker = planted.write_checker(root, "flaky_check.py", FLAKY_CHECK)
     red = planted.save(*planted.reducable(), root, "flaky_reducable")
     case = {"model": red, "check": [sys.executable, checker, "{model}"]}
     found = {"runs": runs}
     for tool, run in (("reprokit", run_reprokit), ("polygraphy", run_polygraphy)):
-        codes = []
+        if tool not in tools:
+            continue
+        codes, flaky, calls = [], 0, []
         for attempt in range(runs):
             work = os.path.join(root, f"flaky-{tool}-{attempt}")
             os.makedirs(work)
-            codes.append(run(case, work)["rc"])
-        found[tool] = {"exit_0": codes.count(0), "codes": codes}
+            row = run(case, work)
+            codes.append(row["rc"])
+            calls.append(row["calls"])
+            flaky += row["rc"] in (6, 7) and "is flaky" in row.get("error", "")
+            print(f"flaky check, {tool} run {attempt + 1}: exit {row['rc']}, {row['calls']} calls "
+                  f"{row.get('error', '')[:120]}", file=sys.stderr, flush=True)
+        found[tool] = {"exit_0": codes.count(0), "codes": codes, "said_flaky": flaky, "calls": calls}
     return found
 
 
@@ -224,7 +233,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("--flaky-runs", type=int, default=10, help="runs of each tool on the flaky check (0: skip)")
+    parser.add_argument("--flaky-only", action="store_true", help="only the flaky check (--flaky-runs runs)")
+    parser.add_argument("--flaky-tools", default="reprokit,polygraphy", help="tools run on the flaky check")
     args = parser.parse_args(argv)
+    if args.flaky_only:
+        return _flaky_only(args)
     root = tempfile.mkdtemp(prefix="bench-passfail-")
     results = []
     started = time.monotonic()
@@ -256,6 +269,33 @@ def main(argv=None) -> int:
     with open(os.path.join(BENCH, "results", stem + ".json"), "w") as handle:
         json.dump({"scenarios": results, "flaky": flaky}, handle, indent=1)
     return 0
+
+
+def _flaky_only(args) -> int:
+    """The flaky check alone: its line of the table, written to bench/results/passfail.flaky.md."""
+    root = tempfile.mkdtemp(prefix="bench-passfail-")
+    started = time.monotonic()
+    try:
+        flaky = flaky_runs(root, args.flaky_runs, tuple(args.flaky_tools.split(",")))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    text = "\n".join(_flaky_lines(flaky) + [f"{time.monotonic() - started:.0f} s in all."])
+    print(text)
+    with open(os.path.join(BENCH, "results", "passfail.flaky.md"), "w") as handle:
+        handle.write(text + "\n")
+    return 0
+
+
+def _flaky_lines(flaky: dict) -> list[str]:
+    lines = [f"A check that fails half the time whatever the model, {flaky['runs']} runs of each tool:"]
+    if "reprokit" in flaky:
+        rk = flaky["reprokit"]
+        lines.append(f"- reprokit ended in success (exit 0) {rk['exit_0']} times, said \"flaky\" {rk['said_flaky']} "
+                     f"times (exit codes {rk['codes']}; calls {rk['calls']})")
+    if "polygraphy" in flaky:
+        lines.append(f"- polygraphy ended in success (exit 0) {flaky['polygraphy']['exit_0']} times (exit codes "
+                     f"{flaky['polygraphy']['codes']})")
+    return lines
 
 
 def _cell(row: dict, expect) -> str:
@@ -297,10 +337,7 @@ def render(results: list[dict], wall: float, flaky: dict | None = None) -> str:
                  f"nodes built {rk_built / max(1, pg_built):.2f}× | | | |")
     lines += ["", f"Check calls and nodes built counted by bench/count_check.py for both tools; {wall:.0f} s in all."]
     if flaky:
-        lines += ["", f"A check that fails half the time whatever the model, {flaky['runs']} runs of each tool: "
-                      f"reprokit ended in success (exit 0) {flaky['reprokit']['exit_0']} times (exit codes "
-                      f"{flaky['reprokit']['codes']}), polygraphy {flaky['polygraphy']['exit_0']} times "
-                      f"(exit codes {flaky['polygraphy']['codes']})."]
+        lines += ["", *_flaky_lines(flaky)]
     return "\n".join(lines)
 
 

@@ -125,6 +125,7 @@ class CallStats:
     target: int = 0
     reference: int = 0
     cached: int = 0
+    agreed: int = 0  # target verdicts that agreed (a check that passed): the check depends on the model
     target_seconds: float = 0.0
     reference_seconds: float = 0.0
     build_seconds: list = field(default_factory=list)  # per engine build, where the engine says
@@ -226,6 +227,10 @@ class Oracle:
         parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
                  repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only)]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+    def knows(self, model_path: str, feeds: dict, output_names=None) -> bool:
+        """Would ``judge`` answer this from its cache (no target call)?"""
+        return self.cache_key(model_path, feeds, output_names) in self._cache
 
     def judge(
         self,
@@ -335,6 +340,8 @@ class Oracle:
             signature = Signature(Kind.MISMATCH, tuple(e.name for e in errors if e.exceeds))
         else:
             signature = Signature(Kind.AGREE)
+            with self._lock:
+                self.stats.agreed += 1
         kept = None
         if keep_outputs and signature.kind in _NUMERIC:  # copies: the worker's files go with the call
             kept = {name: np.array(value) for name, value in result.outputs.items() if name in reference_outputs}

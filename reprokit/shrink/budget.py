@@ -47,13 +47,16 @@ def pack_memory(limits: Limits, run_bytes: int) -> int:
 def default_replays(target: str) -> tuple[int, int]:
     """Extra runs of (the original, the result) when the user gives no --replays: none for a
     deterministic engine; for others the original once (a flaky target is caught before any
-    reduction) and the result once, twice for a check command (a result is "done" only after
-    three runs of it failed alike: judged alone, then replayed)."""
+    reduction; for a group-tested check command that run is the pack calibration, no call of its
+    own) and the result once, twice for a check command (a result is "done" only after three
+    runs of it failed alike: judged alone, then replayed; one replay lets a 50%-flaky check end
+    "done" in about 1 run in 7, bench_passfail.py --flaky-only). A search that saw a
+    contradiction (a group failing that no member explains) earns the result two more
+    (steps.shrink)."""
     spec = parse_target(target)
-    engine = spec.engine
-    if backend_class(engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
+    if backend_class(spec.engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
         return 0, 0
-    return 1, 2 if engine == "cmd" else 1
+    return 1, 2 if spec.engine == "cmd" else 1
 
 
 SHAPE_CALLS = 1  # what the auto budget adds for shapes: the ladder's packed call (its crop alone is the final)
@@ -73,9 +76,10 @@ def inside_allowance(inner: int) -> int:
 
 
 def fixed_calls(target: str, replays: int | None) -> int:
-    """Target calls a run makes whatever the search does: the confirming call and its replays,
-    for a check command the Identity probe and the pack calibration, the result judged alone
-    and its replays (steps confirm, calibrate, final)."""
+    """Target calls a run may make whatever the search does: the confirming call and its
+    replays, for a check command the pack calibration and the Identity probe, the result judged
+    alone and its replays (steps confirm, calibrate, final). At most: the calibration usually is
+    the original's replay, and the probe runs only when no call passed."""
     original, minimal = default_replays(target) if replays is None else (replays, replays)
     return 1 + original + (2 if parse_target(target).engine == "cmd" else 0) + 1 + minimal
 

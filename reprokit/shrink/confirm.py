@@ -1,10 +1,11 @@
 """The confirming step of a shrink run: the original must diverge, every replay alike (a flaky
-target is diagnosed with a tally, never reduced), and a check command must pass a one-node
-Identity probe that holds nothing of the user's: a check that fails there too does not depend on
-the model, and is refused before anything is reduced (exit 4, with its own words). Where the
-survey runs packed (numeric signatures), the original's last replay is not a call of its own: it
-rides in the survey's first packed call as one more member (:class:`RideAlong`), judged there
-with the same rule, and a flaky answer stops the run with the same words.
+target is diagnosed with a tally, never reduced). The original's last replay is a call of its
+own only where no call that comes anyway carries it (:class:`RideAlong`): for numeric signatures
+the survey's first packed call holds the original as one more member; for a check command whose
+candidates are group-tested the pack calibration holds it (``passfail.calibrate_packs``).
+A check command that never passed during the run must pass a one-node Identity probe before a
+result is accepted: one that fails there too does not depend on the model, and is refused
+(exit 4, with its own words).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from reprokit.spec import parse_target
 
 
 class RideAlong:
-    """The original's last replay, pending until a packed call carries it (evaluator.py): the
+    """The original's last replay, pending until a call that comes anyway carries it (``carrier``
+    names it: the survey's packed call, evaluator.py; the pack calibration, passfail.py): the
     whole original model as a member judged against the reference outputs."""
 
-    def __init__(self, model, feeds: dict, graph_outputs: dict, seen: list, rerun: str):
-        self.model, self.feeds, self.reference = model, dict(feeds), graph_outputs
+    def __init__(self, model, feeds: dict, graph_outputs: dict, seen: list, rerun: str, carrier: str = ""):
+        self.model, self.feeds, self.reference, self.carrier = model, dict(feeds), graph_outputs, carrier
         self.sub = Extraction(model, self.feeds, list(graph_outputs))
         self.seen, self.signature, self.rerun = seen, seen[0].signature, rerun
 
@@ -42,16 +44,18 @@ class RideAlong:
 
 def confirm(run, graph_outputs: dict, replays: int, ride=None):
     """The original must diverge (and every replay the user asked for, with the same signature).
-    ``ride(verdict)``: may the last replay ride in the survey's packed call? Then it is not run
-    here; the returned RideAlong (else None) carries it. Returns (verdict, ride-along)."""
+    ``ride(verdict)``: which call that comes anyway carries the last replay ("survey's packed
+    call", "calibration pack"), or "" when none does; a carried replay is not run here, the
+    returned RideAlong (else None) carries it. Returns (verdict, ride-along)."""
     oracle = run.oracle
     model = run.given if run.given is not None else run.model
     model_file = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
     verdict = oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
-    folded = bool(replays and verdict.diverges and ride is not None and ride(verdict))
+    carrier = bool(replays and verdict.diverges and ride is not None) and ride(verdict)
+    folded = bool(carrier)
     here = 1 + replays - folded
     run.event(f"confirming the divergence ({here} target run{'s' if here > 1 else ''}"
-              + (", the last replay rides in the survey's packed call)" if folded else ")"))
+              + (f", the last replay rides in the {carrier})" if folded else ")"))
     signature = verdict.signature
     rerun = rerun_command(run.model_path, run.target, run.options)
     if not verdict.diverges and replays:  # a flaky target that happened to pass: say so
@@ -69,9 +73,8 @@ def confirm(run, graph_outputs: dict, replays: int, ride=None):
         seen.append(oracle.run_again(model_file, run.feeds, graph_outputs))
         if not shows_bug(signature, seen[-1]):
             raise _flaky_original(seen, signature, rerun)
-    _refuse_model_blind_check(run, verdict)  # after the replays: a flaky check is said as flaky
     run.event(f"diverges: {signature.describe()}")
-    return verdict, (RideAlong(model, run.feeds, graph_outputs, seen, rerun) if folded else None)
+    return verdict, (RideAlong(model, run.feeds, graph_outputs, seen, rerun, carrier) if folded else None)
 
 
 def _flaky_original(verdicts: list, signature, rerun: str) -> NothingToReduce:
@@ -101,15 +104,21 @@ def probe_model():
 PROBE_FEEDS = {"x": np.ones((1,), np.float32)}
 
 
-def _refuse_model_blind_check(run, verdict) -> None:
-    """A check command that fails whatever the model is does not depend on the model: one more
-    call runs it on a one-node Identity model that holds nothing of the user's; the same failure
-    there stops the run with the check's own words (exit 4) before any reduction."""
-    if parse_target(run.target).engine != "cmd":
+def probe_pending(run) -> bool:
+    """Does this run still owe the Identity probe? Only a check command does, and only until one
+    of its calls agreed: a check that passed once does not fail whatever the model."""
+    return parse_target(run.target).engine == "cmd" and run.oracle.stats.agreed == 0
+
+
+def refuse_model_blind_check(run, verdict) -> None:
+    """A check command that fails whatever the model is does not depend on the model. When no
+    call of the run has passed by the time a result is about to be accepted, one more call runs
+    the check on a one-node Identity model that holds nothing of the user's; the same failure
+    there stops the run with the check's own words (exit 4) before the result is accepted."""
+    if not probe_pending(run):
         return
     path = save_model(probe_model(), os.path.join(run.models_dir, "probe.onnx"))
     seen = run.oracle.run_again(path, PROBE_FEEDS, {"y": PROBE_FEEDS["x"]})
-    run.probe_calls += 1
     if not shows_bug(verdict.signature, seen):
         return
     broken = _BROKEN_CHECK.search(verdict.message or "")

@@ -334,8 +334,9 @@ def run_replay_alone(reducer) -> None:
         again = reducer.oracle.run_again(path, ride.feeds, ride.reference)
     finally:
         os.remove(path)
-    reducer.original_replay = reducer.original_replay.replace("riding with the survey's packed call",
-                                                              "in a call of its own (no packed call carried it)")
+    reducer.original_replay = reducer.original_replay.replace(f"riding with the {ride.carrier}",
+                                                              f"in a call of its own (the {ride.carrier} did not "
+                                                              "carry it)")
     ride.check(again)
 
 

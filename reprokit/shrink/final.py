@@ -155,6 +155,13 @@ def _nothing_removed(run, reducer, writer, final, verdict, reference, note: str)
               f"{run.out_dir}/summary.json says what was tried"))
 
 
+def _known(run, final) -> bool:
+    """Has the node-minimal model been judged alone already (its verdict cached)?"""
+    path = save_model(final.model, os.path.join(run.models_dir, "final.onnx"),
+                      base_dir=run.prepared.base_dir, self_contained=True)
+    return run.oracle.knows(path, final.feeds)
+
+
 def _crops(run, reducer, writer, nodes, final, reference, replays: int, message: str, *, after: bool = False):
     """The shapes pass on this best, within what is left of the call budget once the final
     judgement (and its replays) is reserved: crops that held, smallest first."""
@@ -170,7 +177,11 @@ def _crops(run, reducer, writer, nodes, final, reference, replays: int, message:
         # calls still allowed after the crop's own judgement alone and its replays (not
         # reserved when the uncropped model was judged already, ``after``)
         left = writer.max_calls - writer.earlier_calls - run.oracle.stats.target - (0 if after else 1 + replays)
-        if left < 1 + (1 if after and numeric else 0):  # the pack (or a fallback), and the crop alone
+        # after: the pack and the crop alone; before: the pack, and the uncropped model judged
+        # alone with its replays should the crop not hold alone (no call where it was judged
+        # alone already: the verdict cache answers)
+        needed = 1 + numeric if after else numeric + (not _known(run, final)) + replays
+        if left < max(1, needed):
             run.prepared.notes.append("shapes not shrunk: the call budget is spent (--max-calls)")
             return []
     reducer.begin("shapes")

@@ -1,7 +1,8 @@
 """Pass/fail packs: one call judges a group of disjoint candidates (``group_fails``, used by the
 Reducer's binary splitting in ``grouped.py``), and one calibration call decides whether a
 check judges every member of a pack at all (a check that reads only the first output does not:
-it is then given one candidate per call). Builds its packs here, beside the evaluator's."""
+it is then given one candidate per call); that call is also the original's replay. Builds its
+packs here, beside the evaluator's."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import time
 
 from reprokit.engine.bug import shows_bug, why_not
 from reprokit.engine.worker import WorkerResult
+from reprokit.graph.extract import Extraction
 from reprokit.graph.pack import build_pack
-from reprokit.shrink.evaluator import Outcome, prepare_candidate
+from reprokit.shrink.confirm import PROBE_FEEDS, probe_model
+from reprokit.shrink.evaluator import Outcome, prepare_candidate, run_replay_alone
+from reprokit.shrink.journal import PassStats
 from reprokit.shrink.references import save_candidate
 
 
@@ -42,11 +46,37 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
     return fails
 
 
-def calibrate(reducer, probe) -> tuple[str | None, int, float]:
+def calibrate_packs(reducer, event) -> None:
+    """A user's check may judge only part of a pack: one calibration call decides whether this
+    run packs candidates at all; the summary says which and why. For group testing the pack holds
+    the whole original after the probe, so when it fails alike it is the original failing again:
+    the original's replay (``reducer.ride_along``) needs no call of its own. When it passes, one
+    call on the original alone decides: failing, packs are off and that call was the replay;
+    passing, the original is flaky (confirm.RideAlong.check: exit 6 with the tally)."""
+    reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
+    why, built, seconds, seen = calibrate(reducer, Extraction(probe_model(), dict(PROBE_FEEDS), ["y"]))
+    reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
+    ride = reducer.ride_along if reducer.packing == "group" else None
+    if ride is not None and why is None:
+        reducer.ride_along = None
+        ride.check(seen)  # the original failed again, inside the pack
+    elif ride is not None:
+        run_replay_alone(reducer)  # raises for a flaky original
+        reducer.stats["calibrate"].calls += 1
+    if why is None:
+        reducer.no_slippage["packs"] = "packed: the check failed a pack with the failing model after a passing one"
+        return
+    reducer.packing = None
+    reducer.no_slippage["packs"] = f"one candidate per call: {why}"
+    event(f"packs: one candidate per call ({why})")
+
+
+def calibrate(reducer, probe) -> tuple[str | None, int, float, object]:
     """Is a pack judged as a whole by this check? One call: the known failing best placed after
     ``probe`` (an Extraction the check passes). A check that reads only the first output, or
     only some of the outputs, passes that pack: group testing would then clear the culprit with
-    its pack. Returns (None when packs are sound, else why not; nodes built; seconds)."""
+    its pack. Returns (None when packs are sound, else why not; nodes built; seconds; the group
+    verdict, None for a numeric pack)."""
 
     best = reducer.extraction(reducer.best)
     group = reducer.packing == "group"
@@ -61,7 +91,7 @@ def calibrate(reducer, probe) -> tuple[str | None, int, float]:
     finally:
         os.remove(path)
     why = _calibration_verdict(reducer, best, pack, verdict if group else result)
-    return why, pack.nodes, time.monotonic() - start
+    return why, pack.nodes, time.monotonic() - start, verdict if group else None
 
 
 def _calibration_verdict(reducer, best, pack, seen) -> str | None:

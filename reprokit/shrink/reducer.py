@@ -62,6 +62,8 @@ class Reducer:
     budget: int | None = None  # engine calls the passes may still make; None = no limit
     stopped: bool = False  # the passes stopped at the budget
     spent: int = 0  # engine calls the passes made
+    held: Callable[[], int] = lambda: 0  # calls the run may still owe outside the passes (a probe, a replay)
+    before_accept: Callable[[], None] | None = None  # may refuse the run before a best is kept (the probe)
     cancelled: bool = False  # set on interrupt: outcomes of killed calls are not journaled
     packing: str | None = None  # None (one by one), "numeric" (packed) or "group" (group testing)
     pack_bytes: int = 1 << 30  # data (feeds, outputs, weights) one packed call may hold: budget.pack_memory
@@ -327,7 +329,7 @@ class Reducer:
 
     def charge(self, calls: int = 1) -> None:
         """Before an engine call: stop at the budget. The call is counted by ``note_call``."""
-        if self.budget is not None and self.spent + calls > self.budget:
+        if self.budget is not None and self.spent + calls + self.held() > self.budget:
             raise BudgetExhausted
 
     def note_call(self, nodes_built: int, candidates: int, seconds: float) -> None:
@@ -380,6 +382,8 @@ class Reducer:
         if not self.smaller(nodes):
             raise ValueError(f"{self._current}: a candidate of {len(nodes)} nodes is not smaller than the best "
                              f"({len(self.best)})")
+        if self.before_accept:
+            self.before_accept()
         stats = self.stats.setdefault(self._current, PassStats())
         stats.removed += len(self.best) - len(nodes)
         stats.accepted += 1

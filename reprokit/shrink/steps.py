@@ -15,8 +15,13 @@ from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.bug import NUMERIC, CausalTest
 from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
 from reprokit.engine.session import RunOptions, make_oracle, prepare
-from reprokit.errors import InputError, NothingRemoved, NothingToReduce, NotReproduced
-from reprokit.graph.extract import Extraction
+from reprokit.errors import (
+    EngineUnavailable,
+    InputError,
+    NothingRemoved,
+    NothingToReduce,
+    NotReproduced,
+)
 from reprokit.graph.index import GraphIndex, count_nodes
 from reprokit.graph.io import save_model, weight_bytes
 from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
@@ -33,12 +38,12 @@ from reprokit.shrink.budget import (
     pack_memory,
 )
 from reprokit.shrink.clock import StepClock
-from reprokit.shrink.confirm import PROBE_FEEDS, confirm, probe_model
+from reprokit.shrink.confirm import confirm, probe_pending, refuse_model_blind_check
 from reprokit.shrink.evaluator import run_replay_alone
 from reprokit.shrink.final import ShrinkResult, finish
 from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
-from reprokit.shrink.passfail import calibrate
+from reprokit.shrink.passfail import calibrate_packs
 from reprokit.shrink.reducer import Journal, PassStats, Reducer
 from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
     STATE_DIR,
@@ -99,13 +104,17 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run))
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     clock.begin("confirm")
-    # The original's last replay rides in the survey's first packed call (issue 25) where that
-    # call is sure to come: a numeric signature, packing, the survey on, a fresh run, weights
-    # that fit a pack beside a copy (a check command whose calibration refuses packs runs it
-    # alone at once, below).
-    def ride(first) -> bool:
-        return (localize_first and not resume and pipeline.packing_for(first.signature.kind, pack_candidates) == "numeric"
-                and weight_bytes(run.model) <= limits.pack_memory_bytes // 2)
+    # The original's last replay rides in a call that is sure to come (issue 25): the survey's
+    # first packed call for a numeric signature (packing, the survey on, a fresh run, weights
+    # that fit a pack beside a copy); the pack calibration of a group-tested check command.
+    def ride(first) -> str:
+        packing = pipeline.packing_for(first.signature.kind, pack_candidates)
+        if (packing == "numeric" and localize_first and not resume
+                and weight_bytes(run.model) <= limits.pack_memory_bytes // 2):
+            return "survey's packed call"
+        return "calibration pack" if packing == "group" and cmd else ""
+
+    cmd = parse_target(run.target).engine == "cmd"
 
     verdict, ride_along = confirm(run, graph_outputs, original_replays, ride)
     folded = ride_along is not None
@@ -123,10 +132,19 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer.ride_along = ride_along
     reducer.original_replay = ("none" if not original_replays else
                                f"{original_replays - folded} call(s) of its own at confirm"
-                               + (" and one riding with the survey's packed call" if folded else ""))
-    if reducer.packing != "numeric":  # the check's calibration refused packs: the replay alone, now
+                               + (f" and one riding with the {ride_along.carrier}" if folded else ""))
+    if reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
+        calls = run.oracle.stats.target
+        calibrate_packs(reducer, run.event)
+        run.probe_calls += 1  # the calibration; a second call was the original's replay alone
+        folded = folded and run.oracle.stats.target - calls == 1
+    if reducer.packing != "numeric" and reducer.ride_along is not None:  # no packed call will carry it
         run_replay_alone(reducer)
         folded = False
+    # the Identity probe of a check command (confirm.py), reserved until a call of the run passes
+    run.probe_calls += cmd
+    reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None))
+    reducer.before_accept = lambda: _probe(run, reducer, verdict)
     # the auto budget reserves one call less where the replay rides along (the pack is a call anyway)
     max_calls = (auto_call_budget(original_nodes, original_replays - folded + minimal_replays) + opening_calls
                  + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0) + run.probe_calls
@@ -153,6 +171,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
                                                          search_accumulated=search_accumulated),
                                   message=verdict.message)
         run_replay_alone(reducer)  # no packed call carried the replay (the survey found it all cached)
+        _probe(run, reducer, verdict)
         reducer.close()
         if reducer.causal is not None and reducer.causal.model is not reducer.model:
             reducer.no_slippage["after_inside"] = ("the inside step reduced inside If branches: its candidates and the "
@@ -176,14 +195,37 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         return finish(run, reducer, writer, store, minimal_replays, note, verdict.message)
     except BaseException as exc:
         reducer.close(interrupted=True)
-        if isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce)):  # the last: a flaky replay
-            raise
+        if isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce)) or run.refused:  # the last: a
+            raise  # flaky replay; refused: the check fails on anything, its result means nothing
         interrupted = isinstance(exc, KeyboardInterrupt)
         try:
             writer.write(reducer, "interrupted" if interrupted else "failed")
         except Exception:  # the disk may be what failed: keep the previous best-so-far as it is
             pass
         raise
+
+
+def _probe(run, reducer, verdict) -> None:
+    """No call of the run passed yet and a best is about to be kept: does the check fail on
+    anything (confirm.py)? Its call is a step of its own in summary.json; the pass it comes in
+    goes on after it."""
+    if not probe_pending(run):
+        return
+    clock, step = reducer.clock, reducer.step
+    if clock is not None:
+        clock.begin("probe")
+    started, before = time.monotonic(), run.oracle.stats.target
+    try:
+        refuse_model_blind_check(run, verdict)
+    except EngineUnavailable:
+        run.refused = True  # nothing is written: no result of a check that does not look at the model
+        raise
+    finally:
+        made = run.oracle.stats.target - before
+        reducer.stats["probe"] = PassStats(calls=made, candidates=made, nodes_built=made,
+                                           seconds=time.monotonic() - started)
+        if clock is not None:
+            clock.begin(step)
 
 
 def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_candidates: bool,
@@ -218,8 +260,6 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
         reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
         reducer.message_key = normalize_message(verdict.message)
-    if reducer.packing is not None and parse_target(run.target).engine == "cmd":
-        _calibrate_packs(run, reducer)
     reducer.pack_bytes = limits.pack_memory_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
     return reducer
@@ -257,26 +297,12 @@ class _Run:
     given: object = None  # the model as given (run.model may have its control flow opened)
     levels: list = field(default_factory=list)  # (model, notes) per level of opened control flow
     shrink_shapes: bool = True  # halve the result's input shapes while the signature holds
-    probe_calls: int = 0  # target calls on the Identity probe and the pack calibration (cmd checks)
+    refused: bool = False  # the Identity probe failed alike: the check does not depend on the model
+    probe_calls: int = 0  # what a check command adds to the auto budget: the calibration, the probe reserved
 
     @property
     def feeds(self) -> dict:
         return self.prepared.feeds.arrays
-
-
-def _calibrate_packs(run: _Run, reducer) -> None:
-    """A user's check may judge only part of a pack: one calibration call decides whether this
-    run packs candidates at all (passfail.calibrate); the summary says which and why."""
-    reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
-    why, built, seconds = calibrate(reducer, Extraction(probe_model(), dict(PROBE_FEEDS), ["y"]))
-    run.probe_calls += 1
-    reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
-    if why is None:
-        reducer.no_slippage["packs"] = "packed: the check failed a pack with the failing model after a passing one"
-        return
-    reducer.packing = None
-    reducer.no_slippage["packs"] = f"one candidate per call: {why}"
-    run.event(f"packs: one candidate per call ({why})")
 
 
 def _open_run(model_path, target, out_dir, options, resume, event, clock, run_args=()) -> _Run:
