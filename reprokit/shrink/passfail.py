@@ -29,7 +29,8 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
             prepared.append((cand, sub))
     if not prepared:
         return False
-    pack = build_pack([sub for _, sub in prepared], keep_node_names=True)
+    with reducer.tally.timing("pack"):
+        pack = build_pack([sub for _, sub in prepared], keep_node_names=True)
     reducer.charge()
     path = save_candidate(reducer, pack.model)
     start = time.monotonic()
