@@ -9,6 +9,8 @@
   element of largest error).
 
 Owns no engine and no file; the kinds never nest (each is timed at its leaf), so they add up.
+One engine call may hide inside ``compare``: the original's replay, when the pack it rode in lost
+one of its outputs, runs alone from there (rare).
 """
 
 from __future__ import annotations
