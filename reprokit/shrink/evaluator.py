@@ -250,20 +250,21 @@ def _rider_members(reducer, riders: list[frozenset]):
 
 def _ride_along(reducer, groups: list[list[Member]], extra) -> None:
     """Speculative members (shape crops a later step will ask about, producer→consumer pairs the
-    survey may need next) join the last pack while it stays under the limits: they never cost a
-    call of their own. ``extra`` may be a generator: it is drawn only while members fit."""
-    if not groups:
-        return
-    last = groups[-1]
-    size = sum(_member_bytes(reducer, m) for m in last)
-    nodes = sum(len(m.sub.model.graph.node) for m in last)
+    survey may need next) fill the room the packs have left under the limits, first pack first
+    (a pack split by the memory bound leaves room in each): they never cost a call of their own.
+    ``extra`` may be a generator: it is drawn only while members fit."""
+    room = [[sum(_member_bytes(reducer, m) for m in g), sum(len(m.sub.model.graph.node) for m in g)] for g in groups]
+    at = 0
     for member in extra:
         weight, count = _member_bytes(reducer, member), len(member.sub.model.graph.node)
-        if size + weight > reducer.pack_bytes or nodes + count > reducer.pack_nodes:
-            break
-        last.append(member)
-        size += weight
-        nodes += count
+        while at < len(groups) and (room[at][0] + weight > reducer.pack_bytes
+                                    or room[at][1] + count > reducer.pack_nodes):
+            at += 1
+        if at == len(groups):
+            return
+        groups[at].append(member)
+        room[at][0] += weight
+        room[at][1] += count
 
 
 def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
