@@ -6,9 +6,9 @@ intact — and the budget it claims, kept across ``--resume``.
 The cases are this file's own (the benchmark's pair and fusion rows are not used here). Each
 asserts the exact nodes and an upper bound on the calls derived from the search's cost: the
 survey's singles cost 2 calls when no node fails alone (the whole is known to fail, both halves
-are judged), and the conflict search at most k·(⌈log2 n⌉ + 2) for k necessary nodes among n
-(⌈log2 n⌉ per node found, one "do the found ones fail alone" question, one fusion guess) — never
-more than QuickXplain's 2k·⌈log2(n/k)⌉ + 2k for these k.
+are judged), and the conflict search at most 2⌈log2 n⌉ + 3 for a pair (a bisection for each
+node, one fusion guess, one "does the pair fail alone" question) and QuickXplain's
+2k·⌈log2(n/k)⌉ + 2k for k ≤ √n necessary nodes among n.
 """
 
 from __future__ import annotations
@@ -138,14 +138,17 @@ def calls(summary: dict, step: str) -> int:
 
 def search_bound(n: int, k: int) -> int:
     """The conflict search's calls for k necessary nodes among n (module docstring)."""
-    return min(k * (math.ceil(math.log2(n)) + 2), bound(n, k))
+    return 2 * math.ceil(math.log2(n)) + 3 if k == 2 else bound(n, k)
 
 
-def assert_found(summary: dict, expected: list[str], n: int) -> None:
+def assert_found(summary: dict, expected: list[str], n: int, *, one_half: bool = False) -> None:
     assert sorted(summary["minimal"]["node_names"]) == sorted(expected)
     assert summary["one_minimal"] is True
     assert summary["verdict"]["signature"] == summary["signature"]
-    assert calls(summary, "survey") <= 2  # no single fails: the halves, each judged once
+    # no single fails: the two halves, each judged once; when the nodes all lie in one half, its
+    # singles' pack fails and binary splitting goes down it, at most 2 calls a level
+    survey = 2 * math.ceil(math.log2(n)) if one_half else 2
+    assert calls(summary, "survey") <= survey, summary["steps"]
     assert calls(summary, "conflict") <= search_bound(n, len(expected)), summary["steps"]
 
 
@@ -165,16 +168,21 @@ def test_a_pair_in_one_half_of_a_branchy_graph(tmp_path):
     goes down it (at most 2 calls a level) before no single explains it; the conflict search then
     starts from the smallest union seen failing alone."""
     summary = run(tmp_path, branchy(), NAMES_CHECK, "blk1/b2", "blk4/c")
-    assert sorted(summary["minimal"]["node_names"]) == ["blk1/b2", "blk4/c"]
-    assert summary["one_minimal"] is True
-    levels = math.ceil(math.log2(61))
-    assert calls(summary, "survey") + calls(summary, "conflict") <= 2 * levels + search_bound(61, 2), summary["steps"]
+    assert_found(summary, ["blk1/b2", "blk4/c"], 61, one_half=True)
 
 
 def test_three_nodes_that_fail_only_together(tmp_path):
     model = sm.pair_chain(length=40, first=3, second=35)  # nodes n00..n39
     summary = run(tmp_path, model, NAMES_CHECK, "n07", "n21", "n33")
     assert_found(summary, ["n07", "n21", "n33"], 40)
+
+
+def test_a_layernorm_like_chain_that_needs_all_its_nodes(tmp_path):
+    """Seven nodes in a row, all needed: found as a chain (each left out in turn once the two ends
+    are known), within QuickXplain's bound."""
+    names = [f"L1/{n}" for n in ("mean", "center", "square", "var", "eps", "sd", "norm")]
+    summary = run(tmp_path, transformer_like(), NAMES_CHECK, *names)
+    assert_found(summary, names, 53, one_half=True)  # layer 1 of 4: the first half
 
 
 def test_a_matmul_add_fusion_in_a_transformer_like_model(tmp_path):
