@@ -22,7 +22,7 @@ Scenarios (models and checkers from ``bench/planted.py``):
   ``--no-reduce-outputs``, float64 feeds for a float32 model, a check that always fails;
 - a 50% flaky check, 10 runs of each tool: how often each ends with success (exit 0).
 
-reprokit replays a ``cmd`` check by default (the original once, the result twice: flakiness is
+reprokit replays a ``cmd`` check by default (the original once — its pack calibration —, the result three times: flakiness is
 caught, see README "How shrink works"); the column "reprokit --replays 0" is the search alone, for
 a check known to be deterministic.
 

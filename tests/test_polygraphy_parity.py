@@ -174,6 +174,6 @@ def test_a_flaky_check_is_diagnosed_never_done(work, tmp_path, rule, fails, code
     assert proc.returncode == code, proc.stderr
     error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
     assert "flaky" in error and where in error and "FLAKY FAILURE" in error, error
-    assert "agree ×1" in error  # the tally: how often each answer came
+    assert "agree ×" in error  # the tally: how often each answer came
     if (out / "summary.json").exists():
         assert json.loads((out / "summary.json").read_text())["status"] != "done"
