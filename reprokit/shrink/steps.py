@@ -117,7 +117,6 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     cmd = parse_target(run.target).engine == "cmd"
 
     verdict, ride_along = confirm(run, graph_outputs, original_replays, ride)
-    folded = ride_along is not None
     confirmed_calls = run.oracle.stats.target
     wrap = keep_opening(run, store, graph_outputs, verdict)
     opening_calls = run.oracle.stats.target - confirmed_calls
@@ -129,22 +128,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     reducer = _make_reducer(run, store, verdict, wrap, clock, limits, jobs=jobs, pack_candidates=pack_candidates,
                             keep_inputs=keep_inputs, keep_outputs=keep_outputs, accept_milder=accept_milder)
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
-    reducer.ride_along = ride_along
-    reducer.original_replay = ("none" if not original_replays else
-                               f"{original_replays - folded} call(s) of its own at confirm"
-                               + (f" and one riding with the {ride_along.carrier}" if folded else ""))
-    if reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
-        calls = run.oracle.stats.target
-        calibrate_packs(reducer, run.event)
-        run.probe_calls += 1  # the calibration; a second call was the original's replay alone
-        folded = folded and run.oracle.stats.target - calls == 1
-    if reducer.packing != "numeric" and reducer.ride_along is not None:  # no packed call will carry it
-        run_replay_alone(reducer)
-        folded = False
-    # the Identity probe of a check command (confirm.py), reserved until a call of the run passes
-    run.probe_calls += cmd
-    reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None))
-    reducer.before_accept = lambda: _probe(run, reducer, verdict)
+    folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd)
     # the auto budget reserves one call less where the replay rides along (the pack is a call anyway)
     max_calls = (auto_call_budget(original_nodes, original_replays - folded + minimal_replays) + opening_calls
                  + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0) + run.probe_calls
@@ -203,6 +187,30 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         except Exception:  # the disk may be what failed: keep the previous best-so-far as it is
             pass
         raise
+
+
+def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd: bool) -> bool:
+    """A check command's calibration (carrying the original's replay where it can), the replay
+    alone where no packed call will carry it, and what the run holds back from the passes'
+    budget: the pending replay, the Identity probe until a call passes. Returns whether the
+    original's replay rode in a call that came anyway."""
+    folded = ride_along is not None
+    reducer.ride_along = ride_along
+    reducer.original_replay = ("none" if not original_replays else
+                               f"{original_replays - folded} call(s) of its own at confirm"
+                               + (f" and one riding with the {ride_along.carrier}" if folded else ""))
+    if reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
+        calls = run.oracle.stats.target
+        calibrate_packs(reducer, run.event)
+        run.probe_calls += 1  # the calibration; a second call was the original's replay alone
+        folded = folded and run.oracle.stats.target - calls == 1
+    if reducer.packing != "numeric" and reducer.ride_along is not None:  # no packed call will carry it
+        run_replay_alone(reducer)
+        folded = False
+    run.probe_calls += cmd  # the Identity probe (confirm.py), held back until a call of the run passes
+    reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None))
+    reducer.before_accept = lambda: _probe(run, reducer, verdict)
+    return folded
 
 
 def _probe(run, reducer, verdict) -> None:
