@@ -320,22 +320,30 @@ def _expected(expect) -> str:
 
 def render(results: list[dict], wall: float, flaky: dict | None = None) -> str:
     header = ["scenario", "expected", "reprokit calls", "reprokit --replays 0 calls", "polygraphy calls",
+              "reprokit wall s", "reprokit --replays 0 wall s", "polygraphy wall s",
               "reprokit nodes built", "polygraphy nodes built", "reprokit result", "reprokit --replays 0 result",
               "polygraphy result", "reprokit 1-minimal"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for res in results:
         rk, r0, pg = res["reprokit"], res["reprokit_replays0"], res["polygraphy"]
         lines.append("| " + " | ".join([res["name"], _expected(res["expect"]), str(rk["calls"]), str(r0["calls"]),
-                                        str(pg["calls"]), str(rk["nodes_built"]), str(pg["nodes_built"]),
+                                        str(pg["calls"]), f"{rk['wall_s']:.1f}", f"{r0['wall_s']:.1f}",
+                                        f"{pg['wall_s']:.1f}", str(rk["nodes_built"]), str(pg["nodes_built"]),
                                         _cell(rk, res["expect"]), _cell(r0, res["expect"]), _cell(pg, res["expect"]),
                                         "yes" if rk.get("one_minimal") else "no"]) + " |")
-    total = {tool: (sum(r[tool]["calls"] for r in results), sum(r[tool]["nodes_built"] for r in results))
-             for tool in ("reprokit", "reprokit_replays0", "polygraphy")}
-    (rk_calls, rk_built), (r0_calls, _), (pg_calls, pg_built) = total.values()
-    lines.append(f"| **total** | | {rk_calls} | {r0_calls} | {pg_calls} | {rk_built} | {pg_built} | "
-                 f"calls {rk_calls / max(1, pg_calls):.2f}× ({r0_calls / max(1, pg_calls):.2f}× with --replays 0), "
-                 f"nodes built {rk_built / max(1, pg_built):.2f}× | | | |")
-    lines += ["", f"Check calls and nodes built counted by bench/count_check.py for both tools; {wall:.0f} s in all."]
+    tools = ("reprokit", "reprokit_replays0", "polygraphy")
+    calls = {t: sum(r[t]["calls"] for r in results) for t in tools}
+    walls = {t: sum(r[t]["wall_s"] for r in results) for t in tools}
+    built = {t: sum(r[t]["nodes_built"] for r in results) for t in ("reprokit", "polygraphy")}
+    pg_calls, pg_wall = max(1, calls["polygraphy"]), max(1e-9, walls["polygraphy"])
+    lines.append(f"| **total** | | {calls['reprokit']} | {calls['reprokit_replays0']} | {calls['polygraphy']} | "
+                 f"{walls['reprokit']:.0f} | {walls['reprokit_replays0']:.0f} | {walls['polygraphy']:.0f} | "
+                 f"{built['reprokit']} | {built['polygraphy']} | "
+                 f"calls {calls['reprokit'] / pg_calls:.2f}× ({calls['reprokit_replays0'] / pg_calls:.2f}× with "
+                 f"--replays 0), wall {walls['reprokit'] / pg_wall:.2f}× ({walls['reprokit_replays0'] / pg_wall:.2f}×), "
+                 f"nodes built {built['reprokit'] / max(1, built['polygraphy']):.2f}× | | | |")
+    lines += ["", f"Check calls and nodes built counted by bench/count_check.py for both tools; wall: each tool's "
+                  f"whole command, start-up included; {wall:.0f} s in all."]
     if flaky:
         lines += ["", *_flaky_lines(flaky)]
     return "\n".join(lines)
