@@ -145,9 +145,10 @@ def test_a_memory_bound_splits_the_survey_and_finds_the_same_node(tmp_path, boun
                    limits=Limits(max_calls=None))
     survey, one = (next(s for s in r.summary["steps"] if s["step"] == "survey") for r in (result, whole))
     assert survey["calls"] > 1 and one["calls"] == 1
-    # the heavy path stops at the first pack that holds a hit; the split survey judges every node
-    # (and pairs ride in its packs while they fit)
-    assert (survey["candidates"] < result.summary["original"]["nodes"]) == heavy
+    # both stop at the first pack that holds a node showing it alone: the split survey's packs
+    # follow the graph's order (block1/qk is in the middle block), the heavy path's the distance
+    # from the anchor; the one-call survey judges every node
+    assert survey["candidates"] < result.summary["original"]["nodes"] <= one["candidates"]
     assert result.summary["minimal"]["node_names"] == whole.summary["minimal"]["node_names"] == ["block1/qk"]
     assert result.summary["one_minimal"] is True
 

@@ -48,9 +48,14 @@ def run(reducer, *, layerwise: bool) -> bool:
         # every producer→consumer pair rides in the same call while the pack limits allow: when no
         # node shows the signature alone, the pairs step then costs no call (issue 25: ≤ 4 calls)
         ride_pairs(reducer)
-        outcomes = reducer.verdicts(singles)
-        reducer.isolated.update({i: o for i, o in zip(order, outcomes)})
-        hit = next((k for k, o in enumerate(outcomes) if o.interesting), None)
+        # Where the memory bound splits the survey, the packs follow the graph's order: a pack
+        # that holds a node showing the signature alone holds the earliest such node, and the
+        # packs after it are not run (the marked run, in the first pack, is then not needed).
+        outcomes = reducer.verdicts(singles, stop_at_hit=True)
+        reducer.isolated.update({i: o for i, o in zip(order, outcomes) if o is not None})
+        hit = next((k for k, o in enumerate(outcomes) if o is not None and o.interesting), None)
+        if hit is not None:
+            reducer.want_layerwise = False
     else:
         # The singles together hold every node of the confirmed model: their group needs no
         # call of its own (binary splitting starts at its halves).
