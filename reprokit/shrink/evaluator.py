@@ -28,16 +28,14 @@ import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from reprokit.engine.bug import largest_error, why_not
 from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction, NotCaptured
-from reprokit.graph.io import tensor_proto_bytes
 from reprokit.graph.model import mark_outputs
-from reprokit.graph.pack import build_pack, feed_bytes
+from reprokit.graph.pack import build_pack
+from reprokit.shrink.members import Member, fit, ride_along
 from reprokit.shrink.references import hotspot, save_candidate
 
 
@@ -53,18 +51,6 @@ class Outcome:
     packed: bool = False  # judged inside a pack (never the last word on a result)
     inferred: bool = False  # concluded from a group's verdict, never run as itself
 
-
-@dataclass(eq=False)  # a dict key by identity: two shape tries may share a node set
-class Member:
-    """One candidate of a packed call: its node set (None: the marked whole model), its
-    extraction, and the reference its outputs are judged against (None: the captured
-    activations). ``crop`` tells shape tries of one node set apart in the journal."""
-
-    nodes: frozenset | None
-    sub: object  # Extraction
-    reference: dict | None = None
-    crop: str = ""
-    replay: bool = False  # the original's replay riding along (confirm.RideAlong): no candidate
 
 # Progress inside one step (issue 28 item 8): packs this big say when they are built, run and
 # compared, and a long extraction of candidates says how far it got every few seconds.
@@ -164,42 +150,6 @@ def _reference(reducer, member: Member) -> dict:
     return {name: reducer.store.get(name) for name in member.sub.outputs if name in reducer.store}
 
 
-def _member_bytes(reducer, member: Member) -> int:
-    """What one copy makes the engine hold: its feeds, its outputs and its own weights (every copy
-    gets its own; external ones are read from disk for each)."""
-    sub = member.sub
-
-    def nbytes(name: str) -> int:
-        if member.reference is not None:
-            return int(np.asarray(member.reference[name]).nbytes) if name in member.reference else 0
-        if name not in reducer.store:
-            return 0
-        shape, dtype = reducer.store.info(name)
-        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-    weights = sum(tensor_proto_bytes(t) for t in sub.model.graph.initializer)
-    return feed_bytes(sub) + weights + sum(nbytes(n) for n in sub.outputs)
-
-
-def _fit(reducer, members: list[Member]) -> list[list[Member]]:
-    """Split members into packs under the byte (memory) and node limits, the bytes spread evenly
-    over as many packs as the byte limit needs: an engine's peak follows a pack's data, so two
-    halves peak lower than a full pack and its remainder. Members that fit one pack stay one."""
-    sizes = [(_member_bytes(reducer, m), len(m.sub.model.graph.node)) for m in members]
-    even = sum(b for b, _ in sizes) / max(1, -(-sum(b for b, _ in sizes) // reducer.pack_bytes))
-    groups, current, size, nodes = [], [], 0, 0
-    for member, (weight, many) in zip(members, sizes):
-        if current and (size + weight > reducer.pack_bytes or nodes + many > reducer.pack_nodes or size >= even):
-            groups.append(current)
-            current, size, nodes = [], 0, 0
-        current.append(member)
-        size += weight
-        nodes += many
-    if current:
-        groups.append(current)
-    return groups
-
-
 def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = False) -> list[Outcome | None]:
     """Outcomes of numeric candidates, as many per engine call as the pack limits allow. A
     pending layerwise request (``reducer.want_layerwise``) rides along as one more member: the
@@ -225,10 +175,10 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
             results[cand] = trivial
         else:
             members.append(Member(cand, sub))
-    groups = _fit(reducer, members)
-    _ride_along(reducer, groups, reducer.take_speculative_members())
+    groups = fit(reducer, members)
+    ride_along(reducer, groups, reducer.take_speculative_members())
     asked = set(candidates)
-    _ride_along(reducer, groups, _rider_members(reducer, [c for c in reducer.take_riders() if c not in asked]))
+    ride_along(reducer, groups, _rider_members(reducer, [c for c in reducer.take_riders() if c not in asked]))
     for group in groups:
         found = _run_numeric_pack(reducer, group)
         results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None and not m.crop)
@@ -248,44 +198,13 @@ def _rider_members(reducer, riders: list[frozenset]):
             yield Member(cand, sub)
 
 
-# What one more node costs an engine beside its data when riders decide whether they fit (only
-# they: a pack's own split follows its data). Measured on the emulator: riders taking the
-# planted 1,997-node chain's survey pack from ~6,000 to ~10,800 nodes raised the worker's peak
-# from 259 to 414 MiB, ~33-39 KiB a node (at 40 KiB here it still took 331 MiB against
-# polygraphy's 343); a pack of few nodes and much data is unaffected.
-RIDER_NODE_BYTES = 40 << 10
-
-
-def _ride_along(reducer, groups: list[list[Member]], extra) -> None:
-    """Speculative members (shape crops a later step will ask about, producer→consumer pairs the
-    survey may need next) fill the room the packs have left under the limits, first pack first
-    (a pack split by the memory bound leaves room in each): they never cost a call of their own.
-    ``extra`` may be a generator: it is drawn only while members fit."""
-    def cost(member) -> tuple[int, int]:
-        count = len(member.sub.model.graph.node)
-        return _member_bytes(reducer, member) + count * RIDER_NODE_BYTES, count
-
-    room = [[sum(c[0] for c in costs), sum(c[1] for c in costs)] for costs in ([cost(m) for m in g] for g in groups)]
-    at = 0
-    for member in extra:
-        weight, count = cost(member)
-        while at < len(groups) and (room[at][0] + weight > reducer.pack_bytes
-                                    or room[at][1] + count > reducer.pack_nodes):
-            at += 1
-        if at == len(groups):
-            return
-        groups[at].append(member)
-        room[at][0] += weight
-        room[at][1] += count
-
-
 def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
     """Outcomes of members that carry their own reference (shape tries), in order. Numeric
     signatures: as few packed calls as the limits allow. Pass/fail ones: alone, in order, until
     one shows the signature (the ones after it stay None)."""
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
-        for group in _fit(reducer, members):
+        for group in fit(reducer, members):
             outcomes = _run_numeric_pack(reducer, group)
             found.update((id(m), o) for m, o in outcomes.items())
         return [found.get(id(m)) for m in members]

@@ -29,7 +29,8 @@ from reprokit.engine.oracle import Kind, check_reference_finite
 from reprokit.errors import ReferenceFailure
 from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
-from reprokit.shrink.evaluator import Member, judge_members
+from reprokit.shrink.evaluator import judge_members
+from reprokit.shrink.members import Member
 from reprokit.shrink.reducer import BudgetExhausted
 from reprokit.shrink.references import reference_members
 
