@@ -123,14 +123,16 @@ def test_shrink_into_a_folder_with_other_user_files_writes_beside_them(project):
     assert (out / "verdict.json").exists() and (out / "notes.txt").read_text() == "mine too"
 
 
-def test_check_out_folder_refuses_the_users_verdict_json(project, never_runs):
+@pytest.mark.parametrize("command,folder,name,text", [("check", "checked", "verdict.json", "{}"),
+                                                     ("audit", "audited", "audit.md", "my notes")])
+def test_out_folder_refuses_the_users_own_file(project, never_runs, command, folder, name, text):
     target, mark = never_runs
-    out = project / "checked"
+    out = project / folder
     out.mkdir()
-    (out / "verdict.json").write_text("{}")
-    proc = run_cli("check", str(project / "model.onnx"), "-t", target, "-o", str(out), cwd=project)
-    assert_user_error(proc, 2, contains="verdict.json")
-    assert (out / "verdict.json").read_text() == "{}"
+    (out / name).write_text(text)
+    proc = run_cli(command, str(project / "model.onnx"), "-t", target, "-o", str(out), cwd=project)
+    assert_user_error(proc, 2, contains=name)
+    assert (out / name).read_text() == text
     assert not mark.exists()
 
 
@@ -138,17 +140,6 @@ def test_check_out_folder_holding_its_inputs_is_refused(project):
     proc = run_cli("check", str(project / "model.onnx"), "--inputs", str(project / "inputs.npz"),
                    "-t", "emulate:fp16", "-o", str(project), "--force", cwd=project)
     assert_user_error(proc, 2, contains="inputs.npz")
-
-
-def test_audit_out_folder_refuses_the_users_audit_md(project, never_runs):
-    target, mark = never_runs
-    out = project / "audited"
-    out.mkdir()
-    (out / "audit.md").write_text("my notes")
-    proc = run_cli("audit", str(project / "model.onnx"), "-t", target, "-o", str(out), cwd=project)
-    assert_user_error(proc, 2, contains="audit.md")
-    assert (out / "audit.md").read_text() == "my notes"
-    assert not mark.exists()
 
 
 def test_pack_audit_folder_is_claimed_and_its_ledger_stays_out_of_the_archive(project):
