@@ -176,9 +176,9 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
         else:
             members.append(Member(cand, sub))
     groups = fit(reducer, members)
-    ride_along(reducer, groups, reducer.take_speculative_members())
     asked = set(candidates)
-    ride_along(reducer, groups, _rider_members(reducer, [c for c in reducer.take_riders() if c not in asked]))
+    ride_along(reducer, groups, reducer.take_speculative_members(),
+               _rider_members(reducer, [c for c in reducer.take_riders() if c not in asked]))
     for group in groups:
         found = _run_numeric_pack(reducer, group)
         results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None and not m.crop)

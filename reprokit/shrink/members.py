@@ -72,24 +72,26 @@ def fit(reducer, members: list[Member]) -> list[list[Member]]:
 RIDER_NODE_BYTES = 40 << 10
 
 
-def ride_along(reducer, groups: list[list[Member]], extra) -> None:
+def ride_along(reducer, groups: list[list[Member]], *kinds) -> None:
     """Speculative members (shape crops a later step will ask about, producer→consumer pairs the
     survey may need next) fill the room the packs have left under the limits, first pack first
     (a pack split by the memory bound leaves room in each): they never cost a call of their own.
-    ``extra`` may be a generator: it is drawn only while members fit."""
+    Each of ``kinds`` (an iterable, maybe a generator: drawn only while members fit) starts again
+    at the first pack; the packs' room is measured once for all of them."""
     def cost(member) -> tuple[int, int]:
         count = len(member.sub.model.graph.node)
         return member_bytes(reducer, member) + count * RIDER_NODE_BYTES, count
 
     room = [[sum(c[0] for c in costs), sum(c[1] for c in costs)] for costs in ([cost(m) for m in g] for g in groups)]
-    at = 0
-    for member in extra:
-        weight, count = cost(member)
-        while at < len(groups) and (room[at][0] + weight > reducer.pack_bytes
-                                    or room[at][1] + count > reducer.pack_nodes):
-            at += 1
-        if at == len(groups):
-            return
-        groups[at].append(member)
-        room[at][0] += weight
-        room[at][1] += count
+    for extra in kinds:
+        at = 0
+        for member in extra:
+            weight, count = cost(member)
+            while at < len(groups) and (room[at][0] + weight > reducer.pack_bytes
+                                        or room[at][1] + count > reducer.pack_nodes):
+                at += 1
+            if at == len(groups):
+                break
+            groups[at].append(member)
+            room[at][0] += weight
+            room[at][1] += count
