@@ -92,13 +92,7 @@ def search(test, order: list[int], producers=None, narrowed=None) -> frozenset |
         return False
 
     position = {node: i for i, node in enumerate(order)}
-    low, high = 1, len(order)  # the smallest failing prefix has a length in [low, high]
-    while low < high:
-        middle = (low + high) // 2
-        if fails(order[:middle]):
-            high = middle
-        else:
-            low = middle + 1
+    high = _first(1, len(order), lambda length: fails(order[:length]))  # the smallest failing prefix
     found = [order[high - 1]]
     rest = order[:high - 1]  # found ∪ rest fails: the rest of a minimal set lies here
     guess = producers is not None
@@ -116,16 +110,25 @@ def search(test, order: list[int], producers=None, narrowed=None) -> frozenset |
                 continue
         if len(found) >= 2 and len(rest) <= DENSE:
             return frozenset(found) | _complements(fails, found, rest)
-        first, last = 0, len(rest) - 1  # found ∪ rest[s:] fails for s = first; the earliest needed one
-        while first < last:
-            middle = (first + last + 1) // 2
-            if fails(set(found) | set(rest[middle:])):
-                first = middle
-            else:
-                last = middle - 1
+        # the latest s with found ∪ rest[s:] failing (s = 0 does): rest[s] is the earliest needed one
+        last = len(rest) - 1
+        tail = lambda back, rest=rest, last=last: fails(set(found) | set(rest[last - back:]))  # noqa: E731
+        first = last - _first(0, last, tail)
         found.append(rest[first])
         rest = rest[first + 1:]
     return frozenset(found)
+
+
+def _first(low: int, high: int, holds) -> int:
+    """The smallest i in [low, high] for which ``holds(i)``, by bisection; ``holds`` is monotone
+    (false, then true) and known to hold at ``high``."""
+    while low < high:
+        middle = (low + high) // 2
+        if holds(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return high
 
 
 def _complements(fails, found: list[int], rest: list[int]) -> frozenset:
