@@ -70,7 +70,9 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
             if not numeric:
                 reducer.begin("named")
                 found = named.run(reducer, message)
-            if not found:
+            # one candidate per call (a timeout, or --one-by-one with a pass/fail oracle), every
+            # node alone costs a call each: n calls where the conflict search needs k·log n
+            if not found and (numeric or reducer.packing is not None):
                 reducer.begin("survey")
                 found = survey.run(reducer, layerwise=numeric)
             # pairs ride in the survey's call while the pack has room: one that reproduces is

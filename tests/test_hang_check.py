@@ -1,0 +1,47 @@
+"""A ``cmd:`` check that hangs on the bug: shrink must reach the node in about log n calls (no
+engine call per node), and the archive's timeout verdict must reproduce — in repro.py and in
+``reprokit verify`` — within the run's own ``--timeout``, not hang with it or wait 600 s.
+
+Found as a new user on a YOLOv8 model (nudenet 320n, 323 nodes) with a check that sleeps when
+the model holds a Softmax: the survey judged nodes one per call (timeouts are not packed), spent
+the auto budget on the first 20 and ended `nothing-removed`; a fixed survey then crashed packing
+the report (the bundled repro.py hung until its 60 s limit, whose bytes output broke the log).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import shrink_models as sm
+from conftest import run_cli
+
+PY = sys.executable
+
+# Sleeps (past --timeout) whenever the model holds a Sigmoid; one log line per call.
+HANG_CHECK = """
+import sys, time, onnx
+with open({log!r}, "a") as handle:
+    handle.write("call\\n")
+if any(n.op_type == "Sigmoid" for n in onnx.load(sys.argv[1]).graph.node):
+    time.sleep(120)
+"""
+
+
+def test_a_hanging_check_is_shrunk_in_log_calls(tmp_path):
+    # x[1,8] -> 40 unary nodes (Neg/Abs/Softsign/Relu), n30 a Sigmoid -> y[1,8]
+    sm.save(sm.pair_chain(length=40, first=30, second=99), tmp_path / "chain.onnx")
+    log = tmp_path / "calls.log"
+    script = sm.write_script(tmp_path, "hang.py", HANG_CHECK.format(log=str(log)))
+    target = f"cmd:{PY} {script} {{model}}"
+    proc = run_cli("shrink", "chain.onnx", "--target", target, "--timeout", "2",
+                   "-o", "out", cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "done"
+    assert summary["signature"]["kind"] == "timeout"
+    assert summary["minimal"]["ops"] == ["Sigmoid"]
+    # every node alone would be 31 calls to reach n30; the conflict search needs about 2·log2(40)
+    calls = len(log.read_text().splitlines())
+    assert calls <= 20, f"{calls} check calls for one node of 40"
