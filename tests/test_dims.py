@@ -100,3 +100,25 @@ def test_other_errors_after_the_choice_name_it_too(tmp_path):
     _, hint = assert_user_error(run_cli("shrink", "m.onnx", "-t", "emulate:fp16", "-o", "out", cwd=tmp_path), 6)
     assert hint.endswith("dynamic dims were chosen by reprokit: give the sizes your model takes: "
                          "--input-shapes x:1x3x224x224 (edit the numbers)"), hint
+
+
+def test_a_hint_naming_several_inputs_pastes_back_as_one_argument(tmp_path):
+    """Found on silero-vad (input[batch, sequence], state[2, batch, 128]): the hint printed
+    `--input-shapes input:1x16 state:2x1x128`, which the shell passes as two arguments — check read
+    the second as a MODEL ("MODEL state:2x1x128 is not a file", hint: "check the paths")."""
+    # x[N, 3, height, width] ─Reshape([1, 3, 64])─▶ y;  z[N, K] ─Neg─▶ w
+    model = fixed_size_reshape()
+    model.graph.node.append(helper.make_node("Neg", ["z"], ["w"], name="n"))
+    model.graph.input.append(vi("z", ["N", "K"]))
+    model.graph.output.append(vi("w", ["N", "K"]))
+    save(model, tmp_path / "m.onnx")
+    _, hint = assert_user_error(run_cli("check", "m.onnx", "-t", "emulate:fp16", cwd=tmp_path), 5)
+    assert "--input-shapes 'x:1x3x224x224 z:1x1' (edit the numbers)" in hint, hint
+    # pasted as printed, with the numbers edited: it runs
+    proc = run_cli("check", "m.onnx", "-t", "emulate:fp16", "--input-shapes", "x:1x3x8x8 z:1x1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # pasted unquoted, the second shape is taken for a MODEL: the hint says what happened
+    error, hint = assert_user_error(run_cli("check", "m.onnx", "-t", "emulate:fp16", "--input-shapes", "x:1x3x8x8",
+                                            "z:1x1", cwd=tmp_path), 2)
+    assert error == "Error: MODEL z:1x1 is not a file", error
+    assert "looks like an input shape" in hint and "--input-shapes 'a:1x3 b:2x4'" in hint, hint

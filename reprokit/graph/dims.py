@@ -16,6 +16,7 @@ the ``--input-shapes NAME:DIMS`` to edit. Runs no engine; knows nothing of click
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 from reprokit.errors import ExitCode
@@ -47,7 +48,7 @@ class Guess:
     def note(self) -> str:
         return (f"input {self.input!r} has dynamic dims {self.declared_text}; reprokit chose "
                 f"{'x'.join(map(str, self.dims))} ({self.why}); give the sizes your model takes with "
-                f"--input-shapes {self.arg}")
+                f"--input-shapes {shlex.quote(self.arg)}")
 
 
 # The guesses of this process's last prepared model: the CLI names them in any error that follows.
@@ -166,7 +167,8 @@ def say_in_error(exc) -> None:
     if not guesses or exc.exit_code in (ExitCode.USAGE, ExitCode.INTERRUPTED) or "reprokit chose" in exc.message:
         return
     names = "; ".join(f"{g.input} {'x'.join(map(str, g.dims))} for {g.declared_text}" for g in guesses)
-    args = " ".join(g.arg for g in guesses)
+    # one quoted argument: several NAME:DIMS unquoted would be read as more MODELs
+    args = shlex.quote(" ".join(g.arg for g in guesses))
     lines = exc.message.split("\n", 1)
     lines[0] += f" [with the dynamic dims reprokit chose: {names}]"
     exc.message = "\n".join(lines)

@@ -31,8 +31,11 @@ def check_many(models: list[str], passed: list[str], *, out_dir: str | None, as_
         raise UsageError("--gpus places checks on GPU kinds of a Ray cluster", hint="add --ray auto (or an address)")
     missing = [m for m in models if not os.path.isfile(m)]
     if missing:
+        shapes = [m for m in missing if re.fullmatch(r".+:(\d+(x\d+)*|\[[\d,\s]*\])", m)]
+        hint = (f"{shapes[0]} looks like an input shape: give several in one quoted --input-shapes "
+                f"'a:1x3 b:2x4', or repeat --input-shapes" if shapes else "check the paths or the glob")
         raise UsageError(f"MODEL {missing[0]} is not a file" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""),
-                         hint="check the paths or the glob")
+                         hint=hint)
     argvs = []
     for model in models:
         argv = ["check", os.path.abspath(model), *passed, "--json"]
