@@ -11,7 +11,9 @@ the report (the bundled repro.py hung until its 60 s limit, whose bytes output b
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import tarfile
 
 import shrink_models as sm
 from conftest import run_cli
@@ -28,7 +30,7 @@ if any(n.op_type == "Sigmoid" for n in onnx.load(sys.argv[1]).graph.node):
 """
 
 
-def test_a_hanging_check_is_shrunk_in_log_calls(tmp_path):
+def test_a_hanging_check_is_shrunk_in_log_calls_and_its_archive_reproduces_the_timeout(tmp_path):
     # x[1,8] -> 40 unary nodes (Neg/Abs/Softsign/Relu), n30 a Sigmoid -> y[1,8]
     sm.save(sm.pair_chain(length=40, first=30, second=99), tmp_path / "chain.onnx")
     log = tmp_path / "calls.log"
@@ -45,3 +47,16 @@ def test_a_hanging_check_is_shrunk_in_log_calls(tmp_path):
     # every node alone would be 31 calls to reach n30; the conflict search needs about 2·log2(40)
     calls = len(log.read_text().splitlines())
     assert calls <= 20, f"{calls} check calls for one node of 40"
+
+    archive = tmp_path / "out" / "report.tar.gz"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    top = next((tmp_path / "x").iterdir())
+    assert json.loads((top / "verdict.json").read_text())["timeout"] == 2.0
+    repro = subprocess.run([PY, str(top / "repro.py")], cwd=top, capture_output=True, text=True, timeout=120)
+    assert repro.returncode == 1, repro.stdout + repro.stderr
+    assert "REPRODUCES: timeout" in repro.stdout
+    # verify gives each call the packing run's 2 s, not its 600 s default (the pytest limit says so)
+    verified = run_cli("verify", str(archive), "--target", target, cwd=tmp_path, timeout=120)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert "REPRODUCES" in verified.stdout

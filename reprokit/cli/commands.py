@@ -222,8 +222,9 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
 @click.argument("archive")
 @click.option("--target", "-t", default=None, help="Check under this target instead of the recorded one "
               "(needed when the archive records a cmd: target or a file path).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
-              help="Seconds per engine call.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per engine call [default: 600; for an archive whose verdict is a timeout, the "
+                   "--timeout of the run that packed it].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--versions", default=None, metavar="SPEC",
               help="Run repro.py per engine release, each in its own uv environment, e.g. "
@@ -246,7 +247,7 @@ def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpu
         raise UsageError("--bisect, --ray, --gpus, --out and --force go with --versions", hint="e.g. reprokit verify "
                          "report.tar.gz --versions 'onnxruntime>=1.20' --bisect")
     if versions is not None:
-        verify_matrix(archive, versions, target=target, timeout=timeout, as_json=as_json, bisect=bisect,
+        verify_matrix(archive, versions, target=target, timeout=timeout or 600.0, as_json=as_json, bisect=bisect,
                       ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path, force=force)
         return
     result = verifying.verify(archive, target, timeout=timeout)

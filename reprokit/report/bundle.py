@@ -160,7 +160,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         save_model(convert_float_model(inline, narrow, keep), os.path.join(stage, f"model.{narrow}.onnx"))
     with open(os.path.join(stage, "verdict.json"), "w") as handle:
         json.dump({**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
-                   "redaction": redaction}, handle, indent=2, default=str)
+                   "redaction": redaction, "timeout": options.timeout}, handle, indent=2, default=str)
     env = fingerprint()
     if redaction:
         env = redact_env(env)
@@ -178,7 +178,9 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         handle.write(render("repro.py.j2", **values))
     os.chmod(os.path.join(stage, "repro.py"), 0o755)
     event("running the bundled repro.py")
-    repro = _run([sys.executable, "repro.py"], stage, timeout=max(60.0, options.timeout))
+    # repro.py gives each engine call the run's --timeout itself (a hang is a verdict there too);
+    # the margin covers its own start and the reference run
+    repro = _run([sys.executable, "repro.py"], stage, timeout=max(60.0, options.timeout + 60.0))
     reproduces = repro.returncode == 1 and "REPRODUCES" in repro.stdout
     if not reproduces:
         notes.append(f"WARNING: repro.py did not reproduce here (exit {repro.returncode}); see logs/repro.log")
@@ -295,7 +297,7 @@ def _template_values(result, spec, env, context, archive_name, model, bins, opti
         "target": verdict.target, "reference": verdict.reference, "metric": verdict.criterion.metric.value,
         "tolerance": verdict.criterion.tolerance, "atol": verdict.criterion.atol, "rtol": verdict.criterion.rtol,
         "expected_kind": verdict.kind.value, "summary": verdict.signature.describe(),
-        "check_policy": options.policy().to_json(),
+        "check_policy": options.policy().to_json(), "timeout": options.timeout,
     }
     return {
         "version": __version__, "title": title(verdict, spec, env, ops), "verdict": verdict,
@@ -357,8 +359,9 @@ def _polygraphy() -> list[str] | None:
 def _run(argv, cwd, timeout=300.0):
     try:
         return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        return subprocess.CompletedProcess(argv, 124, exc.stdout or "", f"timed out after {timeout} s")
+    except subprocess.TimeoutExpired as exc:  # its output is bytes, whatever text= said
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return subprocess.CompletedProcess(argv, 124, out, f"timed out after {timeout} s")
 
 
 def _write_logs(stage, result, spec, values, event) -> None:

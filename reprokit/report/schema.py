@@ -105,6 +105,7 @@ def _verdict(payload) -> None:
     _field(payload, "warnings", "", lambda v, w: _list(v, w, _string), required=False)
     _field(payload, "target_meta", "", _object, required=False)
     _field(payload, "seconds", "", _number, required=False)
+    _field(payload, "timeout", "", _number, required=False)
     policy = payload.get("check_policy")
     if policy is not None:
         _object(policy, "check_policy")

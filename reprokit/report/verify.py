@@ -162,8 +162,10 @@ def archive_json(top: str, name: str, archive_path: str, *, use: str = "verified
                          hint=f"only archives written by `reprokit pack` can be {use}") from exc
 
 
-def verify(archive_path: str, target: str | None = None, *, timeout: float = 600.0) -> VerifyResult:
-    """Extract an untrusted archive safely, check its manifest, rerun its check here."""
+def verify(archive_path: str, target: str | None = None, *, timeout: float | None = None) -> VerifyResult:
+    """Extract an untrusted archive safely, check its manifest, rerun its check here. ``timeout``
+    None: the packing run's own when its verdict is a timeout (the bug is "no answer within T"),
+    else 600 s."""
     with tempfile.TemporaryDirectory(prefix="reprokit-verify-") as tmp:
         top = safe_extract(archive_path, tmp)
         if os.path.exists(os.path.join(top, MANIFEST)):  # a missing one: check_manifest says so
@@ -179,6 +181,8 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float = 600
         chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
         reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
         policy = archive_policy(recorded, archive_path)
+        if timeout is None:
+            timeout = recorded_timeout(recorded)
         if not chosen.strip().lower().startswith("cmd:"):
             policy = CheckPolicy()  # a cmd archive verified under --target ort: nothing to match
         options = RunOptions(reference=reference, metric=criterion["metric"],
@@ -190,3 +194,12 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float = 600
         verdict = result.verdict
         reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
         return VerifyResult(recorded, verdict, reproduces, chosen)
+
+
+def recorded_timeout(recorded: dict) -> float:
+    """The seconds per engine call to verify with: the packing run's ``--timeout`` when what it
+    recorded is a timeout (600 s would turn a 5 s hang into a ten-minute wait), else 600."""
+    packed = recorded.get("timeout")
+    if recorded["signature"]["kind"] == "timeout" and isinstance(packed, (int, float)) and packed > 0:
+        return float(packed)
+    return 600.0
