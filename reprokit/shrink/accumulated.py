@@ -10,13 +10,13 @@ import os
 
 import numpy as np
 
-from reprokit.engine.bug import shows_bug
 from reprokit.engine.layerwise import divergence_start
 from reprokit.engine.session import make_oracle
 from reprokit.graph.io import save_model, weight_bytes
 from reprokit.graph.model import node_label, node_labels
 from reprokit.shrink import pipeline, precision
-from reprokit.shrink.evaluator import causal_test
+from reprokit.shrink.evaluator import judge_member
+from reprokit.shrink.members import Member
 from reprokit.shrink.passes import drift_window
 from reprokit.shrink.reducer import BudgetExhausted
 from reprokit.shrink.runstate import _atomic_json
@@ -66,13 +66,17 @@ def _drift_window(run, reducer, label) -> dict | None:
     if found is None or len(found.nodes) >= found.of:
         return None
     window = reducer.extraction(found.nodes)
+    # judged alone as any candidate is (the one predicate, the oracle's cache): a window the
+    # search already judged alone (a pack of one) is not built again
+    try:
+        outcome, verdict = judge_member(reducer, Member(found.nodes, window))
+    except BudgetExhausted:
+        return None  # the budget that stopped the search stops its last call too
+    if not outcome.interesting:
+        return None  # drifted inside a pack only: no window is offered
     path = os.path.join(run.out_dir, "window.onnx")
     save_model(window.model, path, base_dir=run.prepared.base_dir, self_contained=True)
     reference = {n: reducer.store.get(n) for n in window.outputs if n in reducer.store}
-    verdict = run.oracle.judge(path, window.feeds, reference_outputs=reference, keep_outputs=reducer.causal is not None)
-    if not shows_bug(reducer.signature, verdict, causal=causal_test(reducer), nodes=found.nodes):
-        os.remove(path)  # drifted inside a pack only: no window is offered
-        return None
     np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
     np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
     order = reducer.ordered(found.nodes)

@@ -178,24 +178,24 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
     groups = fit(reducer, members)
     asked = set(candidates)
     ride_along(reducer, groups, reducer.take_speculative_members(),
-               _rider_members(reducer, [c for c in reducer.take_riders() if c not in asked]))
+               _rider_members(reducer, [(c, q) for c, q in reducer.take_riders() if c not in asked]))
     for group in groups:
         found = _run_numeric_pack(reducer, group)
         results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None and not m.crop)
-        if stop_at_hit and any(outcome.interesting for outcome in found.values()):
+        if stop_at_hit and any(outcome.interesting for m, outcome in found.items() if not m.quiet):
             break
     return [results.get(c) for c in candidates]
 
 
-def _rider_members(reducer, riders: list[frozenset]):
-    """Members for ``Reducer.ride_if_free`` candidates, extracted only as far as the last pack
-    takes them (a trivial one is recorded at once: it needs no call)."""
-    for cand in riders:
+def _rider_members(reducer, riders: list[tuple[frozenset, bool]]):
+    """Members for ``Reducer.ride_if_free`` candidates (with their ``quiet`` flags), extracted
+    only as far as the last pack takes them (a trivial one is recorded at once: it needs no call)."""
+    for cand, quiet in riders:
         sub, trivial = prepare_candidate(reducer, cand, check=False)
         if trivial is not None:
             reducer.record(cand, trivial)
         else:
-            yield Member(cand, sub)
+            yield Member(cand, sub, quiet=quiet)
 
 
 def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:

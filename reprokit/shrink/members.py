@@ -26,6 +26,7 @@ class Member:
     reference: dict | None = None
     crop: str = ""
     replay: bool = False  # the original's replay riding along (confirm.RideAlong): no candidate
+    quiet: bool = False  # a rider for a later step: its hit never stops a sequence of packs
 
 
 def member_bytes(reducer, member: Member) -> int:

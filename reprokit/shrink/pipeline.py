@@ -31,6 +31,7 @@ from reprokit.shrink.passes import (
     branches,
     conflict,
     ddmin,
+    drift_window,
     inside,
     localize,
     named,
@@ -87,7 +88,12 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
                 found = localize.run(reducer)
             if not found and numeric:
                 reducer.begin("pairs")
+                if reducer.signature.kind is Kind.MISMATCH and not plan.search_accumulated:
+                    # no node shows the mismatch alone: an accumulated verdict is likely, and the
+                    # drift window's first windows ride in the pairs' packs while they have room
+                    drift_window.ride(reducer)
                 found = survey.pairs(reducer)
+                reducer.take_riders()  # those that found no room: the drift window asks them itself
             if not found and reducer.signature.kind is Kind.MISMATCH and not plan.search_accumulated:
                 return "accumulated"
         # the conflict search where the survey said no single node shows it alone; a search-only

@@ -7,8 +7,9 @@ Two searches, chosen by the engine, never by the caller:
 - **packed** (``emulate``; ``ort:cuda,fp16|bf16``, whose conversion keeps nodes by name too): one
   call holds several whole-model copies, each with its own node names (``rk3/…``), and one
   ``fp32-nodes=`` list names each copy's own set, so one call judges several candidate sets:
-  prefix sizes 1, 2, 4, … first, then evenly spaced sizes inside the bracket, then every "the set
-  minus one node" to drop what the set does not need;
+  prefix sizes 1, 2, 4, … first, then evenly spaced sizes inside the bracket, then, for a set
+  no larger than one call's width, every "the set minus one node" to drop what it does not need
+  (a larger set is offered as the ranked prefix: pruning it costs as many calls as the search);
 - **bisection** over the prefix size elsewhere (OpenVINO, TensorRT: one build per size, as
   ``polygraphy debug precision`` does over the topological order); each call is already the
   printed setting on the user's model, so the last agreeing one is the answer.
@@ -241,7 +242,8 @@ def _union(units: list[list[str]], k: int) -> list[str]:
 
 def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Workaround:
     """The smallest prefix of ``ranked`` that agrees (each node with its readers), pruned to the
-    nodes it needs (packed engines), confirmed by one call of the printed setting."""
+    nodes it needs (packed engines, a set of at most ``search.width`` nodes), confirmed by one
+    call of the printed setting."""
     found = Workaround("packed" if search.packed else "bisection", len(ranked))
     if not ranked:
         found.method, found.note = "none", "no node has an error of its own to keep in fp32"
@@ -260,7 +262,10 @@ def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Wor
         found.trials = list(search.trials)
         return found
     nodes = ranked[size - 1]
-    if search.packed and len(nodes) > 1:
+    if search.packed and 1 < len(nodes) <= search.width:
+        # a set this small has its every "set minus one node" in one packed call; a larger one
+        # is offered as the ranked prefix: on PP-OCRv4 det (288 nodes) two calls of pruning
+        # dropped 21 nodes and cost 3 calls and a run alone, as many as the whole search
         nodes = _prune(search, nodes, prune)
     spec, verdict = search.alone(nodes)
     if verdict.diverges and nodes != ranked[size - 1]:
@@ -282,12 +287,14 @@ def _prune(search: Search, nodes: list[str], calls: int) -> list[str]:
             break
         chunks = [nodes[i * len(nodes) // parts:(i + 1) * len(nodes) // parts] for i in range(parts)]
         candidates = [[n for n in nodes if n not in set(chunk)] for chunk in chunks if chunk]
+        # no more sets than the calls left can hold (the budget is calls, not rounds)
+        candidates = candidates[:search.width * (calls - (search.calls - start))]
         trials = search.judge(candidates)
         kept = next((c for c, t in zip(candidates, trials) if t.agrees and c), None)
         if kept is not None:
             nodes = kept
             parts = max(2, min(parts - 1, len(nodes)))
-        elif parts >= len(nodes):
+        elif parts >= len(nodes) and len(trials) == len(chunks):
             break  # every single node is needed: 1-minimal
         else:
             parts = min(len(nodes), parts * 2)

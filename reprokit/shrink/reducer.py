@@ -102,7 +102,7 @@ class Reducer:
         self._feed_ok: dict[str, str | None] = {}
         self._speculative: list[frozenset] = []
         self._speculative_members: list = []
-        self._riders: list[frozenset] = []
+        self._riders: list[tuple[frozenset, bool]] = []
         self._weights: int | None = None
         self._readers: dict | None = None
 
@@ -276,16 +276,18 @@ class Reducer:
         if self.packing == "numeric":
             self._speculative_members.extend(members)
 
-    def ride_if_free(self, candidates: list) -> None:
+    def ride_if_free(self, candidates: list, *, quiet: bool = False) -> None:
         """Candidates a later step may ask about that join the next packed call only while it
         stays under the pack limits (numeric oracles only): never a call, never a pack, of their
-        own. Those that did not fit are judged when asked, as any other."""
+        own. Those that did not fit are judged when asked, as any other. ``quiet``: a hit among
+        them does not stop that call's packs (they answer a later step, not this one)."""
         if self.packing == "numeric":
-            self._riders.extend(frozenset(c) for c in candidates)
+            self._riders.extend((frozenset(c), quiet) for c in candidates)
 
-    def take_riders(self) -> list[frozenset]:
+    def take_riders(self) -> list[tuple[frozenset, bool]]:
+        """The riders not judged yet, each with its ``quiet`` flag; the list is emptied."""
         taken, self._riders = self._riders, []
-        return [c for c in taken if self.cached(c) is None]
+        return [(c, quiet) for c, quiet in taken if self.cached(c) is None]
 
     def take_speculative_members(self) -> list:
         taken, self._speculative_members = self._speculative_members, []

@@ -8,9 +8,14 @@ an upstream report or a platform team can run: the drift, without the rest of th
 Windows of several sizes ride in one packed call (the evaluator decides how many fit): first
 halves, quarters, eighths and sixteenths tiled over the whole graph with half-window strides; then,
 inside the smallest window that drifts, its halves, quarters and eighths, and over the whole graph
-the sizes 3/4 and 5/8 of it — until no smaller window drifts or the rounds are spent. The answer is reported, never accepted as the current best (it is
-not minimal in ddmin's sense: every node in it contributes a little), and it is judged alone
-before anything is written (``steps.py``).
+the sizes 3/4 and 5/8 of it — until no smaller window drifts or the rounds are spent. Each round
+asks its windows smallest first and stops at the first pack that holds one that drifts (where
+the memory bound splits a round, the larger windows after it cannot be the answer). The first
+tiling rides in the pairs step's packs while they have room (:func:`ride`): once no node diverges
+alone an accumulated verdict is likely, and the windows it needs are then known for no call.
+The answer is reported, never accepted as the current best (it is not minimal in ddmin's sense:
+every node in it contributes a little), and it is judged alone before anything is written
+(``accumulated.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,31 @@ def _tiles(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
     return [(a, size) for a in starts]
 
 
+def _ask(reducer, order: list[int], tiles: list[tuple[int, int]]):
+    """(the tiles asked, their outcomes): smallest first, stopping at the first pack with a hit —
+    a later pack's larger windows cannot be smaller than that hit (windows left unjudged are
+    None); none larger than a window already known to drift (one that rode along earlier)."""
+    known = [reducer.cached(order[a:a + s]) for a, s in tiles]
+    drifts = [s for (_, s), o in zip(tiles, known) if o is not None and o.interesting]
+    if drifts:
+        tiles = [t for t in tiles if t[1] <= min(drifts)]
+    return tiles, reducer.verdicts([order[a:a + s] for a, s in tiles], stop_at_hit=True)
+
+
+def first_tiles(n: int) -> list[tuple[int, int]]:
+    """The first round: sixteenths, eighths, quarters and halves tiled over the whole graph,
+    smallest first (the order the round asks them in)."""
+    return [t for k in (16, 8, 4, 2) for t in _tiles(0, n, n // k)]
+
+
+def ride(reducer) -> None:
+    """The first round's windows ride in the next packed call while it has room (never a call
+    of their own): their hits never stop that call's sequence of packs (``quiet``)."""
+    order = reducer.ordered()
+    if len(order) >= 4:
+        reducer.ride_if_free([order[a:a + s] for a, s in first_tiles(len(order))], quiet=True)
+
+
 def run(reducer, rounds: int = ROUNDS) -> Window | None:
     """The smallest window that shows the signature on its own, or None."""
     order = reducer.ordered()
@@ -47,12 +77,13 @@ def run(reducer, rounds: int = ROUNDS) -> Window | None:
     if n < 4:
         return None
     best: Window | None = None
-    tiles = [t for k in (2, 4, 8, 16) for t in _tiles(0, n, n // k)]
+    tiles = first_tiles(n)
     for _ in range(rounds + 1):
-        tiles = list(dict.fromkeys(t for t in tiles if t[1] >= 1 and (best is None or t[1] < best.size)))
+        tiles = sorted(dict.fromkeys(t for t in tiles if t[1] >= 1 and (best is None or t[1] < best.size)),
+                       key=lambda t: t[1])
         if not tiles:
             break
-        outcomes = reducer.verdicts([order[a:a + s] for a, s in tiles])
+        tiles, outcomes = _ask(reducer, order, tiles)
         hits = [(s, -(o.error or 0.0), a) for (a, s), o in zip(tiles, outcomes) if o is not None and o.interesting]
         if not hits:
             break
