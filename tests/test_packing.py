@@ -262,8 +262,9 @@ def test_accumulated_error_is_said_with_an_attribution_not_a_big_minimal_model(t
     tested = found["workaround"]  # the attribution's tested fp32 set: found packed, run as printed
     assert tested["agrees"] and tested["method"] == "packed" and tested["error"] <= 0.01
     window = next(s for s in summary["steps"] if s["step"] == "drift window")
-    # 4 to find the error accumulated, the workaround's, the window's packed tiles and its run alone
-    assert summary["calls"]["target"] <= 4 + tested["calls"] + window["calls"] + 1
+    # 4 to find the error accumulated, the workaround's, the window's packed rounds and its run
+    # alone (in the window's step since it goes through the evaluator)
+    assert summary["calls"]["target"] <= 4 + tested["calls"] + window["calls"]
     # the archive carries the drift window, and ISSUE.md says what was found
     import tarfile
 
