@@ -62,6 +62,15 @@ def test_a_check_commands_words_are_shown_once(tmp_path):
     assert message.startswith("check command failed (exit code 3): RuntimeError: kernel for op Foo"), message
 
 
+def test_a_check_command_that_passes_the_original_says_so(tmp_path):
+    """Found on silero-vad with a check that crashes on an LSTM kept inside an If: the exit 6
+    read "does not diverge under cmd:… (rel-l2 <= 0.0001; )": a tolerance no output was held to."""
+    _relu(tmp_path)
+    proc = run_cli("shrink", "relu.onnx", "--target", f"cmd:{PY} -c pass", "-o", "out", cwd=tmp_path)
+    error, _ = assert_user_error(proc, 6)
+    assert error == f"Error: the original model does not diverge under cmd:{PY} -c pass (the check passed)", error
+
+
 def test_piped_tables_are_not_padded_to_the_console_width():
     for command in ("backends", "env"):
         proc = run_cli(command)

@@ -64,9 +64,12 @@ def confirm(run, graph_outputs: dict, replays: int, ride=None):
             raise _flaky_original([verdict, again], again.signature, rerun)
     if not verdict.diverges:
         worst = verdict.worst()
-        numbers = f"worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}" if worst else ""
+        if worst:
+            why = f"{verdict.criterion.describe()}; worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}"
+        else:  # nothing compared: a check command that passed and wrote no outputs
+            why = "the check passed" if str(run.target).startswith("cmd:") else verdict.criterion.describe()
         raise NothingToReduce(
-            f"the original model does not diverge under {run.target} ({verdict.criterion.describe()}; {numbers})",
+            f"the original model does not diverge under {run.target} ({why})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")
     seen = [verdict]
     for _ in range(replays - folded):
