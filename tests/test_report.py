@@ -123,6 +123,22 @@ def test_redact_keeps_weights_loudly_when_random_ones_do_not_reproduce(tmp_path)
     assert all(np.array_equal(a, b) for a, b in zip(weights, original, strict=True))
 
 
+def test_repro_names_openvino_outputs_as_the_model_does(tmp_path, ov_bf16):
+    """Found packing silero-vad under openvino:bf16: its output `output` comes out of OpenVINO on a
+    port named {output, /model/ReduceMean_output_0}, repro.py took get_any_name() and said "the
+    target produced no output named 'output'" (exit 2) for an archive whose check reproduces."""
+    # x[1,256] -> MatMul(bf16_steps' W) -> a -> Identity -> y[1,1]   (one OpenVINO port: {a, y})
+    model = bf16_steps()
+    model.graph.node[0].output[0] = "a"
+    model.graph.node.append(onnx.helper.make_node("Identity", ["a"], ["y"], name="id"))
+    path = save(model, tmp_path / "m.onnx")
+    result = pack(path, "openvino:bf16", str(tmp_path / "r.tar.gz"), options=RunOptions(seed=0))
+    top = Path(safe_extract(result.archive, str(tmp_path / "x")))
+    done = subprocess.run([sys.executable, "repro.py"], cwd=top, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "REPRODUCES: mismatch" in done.stdout
+
+
 def test_issue_md_golden(tmp_path):
     """ISSUE.md rendered from fixed values; UPDATE_GOLDEN=1 rewrites the golden file."""
     from reprokit.engine.oracle import Kind, Signature, Verdict
