@@ -54,6 +54,17 @@ def test_verify_timeout_must_be_positive(tmp_path):
     assert_user_error(proc, 2, contains="--timeout")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, a folder no one can write")
+def test_pack_into_an_unwritable_folder_is_exit_2_before_any_engine_runs(tmp_path, never_runs):
+    """Found as root (os.access says yes to root everywhere): pack -o /proc/x.tar.gz ran the whole
+    check and the report, then died writing the archive with exit 70 (FileNotFoundError)."""
+    target, mark = never_runs
+    model = save(matmul_overflow(), tmp_path / "m.onnx")
+    proc = run_cli("pack", model, "-t", target, "-o", "/proc/reprokit-test.tar.gz", cwd=tmp_path)
+    assert_user_error(proc, 2, contains="cannot write --out /proc/reprokit-test.tar.gz")
+    assert not mark.exists()
+
+
 def _vi(name):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
 

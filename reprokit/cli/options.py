@@ -6,9 +6,11 @@ logic.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import tempfile
 
 import click
 
@@ -212,3 +214,11 @@ def ensure_out_file(path: str) -> None:
                          hint="choose another path for the archive")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write --out {path}: {existing} is not writable", hint="choose a writable directory")
+    try:  # os.access says yes to root everywhere (/proc, a read-only mount): create a file to know
+        fd, probe = tempfile.mkstemp(prefix=".reprokit-probe-", dir=existing)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk is said when the archive is written
+            raise UsageError(f"cannot write --out {path}: {existing}: {exc.strerror}",
+                             hint="choose a writable directory") from exc
