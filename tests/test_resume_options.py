@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import run_cli
+import pytest
+from conftest import assert_user_error, run_cli
 from models import matmul_overflow, planted_overflow, save
 
+from reprokit.errors import InputError, NothingRemoved
+from reprokit.shrink.budget import Limits
+from reprokit.shrink.steps import shrink
 from reprokit.standalone.arrays import save_npz
 
 OWN_OPTIONS = ["--no-pack", "--one-by-one", "--no-shrink-shapes", "--search-accumulated", "--replays", "0",
@@ -66,3 +70,48 @@ def test_shrink_audit_on_several_samples_audits_the_sample_reduced_on(tmp_path):
     audited = json.loads((tmp_path / "out" / "audit" / "audit.json").read_text())
     assert audited["verdict"]["diverges"], audited["verdict"]
     assert audited["verdict"]["signature"]["kind"] == "nonfinite"
+
+
+def test_resume_refuses_changed_options_and_keeps_a_budget_stopped_runs_activations(tmp_path):
+    """Loose ends of issue 25: an option given again on --resume silently replaced the run's own
+    (--one-by-one, --tol: the journal's verdicts were made without them); a run stopped by its
+    call budget dropped its captured activations, which the --resume its hint prints needs."""
+    # x[1,8] -> Add "pre" -> Mul(1e5) "boom" (inf in fp16) -> Mul "back" -> Relu "post" -> y
+    save(planted_overflow(), tmp_path / "planted.onnx")
+    out = tmp_path / "out"
+    first = run_cli("shrink", "planted.onnx", "-t", "emulate:fp16", "--max-calls", "2", "--no-pack", "-o", "out",
+                    cwd=tmp_path, timeout=300)
+    assert first.returncode in (0, 8), first.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["budget"]["stopped"]
+    assert "for --resume (stopped at the call budget)" in first.stderr, first.stderr[-2000:]
+    assert any((out / ".reprokit" / "activations").iterdir())
+
+    for given, named in ((["--one-by-one"], "--one-by-one on (the run: off)"), (["--tol", "0.5"], "--tol 0.5"),
+                         (["--seed", "3"], "--seed 3 (the run: 0)")):
+        proc = run_cli("shrink", "--resume", "out", "--max-calls", "0", *given, cwd=tmp_path, timeout=300)
+        error, hint = assert_user_error(proc, 2, contains=named)
+        assert "differs from the run being resumed" in error and "--max-calls" in hint, hint
+    # plain --resume with the whole command again: the run's fingerprint (search options included)
+    proc = run_cli("shrink", "planted.onnx", "-t", "emulate:fp16", "--no-localize", "--no-pack", "-o", "out",
+                   "--resume", cwd=tmp_path, timeout=300)
+    assert_user_error(proc, 3, contains="differs from the one in out in search")
+    # what may change (budget, timeout) and the saved values retyped (shapes, seed) are accepted
+    again = run_cli("shrink", "--resume", "out", "--max-calls", "0", "--timeout", "100", "--seed", "0",
+                    cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["status"] == "done"
+    assert not (out / ".reprokit" / "activations").exists()  # a finished run drops them
+
+
+def test_the_resume_fingerprint_covers_the_search_options(tmp_path):
+    """Through the Python API (no CLI to refuse it): resuming with other search options is the
+    'different run' error, as a changed model or target is."""
+    save(planted_overflow(), tmp_path / "planted.onnx")
+    out = str(tmp_path / "out")
+    with pytest.raises(NothingRemoved):  # the budget stops it before any node goes
+        shrink(str(tmp_path / "planted.onnx"), "emulate:fp16", out, limits=Limits(max_calls=2))
+    run = json.loads((tmp_path / "out" / ".reprokit" / "run.json").read_text())
+    assert run["search"]["pack"] is True and run["search"]["localize"] is True
+    with pytest.raises(InputError, match="differs from the one in .* in search"):
+        shrink(str(tmp_path / "planted.onnx"), "emulate:fp16", out, limits=Limits(max_calls=0), resume=True,
+               pack_candidates=False)

@@ -1,5 +1,5 @@
 """``reprokit shrink``: its options, the resume rules (a resumed run replays the saved options;
-a changed judging option is a usage error), the run and its archive. Holds no logic.
+a changed option other than the budget and limits is a usage error), the run and its archive. Holds no logic.
 """
 
 from __future__ import annotations
@@ -34,13 +34,20 @@ from reprokit.console import (
     err,
     print_shrink,
 )
+from reprokit.engine.inputs import parse_shape_args, parse_val_ranges
 from reprokit.errors import ExitCode, ReprokitError, UsageError
 from reprokit.files import claim_folder
 from reprokit.shrink import steps as shrinking
 from reprokit.shrink.budget import Limits
 from reprokit.shrink.clock import StepClock, process_started
 from reprokit.shrink.output import close_summary, pack_accumulated
-from reprokit.shrink.runstate import STATE_DIR, drop_state, finished_run, state_bytes
+from reprokit.shrink.runstate import (
+    STATE_DIR,
+    drop_state,
+    finished_run,
+    state_bytes,
+    stopped_at_budget,
+)
 from reprokit.spec import parse_target
 
 
@@ -108,7 +115,10 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     clock = StepClock(process_started())  # summary.json's steps cover the process, start-up included
 
     flags = {name: ctx.params[name] for name in SHRINK_ONLY}  # the command's own options
-    if resume:  # --resume DIR: every option not given again comes from DIR's saved run
+    # --resume DIR: every option not given again comes from DIR's saved run; one given again must
+    # agree with it, but for the few that may change. (Plain --resume repeats the whole command:
+    # the run's fingerprint, search options included, refuses another run with exit 3.)
+    if resume:
         resumed = _resumed(ctx, resume, out_dir, model, target, flags, kw, as_json)
         if resumed is None:  # nothing to continue: the answer on disk stays as it is
             return
@@ -153,9 +163,9 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         raise ReprokitError("interrupted", hint=shrinking.resume_hint(out_dir),
                             exit_code=ExitCode.INTERRUPTED) from None
     except BaseException:
-        _end_state(out_dir, keep_state, as_json)
+        _end_state(out_dir, keep_state or stopped_at_budget(out_dir), as_json, _kept_why(keep_state))
         raise
-    _end_state(out_dir, keep_state, as_json)
+    _end_state(out_dir, keep_state or stopped_at_budget(out_dir), as_json, _kept_why(keep_state))
     if torch_info is not None:
         result.summary["torch"] = torch_info
     _audit_and_pack(result, model, target, options, out_dir, progress, clock, with_audit=with_audit,
@@ -183,6 +193,7 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
         return None
     model, target = model or saved["model"], target or saved["target"]
     before = ctx.command.make_context("shrink", list(saved["args"]))
+    _refuse_changed(ctx, before, out_dir)
     for name, value in before.params.items():
         if given(before, name) and not given(ctx, name):
             if name in flags:
@@ -190,6 +201,51 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
             elif name in kw:
                 kw[name] = value
     return out_dir, model, target
+
+
+# What a resumed run may change: its budget and limits, and what happens after the search.
+# Anything else given again must equal the saved run's value: the journal's verdicts and the
+# search's path were made under those options (a criterion, the feeds, the passes it ran).
+RESUME_MAY_CHANGE = ("max_calls", "timeout", "jobs", "keep_state", "no_pack", "fmt", "redact", "with_audit",
+                     "with_overlay", "max_activation_disk", "capture_chunk")
+_NOT_OPTIONS = ("model", "target", "out_dir", "resume", "as_json", "force")
+
+
+def _refuse_changed(ctx, before, out_dir: str) -> None:
+    """A usage error (exit 2) naming every option given again with another value than the run
+    in ``out_dir`` was started with (``before``: its saved arguments, parsed)."""
+    changed = [name for name, value in before.params.items()
+               if name not in RESUME_MAY_CHANGE + _NOT_OPTIONS and given(ctx, name)
+               and _meaning(name, ctx.params[name]) != _meaning(name, value)]
+    if not changed:
+        return
+    opts = {p.name: p.opts[0] for p in ctx.command.params}
+    words = "; ".join(f"{opts[n]} {_shown(ctx.params[n])} (the run: {_shown(before.params[n])})" for n in changed)
+    may = ", ".join(opts[n] for n in RESUME_MAY_CHANGE)
+    raise UsageError(f"--resume {out_dir}: {words} {'differs' if len(changed) == 1 else 'differ'} from the run "
+                     "being resumed",
+                     hint=f"resume without {'it' if len(changed) == 1 else 'them'} (the run's own options are "
+                          f"used; only {may} may change), or start a new run with another -o directory")
+
+
+def _meaning(name: str, value):
+    """An option's value as the run reads it: run.json saves shapes one per option, ranges as
+    floats and --inputs as an absolute path, which the user need not retype alike."""
+    if name == "input_shapes":
+        return parse_shape_args(value)
+    if name == "val_range":
+        return parse_val_ranges(value)
+    if name == "inputs" and value:
+        return os.path.abspath(value)
+    return value
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (tuple, list)):
+        return " ".join(map(str, value)) or "none"
+    return "default" if value is None else str(value)
 
 
 def _audit_and_pack(result, model, target, options, out_dir: str, progress, clock, *, with_audit: bool,
@@ -249,6 +305,11 @@ def _end_state(out_dir: str, keep: bool, as_json: bool, why: str = "(--keep-stat
         text = f"removed {_mib(size)} of captured activations and candidates from {where} (--keep-state keeps them)"
     if size and not as_json:
         err.print(f"[dim]{text}[/]")
+
+
+def _kept_why(keep_state: bool) -> str:
+    # a run stopped at its call budget is one `--resume --max-calls` continues: it keeps what it captured
+    return "(--keep-state)" if keep_state else "for --resume (stopped at the call budget)"
 
 
 def _mib(size: int) -> str:

@@ -134,6 +134,17 @@ def finished_run(out_dir: str) -> dict | None:
     return summary
 
 
+def stopped_at_budget(out_dir: str) -> bool:
+    """Did the run in ``out_dir`` stop at its call budget (summary.json says so)? Such a run is
+    continued by ``--resume --max-calls``, so its captured activations are worth keeping."""
+    try:
+        with open(os.path.join(out_dir, "summary.json")) as handle:
+            summary = json.load(handle)
+        return bool(isinstance(summary, dict) and (summary.get("budget") or {}).get("stopped"))
+    except (OSError, ValueError):
+        return False
+
+
 def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
     """The command that continues an interrupted run in ``out_dir``, or why there is none."""
     if not os.path.exists(os.path.join(out_dir, STATE_DIR, "run.json")):
@@ -142,23 +153,27 @@ def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
     return f"the best so far is kept in {out_dir}; continue with: {command}"
 
 
-def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume, run_args=()) -> None:
-    """--resume continues only the run that was started: same model, feeds, target, criterion."""
+def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume, run_args=(), search=None) -> None:
+    """--resume continues only the run that was started: same model, feeds, target, criterion and
+    search options (``search``: what steers the passes; a run.json from before it was recorded
+    is not held to it)."""
     fingerprint = {
         "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
         "reference": oracle.reference, "criterion": oracle.criterion.describe(),
         "check_policy": options.policy().to_json(),
         "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
+        "search": dict(search or {}),
     }
     path = os.path.join(state_dir, "run.json")
     if resume and os.path.exists(path):
         with open(path) as handle:
             before = json.load(handle)
-        changed = [k for k in fingerprint if before.get(k) != fingerprint[k]]
+        changed = [k for k in fingerprint if before.get(k) != fingerprint[k] and (k != "search" or k in before)]
         if changed:
             raise InputError(
                 f"--resume: this run differs from the one in {os.path.dirname(state_dir)} in {', '.join(changed)}",
-                hint="resume with the same model, inputs/seed, target and tolerances, or use a new -o directory")
+                hint="resume with the same model, inputs/seed, target, tolerances and search options, or use a "
+                     "new -o directory")
     # Absolute paths: `reprokit shrink --resume OUT` works from any directory (saved_run).
     absolute = options.inputs and os.path.abspath(options.inputs)
     from dataclasses import replace

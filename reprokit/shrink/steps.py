@@ -88,7 +88,12 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     check_budget(target, limits.max_calls, replays, resume)
     clock = clock or StepClock(time.monotonic(), first="setup")
     clock.begin("setup")
-    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args)
+    # what steers the search: a resumed run replays journaled verdicts of a search made under these
+    search = {"localize": localize_first, "pack": pack_candidates, "search_accumulated": search_accumulated,
+              "accept_milder": accept_milder, "keep_inputs": keep_inputs, "keep_outputs": keep_outputs,
+              "shrink_shapes": shrink_shapes, "replays": replays}
+    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args,
+                    search)
     run.shrink_shapes = shrink_shapes
     clock.begin("capture")
     store = reprokit_built(
@@ -313,7 +318,7 @@ class _Run:
         return self.prepared.feeds.arrays
 
 
-def _open_run(model_path, target, out_dir, options, resume, event, clock, run_args=()) -> _Run:
+def _open_run(model_path, target, out_dir, options, resume, event, clock, run_args=(), search=None) -> _Run:
     """State folder, oracle, model and feeds. The model is reduced exactly as given (constants
     are folded per candidate, never before the confirming call)."""
     started = time.monotonic()
@@ -327,7 +332,8 @@ def _open_run(model_path, target, out_dir, options, resume, event, clock, run_ar
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
     check_target_nodes(model_path, target)
     prepared = prepare(model_path, options, state_dir, every_sample=True)
-    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args)
+    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
+                    search)
     # Every model file of this run lives in models/; external weights stay where they are and
     # every engine call is told so (oracle.weights_dir): candidates never copy them.
     oracle.weights_dir = prepared.base_dir
