@@ -482,3 +482,23 @@ def test_sigterm_exits_130_and_kills_the_engine_processes(tmp_path):
     code, err, alive = interrupt_check(tmp_path, signal.SIGTERM)
     assert alive == []
     assert code == 130, err
+
+
+@pytest.mark.parametrize("criterion", [["--metric", "allclose", "--atol", "10", "--rtol", "0"], ["--tol", "0.5"]],
+                         ids=["atol", "tol"])
+def test_integer_outputs_compare_exactly_whatever_the_tolerance(tmp_path, criterion):
+    """Issue 25's loose end 4, decided: no tolerance for integer outputs (a class id or an index
+    that moves by one is a different answer). --atol 10 does not hide a Cast that rounds differently."""
+    from onnx import TensorProto, helper
+
+    # x[1,64] -> Mul(1000.3) -> p -> Cast(int32) -> y[1,64]: fp16 storage of p moves some ids by 1
+    model = models.make([helper.make_node("Mul", ["x", "k"], ["p"], name="mul"),
+                         helper.make_node("Cast", ["p"], ["y"], to=TensorProto.INT32, name="cast")],
+                        [models.vi("x", [1, 64])], [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 64])],
+                        [models.const("k", np.float32(1000.3))])
+    models.save(model, tmp_path / "ids.onnx")
+    proc = run_cli("check", "ids.onnx", "-t", "emulate:fp16", *criterion, "--json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    output = json.loads(proc.stdout)["verdict"]["outputs"][0]
+    assert output["exceeds"] and output["max_abs"] == 1.0
+    assert output["error"] == output["mismatched"] > 0  # the error of an exact output: elements that differ
