@@ -174,3 +174,47 @@ def test_attention_folding_never_blames_the_reference(name, tmp_path):
     assert "reference (ort) fails" not in proc.stderr
     text = (tmp_path / "out" / "audit" / "audit.md").read_text()
     assert "constant folding skipped" in text
+
+
+def nested_constant_ifs() -> onnx.ModelProto:
+    """Two nested If nodes with constant conditions, two outputs each (silero-vad's decoder)."""
+    # x[1,4] -> Neg -> a; outer If(true){ inner If(true){ Relu(a), Abs(a) } } -> o0, o1 -> Add -> y
+    def vi(name):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+
+    def branch(name, nodes, outs):
+        return helper.make_graph(nodes, name, [], [vi(o) for o in outs])
+
+    identity = [helper.make_node("Identity", ["a"], ["e0"]), helper.make_node("Identity", ["a"], ["e1"])]
+    inner = helper.make_node("If", ["c2"], ["i0", "i1"], name="inner",
+                             then_branch=branch("it", [helper.make_node("Relu", ["a"], ["r"]),
+                                                       helper.make_node("Abs", ["a"], ["s"])], ["r", "s"]),
+                             else_branch=branch("ie", identity, ["e0", "e1"]))
+    outer = helper.make_node("If", ["c"], ["o0", "o1"], name="outer",
+                             then_branch=branch("ot", [helper.make_node("Equal", ["k", "k"], ["c2"]), inner],
+                                                ["i0", "i1"]),
+                             else_branch=branch("oe", [helper.make_node("Identity", ["a"], ["f0"]),
+                                                       helper.make_node("Identity", ["a"], ["f1"])], ["f0", "f1"]))
+    nodes = [helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Equal", ["k", "k"], ["c"], name="eq"),
+             outer, helper.make_node("Add", ["o0", "o1"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [vi("x")], [vi("y")], [numpy_helper.from_array(np.array([1], np.int64), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_folding_nested_constant_ifs_keeps_every_branch_output():
+    """Found on silero-vad: onnx-graphsurgeon's If flattening dropped the inner If's second output,
+    every check and shrink said "constant folding skipped: … is not a graph input …" and ran the
+    121-node model unfolded; folding without flattening gives 44 nodes there."""
+    import onnxruntime
+
+    from reprokit.engine.folding import fold_constants
+
+    model = nested_constant_ifs()
+    folded = fold_constants(model)
+    onnx.checker.check_model(folded)
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    run = [onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+           .run(None, {"x": x})[0] for m in (model, folded)]
+    np.testing.assert_array_equal(run[0], run[1])

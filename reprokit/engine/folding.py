@@ -185,9 +185,12 @@ def fold_constants(model):
         with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
             named = onnx.ModelProto.FromString(model.SerializeToString())
             name_unnamed_nodes(named)
-            graph = gs.import_onnx(named)
-            graph.fold_constants(error_ok=True).cleanup().toposort()
-            folded = gs.export_onnx(graph, do_type_check=False)
+            folded = _gs_fold(gs, named, flatten=True)
+            if not _well_formed(onnx, folded):
+                # gs's flattening of nested If nodes with constant conditions can drop a branch
+                # output (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a
+                # previous node"); folding without flattening still folds the shape arithmetic
+                folded = _gs_fold(gs, named, flatten=False)
     except Exception:  # folding is an optimization: keep the model as it was
         return model
     folded.ir_version = ir_version
@@ -198,3 +201,18 @@ def fold_constants(model):
     except Exception:
         pass
     return folded
+
+
+def _gs_fold(gs, model, *, flatten: bool):
+    graph = gs.import_onnx(model)
+    graph.fold_constants(error_ok=True, flatten_subgraphs=flatten).cleanup().toposort()
+    return gs.export_onnx(graph, do_type_check=False)
+
+
+def _well_formed(onnx, model) -> bool:
+    """Does every node read a tensor something defines (onnx's checker, no shape inference)?"""
+    try:
+        onnx.checker.check_model(model)
+    except Exception:
+        return False
+    return True
