@@ -276,3 +276,22 @@ def test_a_lift_the_reference_refuses_is_cannot_emulate_not_a_build_error(tmp_pa
     assert "cannot emulate this model" in proc.stderr and "lifted from opset 8" in proc.stderr, proc.stderr
     fp16 = run_cli("check", str(tmp_path / "scan.onnx"), "--target", "emulate:fp16", "--inputs", str(tmp_path / "x.npz"))
     assert fp16.returncode == 0, fp16.stdout[-2000:]  # fp16 Casts exist at opset 8: nothing is lifted
+
+
+def test_a_lift_that_computes_other_values_is_cannot_emulate_not_a_verdict(tmp_path):
+    """Hardmax-12 takes the argmax over the input flattened from ``axis`` on; onnx's converter
+    lifts it to Hardmax-13 unchanged, which takes it along ``axis`` alone: other values. The
+    check runs both copies one after the other (their outputs never held together) and must
+    still see the difference."""
+    # x[2,3,4] -> Hardmax(axis=1) -> y   (opset 12)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], axis=1)], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 12)])
+    model.ir_version = 7
+    onnx.save(model, str(tmp_path / "hardmax.onnx"))
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32))
+    proc = run_cli("check", str(tmp_path / "hardmax.onnx"), "--target", "emulate:bf16", "--inputs",
+                   str(tmp_path / "x.npz"))
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "lifted from opset 12 to 13 computes other values" in proc.stderr, proc.stderr

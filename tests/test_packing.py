@@ -26,7 +26,16 @@ from reprokit.engine.activations import ActivationStore
 from reprokit.engine.oracle import Kind, Signature
 from reprokit.errors import NothingRemoved
 from reprokit.graph.index import GraphIndex
-from reprokit.shrink.budget import PACK_MEMORY_FLOOR, Limits, default_replays, pack_memory
+from reprokit.graph.pack import build_pack, feed_key
+from reprokit.shrink.budget import (
+    PACK_MEMORY_FLOOR,
+    SHARED_FEEDS_RUNS,
+    Limits,
+    default_replays,
+    pack_memory,
+    packs_share_feeds,
+)
+from reprokit.shrink.members import Member, Room, fit, member_bytes, member_cost
 from reprokit.shrink.reducer import Journal, Reducer
 from reprokit.shrink.steps import shrink as shrink_run
 
@@ -80,8 +89,9 @@ def layernorm_run(tmp_path_factory):
     return out, SAMPLES / f"{name}.onnx", SAMPLES / f"{name}.inputs.npz", result
 
 
-@pytest.mark.parametrize("target", ["emulate:fp16", "openvino:f32"])
-def test_a_packed_verdict_equals_the_verdicts_of_the_candidates_run_one_by_one(layernorm_run, tmp_path, target):
+@pytest.mark.parametrize("target,shared", [("emulate:fp16", False), ("emulate:fp16", True), ("openvino:f32", False)])
+def test_a_packed_verdict_equals_the_verdicts_of_the_candidates_run_one_by_one(layernorm_run, tmp_path, target,
+                                                                               shared):
     if target.startswith("openvino"):
         pytest.importorskip("openvino", reason="OpenVINO not installed")
     out, model, inputs, _ = layernorm_run
@@ -89,6 +99,7 @@ def test_a_packed_verdict_equals_the_verdicts_of_the_candidates_run_one_by_one(l
     # every node alone, a few regions (overlapping ones too) and the pair chain of the first nodes
     candidates = [frozenset([i]) for i in range(0, n, 3)] + [frozenset(range(i, i + 5)) for i in range(0, n - 5, 11)]
     packed = _reducer(out, model, inputs, target, tmp_path, "numeric")
+    packed.share_feeds = shared  # regions and singles cut at one tensor read one input
     alone = _reducer(out, model, inputs, target, tmp_path, None)
     together = packed.verdicts(candidates)
     one_by_one = alone.verdicts(candidates)
@@ -153,11 +164,71 @@ def test_a_memory_bound_splits_the_survey_and_finds_the_same_node(tmp_path, boun
     assert result.summary["one_minimal"] is True
 
 
-def test_the_auto_memory_bound_is_twice_a_marked_run_between_the_floor_and_a_capture_chunk():
+def test_pack_memory_on_the_command_line_bounds_the_packs(tmp_path):
+    path, inputs = planted.save(*planted.blocks(), str(tmp_path), "m")
+    bad = run_cli("shrink", path, "--target", "emulate:fp16", "--inputs", inputs, "-o", str(tmp_path / "bad"),
+                  "--pack-memory", "lots")
+    assert bad.returncode == 2 and "Error: cannot parse --pack-memory 'lots'" in bad.stderr, bad.stderr
+    assert "Hint:" in bad.stderr and "Traceback" not in bad.stderr
+    proc = run_cli("shrink", path, "--target", "emulate:fp16", "--inputs", inputs, "-o", str(tmp_path / "out"),
+                   "--pack-memory", "256K", "--max-calls", "0", "--no-shrink-shapes", "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert next(s for s in summary["steps"] if s["step"] == "survey")["calls"] > 1  # one call under auto (above)
+    assert summary["minimal"]["node_names"] == ["block1/qk"]
+
+
+def test_the_auto_memory_bound_is_a_multiple_of_a_marked_run_between_the_floor_and_a_capture_chunk():
     mib = 1 << 20
     assert pack_memory(Limits(), 200 * mib) == 400 * mib  # PP-OCRv4 rec: ~200 MiB marked run
+    assert pack_memory(Limits(), 200 * mib, shared_feeds=True) == int(SHARED_FEEDS_RUNS * 200 * mib)
     assert pack_memory(Limits(), 10 * mib) == PACK_MEMORY_FLOOR  # a sample: one call, as before
     assert pack_memory(Limits(capture_chunk_bytes=300 * mib), 200 * mib) == 300 * mib
+    assert pack_memory(Limits(pack_memory_bytes=5 * mib), 200 * mib, shared_feeds=True) == 5 * mib  # --pack-memory
+    assert packs_share_feeds("emulate:bf16") and packs_share_feeds("ort")
+    assert not any(packs_share_feeds(t) for t in ("openvino:bf16", "ort:opt", "ort:cuda,fp16", "trt:fp16"))
+
+
+def _regions(reducer, n):
+    """Every node alone and overlapping 3-node windows: most cut at a tensor another one is cut at."""
+    subs = [reducer.extraction(frozenset(c), check=False)
+            for c in [[i] for i in range(n)] + [range(i, i + 3) for i in range(0, n - 3, 2)]]
+    return [sub for sub in subs if sub.outputs]
+
+
+def test_members_cut_at_one_tensor_read_one_input_and_compute_the_same(layernorm_run, tmp_path):
+    import onnxruntime as ort
+
+    out, model, inputs, _ = layernorm_run
+    reducer = _reducer(out, model, inputs, "emulate:fp16", tmp_path, "numeric")
+    subs = _regions(reducer, len(onnx.load(model).graph.node))
+    disjoint = build_pack(subs, keep_node_names=False)
+    shared = build_pack(subs, keep_node_names=False, share_feeds=True)
+    keys = {feed_key(value) for sub in subs for value in sub.feeds.values()}
+    assert len(shared.feeds) == len(keys) < len(disjoint.feeds)
+    assert {n for n in shared.feeds} <= set(disjoint.feeds)  # the first member's copy is the one kept
+    values = []
+    for pack in (disjoint, shared):
+        session = ort.InferenceSession(pack.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        values.append(dict(zip([o.name for o in session.get_outputs()], session.run(None, pack.feeds))))
+    assert values[0].keys() == values[1].keys()
+    assert all(np.array_equal(values[0][k], values[1][k], equal_nan=True) for k in values[0])
+
+
+def test_a_shared_feed_counts_once_against_the_memory_bound(layernorm_run, tmp_path):
+    out, model, inputs, _ = layernorm_run
+    reducer = _reducer(out, model, inputs, "emulate:fp16", tmp_path, "numeric")
+    members = [Member(None, sub) for sub in _regions(reducer, len(onnx.load(model).graph.node))]
+    copies = sum(member_bytes(reducer, m) for m in members)
+    reducer.share_feeds = True
+    room = Room()
+    for member in members:
+        room.add(member_cost(reducer, member), 0)
+    assert room.bytes < copies
+    reducer.pack_bytes = room.bytes  # holds the members with one copy of each feed, not with a copy each
+    assert len(fit(reducer, members)) == 1
+    reducer.share_feeds = False
+    assert len(fit(reducer, members)) == 2
 
 
 def test_jobs_do_not_change_a_packed_result(layernorm_run, tmp_path):

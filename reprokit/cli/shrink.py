@@ -77,6 +77,9 @@ from reprokit.spec import parse_target
               help="Target calls in all (engine builds). auto: about polygraphy's bisect cost; 0: no limit.")
 @click.option("--capture-chunk", default="1G", show_default=True, metavar="SIZE",
               help="Activations one reference run may return at once; more runs when the model needs more.")
+@click.option("--pack-memory", default="auto", show_default=True, metavar="SIZE|auto",
+              help="Data one packed target call may hold (feeds, outputs, weights of its members); more "
+                   "calls when the candidates need more. auto: from the model's size and the engine.")
 @click.option("--no-localize", is_flag=True,
               help="Skip the survey and localization (named node, each node alone, layerwise); search only.")
 @click.option("--one-by-one", is_flag=True,
@@ -109,7 +112,7 @@ from reprokit.spec import parse_target
 @FORCE
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
-           no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
+           pack_memory, no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
            no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, keep_state, as_json, force, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     clock = StepClock(process_started())  # summary.json's steps cover the process, start-up included
@@ -123,7 +126,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         if resumed is None:  # nothing to continue: the answer on disk stays as it is
             return
         out_dir, model, target = resumed
-    (jobs, replays, max_activation_disk, max_calls, capture_chunk, no_localize, one_by_one, accept_milder,
+    (jobs, replays, max_activation_disk, max_calls, capture_chunk, pack_memory, no_localize, one_by_one, accept_milder,
      search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_pack, fmt, redact, with_audit,
      with_overlay, keep_state) = (flags[name] for name in SHRINK_ONLY)
     run_args = [a for p in ctx.command.params if p.name in flags and flags[p.name] not in (None, p.default)
@@ -150,6 +153,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
         max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
         max_calls=parse_max_calls(max_calls),
+        pack_memory_bytes=None if pack_memory.strip().lower() == "auto" else parse_size(pack_memory, "--pack-memory"),
     )
     try:  # the captured activations outlive the run only when it was interrupted, or with --keep-state
         result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,

@@ -45,11 +45,31 @@ def feed_bytes(extraction) -> int:
     return int(sum(np.asarray(v).nbytes for v in extraction.feeds.values()))
 
 
-def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: bool = False) -> Pack:
+def feed_key(value) -> tuple:
+    """Which data a feed holds, without reading it: two feeds with one key hold the same
+    values (the same bytes of one memory-mapped file, or of one array in memory, seen with the
+    same shape, strides and dtype). Captured activations are read memory-mapped, so every
+    candidate cut at one tensor gets a feed of the same key."""
+    array = np.asarray(value)
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    start = array.__array_interface__["data"][0]
+    where = ("array", id(root), start)
+    if isinstance(root, np.memmap) and root.filename:
+        where = ("file", root.filename, root.offset + start - root.__array_interface__["data"][0])
+    return (*where, array.shape, array.strides, array.dtype.str)
+
+
+def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: bool = False,
+               share_feeds: bool = False) -> Pack:
     """One model holding every extraction as its own copy. ``keep_node_names`` requires the
     members to have disjoint node sets (names stay unique only then). ``same_node_names``: the
     tensors of each copy are renamed but its nodes keep their names, duplicates included (a
-    target that selects nodes by name, ``fp32-nodes=``, must find them in every copy)."""
+    target that selects nodes by name, ``fp32-nodes=``, must find them in every copy).
+    ``share_feeds`` (only for engines that run every node as written, never with
+    ``keep_node_names``): members whose feeds hold the same data (:func:`feed_key`) read one
+    graph input, so the engine holds that data once instead of once per member."""
     import onnx
     from onnx import helper
 
@@ -58,6 +78,7 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
     feeds: dict[str, np.ndarray] = {}
     members: list[Member] = []
     taken = FreshNames()
+    shared: dict[tuple, str] = {}  # feed_key -> the packed input holding it (share_feeds)
     counts: dict[str, int] = {}
     if keep_node_names:  # a tensor name appearing in two members gets a copy per member
         for ext in extractions:
@@ -71,6 +92,16 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
             mapping = {n: taken.fresh(f"{n}__rk{number}", ".") for n in local if counts.get(n, 0) > 1}
         else:
             mapping = {n: taken.fresh(f"rk{number}/{n}", ".") for n in local}
+        reused = set()  # this member's inputs read from an earlier member's copy
+        if share_feeds and not keep_node_names:
+            for value in sub.input:
+                if ext.feeds.get(value.name) is not None and not isinstance(ext.feeds[value.name], (list, tuple)):
+                    key = feed_key(ext.feeds[value.name])
+                    if key in shared:
+                        mapping[value.name] = shared[key]
+                        reused.add(value.name)
+                    else:
+                        shared[key] = mapping[value.name]
         for node in sub.node:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
@@ -87,6 +118,8 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
             copy.name = mapping.get(init.name, init.name)
             graph.initializer.append(copy)
         for value in sub.input:
+            if value.name in reused:
+                continue
             copy = onnx.ValueInfoProto()
             copy.CopyFrom(value)
             copy.name = mapping.get(value.name, value.name)

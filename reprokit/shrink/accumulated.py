@@ -15,6 +15,7 @@ from reprokit.engine.session import make_oracle
 from reprokit.graph.io import save_model, weight_bytes
 from reprokit.graph.model import node_label, node_labels
 from reprokit.shrink import pipeline, precision
+from reprokit.shrink.budget import SHARED_FEEDS_RUNS
 from reprokit.shrink.evaluator import judge_member
 from reprokit.shrink.members import Member
 from reprokit.shrink.passes import drift_window
@@ -119,7 +120,10 @@ def _copies_that_fit(run, reducer) -> int:
     copy for 165 MiB of activations. Small models keep the full width."""
     copy = (weight_bytes(run.prepared.model) + sum(getattr(v, "nbytes", 0) for v in run.feeds.values())
             + reducer.store.nbytes() // 2)
-    return max(2, min(precision.PACK_WIDTH, 2 * reducer.pack_bytes // max(1, copy)))
+    # Where packs share feeds their bound is SHARED_FEEDS_RUNS marked runs, not two: whole-model
+    # copies gain nothing from it (they share their inputs anyway), so they keep the width of two.
+    bound = int(reducer.pack_bytes * 2 / SHARED_FEEDS_RUNS) if reducer.share_feeds else reducer.pack_bytes
+    return max(2, min(precision.PACK_WIDTH, 2 * bound // max(1, copy)))
 
 
 def _num(value) -> str:

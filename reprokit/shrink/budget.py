@@ -31,17 +31,36 @@ class Limits:
 PACK_MEMORY_FLOOR = 256 << 20
 
 
-def pack_memory(limits: Limits, run_bytes: int) -> int:
-    """Data (feeds, outputs, weights of its members) one packed target call may hold. Auto: twice
-    ``run_bytes``, the data of one run of the whole model with every tensor marked (what the
-    reference capture returns, what polygraphy's mark-all run holds), at least the floor and at
-    most a capture chunk. Measured on OpenVINO CPU bf16 (PP-OCRv4 det, peak RSS of the engine
-    process against a pack's data): 1,080 MiB for 529 MiB, 951 for 468, 466 for 137: about
-    330 MiB of start-up plus 1.6-2.1x the data, so a pack's peak follows its data, and twice a
-    marked run stays under what polygraphy's marked run needs on the same model."""
+def pack_memory(limits: Limits, run_bytes: int, shared_feeds: bool = False) -> int:
+    """Data (feeds, outputs, weights of its members) one packed target call may hold. Auto: a
+    multiple of ``run_bytes``, the data of one run of the whole model with every tensor marked
+    (what the reference capture returns, what polygraphy's mark-all run holds), at least the
+    floor and at most a capture chunk: twice it, or ``SHARED_FEEDS_RUNS`` times for an engine
+    whose packs share equal feeds (``shared_feeds``: Backend.runs_nodes_as_written), whose peak
+    per byte of a pack's data is lower. Measured, peak RSS of the engine process against a
+    pack's data (PP-OCRv4 det and rec, one survey pack and its riders):
+    OpenVINO CPU bf16, disjoint copies: 1,080 MiB for 529, 951 for 468, 466 for 137 (about
+    330 MiB of start-up plus 1.6-2.1x the data); 2,151 MiB for the rec survey in one pack
+    (494 MiB of feeds, 599 of outputs), above polygraphy's 1,195 for its marked run.
+    emulate:bf16, shared feeds: 892 MiB for 709 (det), 1,050 for 831 (rec), 784 for 640, 967
+    for 756: about 1.2-1.3x the data, start-up included. Polygraphy's marked run took
+    1,064-1,139 MiB (det, a 170 MiB marked run) and 1,195-1,452 (rec, 202 MiB): about 6x a
+    marked run, so these multiples keep a pack's peak 10% or more under it."""
     if limits.pack_memory_bytes is not None:
         return limits.pack_memory_bytes
-    return min(limits.capture_chunk_bytes, max(PACK_MEMORY_FLOOR, 2 * run_bytes))
+    runs = SHARED_FEEDS_RUNS if shared_feeds else 2
+    return int(min(limits.capture_chunk_bytes, max(PACK_MEMORY_FLOOR, runs * run_bytes)))
+
+
+SHARED_FEEDS_RUNS = 4  # marked runs of data one pack may hold when its members share feeds (x1.3: under 6)
+
+
+def packs_share_feeds(target: str) -> bool:
+    """Do packed members of this target read one copy of the feeds they have in common? Only
+    where the engine runs every node as written (Backend.runs_nodes_as_written): nothing can be
+    merged or fused across members through a shared input."""
+    spec = parse_target(target)
+    return backend_class(spec.engine)(spec).runs_nodes_as_written
 
 
 def default_replays(target: str) -> tuple[int, int]:

@@ -288,7 +288,8 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     if big:
         reducer.event(f"{reducer.step}: packing {len(group)} candidates into one model")
     with reducer.tally.timing("pack"):
-        pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes)
+        pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes,
+                          share_feeds=reducer.share_feeds)
     reducer.charge()
     path = save_candidate(reducer, pack.model)
     if big:

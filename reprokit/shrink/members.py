@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.graph.io import tensor_proto_bytes
-from reprokit.graph.pack import feed_bytes
+from reprokit.graph.pack import feed_key
 
 
 @dataclass(eq=False)  # a dict key by identity: two shape tries may share a node set
@@ -32,6 +32,13 @@ class Member:
 def member_bytes(reducer, member: Member) -> int:
     """What one copy makes the engine hold: its feeds, its outputs and its own weights (every copy
     gets its own; external ones are read from disk for each)."""
+    own, feeds = member_cost(reducer, member)
+    return own + sum(feeds.values())
+
+
+def member_cost(reducer, member: Member) -> tuple[int, dict]:
+    """(its outputs and weights, {feed key: bytes}): a feed whose key another member of the
+    same pack has is held once when the pack shares feeds (``Reducer.share_feeds``)."""
     sub = member.sub
 
     def nbytes(name: str) -> int:
@@ -43,23 +50,48 @@ def member_bytes(reducer, member: Member) -> int:
         return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
     weights = sum(tensor_proto_bytes(t) for t in sub.model.graph.initializer)
-    return feed_bytes(sub) + weights + sum(nbytes(n) for n in sub.outputs)
+    feeds = {}
+    for name, value in sub.feeds.items():
+        tensor = value is not None and not isinstance(value, (list, tuple))  # not a sequence, not an empty optional
+        size = int(np.asarray(value).nbytes) if tensor else sum(int(np.asarray(v).nbytes) for v in value or ())
+        feeds[feed_key(value) if tensor and reducer.share_feeds else (id(member), name)] = size
+    return weights + sum(nbytes(n) for n in sub.outputs), feeds
+
+
+class Room:
+    """What one pack holds so far: bytes, nodes, and the feeds it has (held once)."""
+
+    def __init__(self):
+        self.bytes, self.nodes, self.feeds = 0, 0, set()
+
+    def weight(self, cost: tuple[int, dict]) -> int:
+        """The bytes one more member adds: its own, and its feeds this pack does not hold yet."""
+        own, feeds = cost
+        return own + sum(size for key, size in feeds.items() if key not in self.feeds)
+
+    def add(self, cost: tuple[int, dict], nodes: int) -> None:
+        self.bytes += self.weight(cost)
+        self.nodes += nodes
+        self.feeds.update(cost[1])
 
 
 def fit(reducer, members: list[Member]) -> list[list[Member]]:
     """Split members into packs under the byte (memory) and node limits, the bytes spread evenly
     over as many packs as the byte limit needs: an engine's peak follows a pack's data, so two
     halves peak lower than a full pack and its remainder. Members that fit one pack stay one."""
-    sizes = [(member_bytes(reducer, m), len(m.sub.model.graph.node)) for m in members]
-    even = sum(b for b, _ in sizes) / max(1, -(-sum(b for b, _ in sizes) // reducer.pack_bytes))
-    groups, current, size, nodes = [], [], 0, 0
-    for member, (weight, many) in zip(members, sizes):
-        if current and (size + weight > reducer.pack_bytes or nodes + many > reducer.pack_nodes or size >= even):
+    costs = [(member_cost(reducer, m), len(m.sub.model.graph.node)) for m in members]
+    whole = Room()
+    for cost, many in costs:
+        whole.add(cost, many)
+    even = whole.bytes / max(1, -(-whole.bytes // reducer.pack_bytes))
+    groups, current, room = [], [], Room()
+    for member, (cost, many) in zip(members, costs):
+        if current and (room.bytes + room.weight(cost) > reducer.pack_bytes
+                        or room.nodes + many > reducer.pack_nodes or room.bytes >= even):
             groups.append(current)
-            current, size, nodes = [], 0, 0
+            current, room = [], Room()
         current.append(member)
-        size += weight
-        nodes += many
+        room.add(cost, many)
     if current:
         groups.append(current)
     return groups
@@ -79,20 +111,24 @@ def ride_along(reducer, groups: list[list[Member]], *kinds) -> None:
     (a pack split by the memory bound leaves room in each): they never cost a call of their own.
     Each of ``kinds`` (an iterable, maybe a generator: drawn only while members fit) starts again
     at the first pack; the packs' room is measured once for all of them."""
-    def cost(member) -> tuple[int, int]:
+    def cost(member) -> tuple[tuple[int, dict], int]:
         count = len(member.sub.model.graph.node)
-        return member_bytes(reducer, member) + count * RIDER_NODE_BYTES, count
+        own, feeds = member_cost(reducer, member)
+        return (own + count * RIDER_NODE_BYTES, feeds), count
 
-    room = [[sum(c[0] for c in costs), sum(c[1] for c in costs)] for costs in ([cost(m) for m in g] for g in groups)]
+    rooms = []
+    for group in groups:
+        rooms.append(Room())
+        for member in group:
+            rooms[-1].add(*cost(member))
     for extra in kinds:
         at = 0
         for member in extra:
             weight, count = cost(member)
-            while at < len(groups) and (room[at][0] + weight > reducer.pack_bytes
-                                        or room[at][1] + count > reducer.pack_nodes):
+            while at < len(groups) and (rooms[at].bytes + rooms[at].weight(weight) > reducer.pack_bytes
+                                        or rooms[at].nodes + count > reducer.pack_nodes):
                 at += 1
             if at == len(groups):
                 break
             groups[at].append(member)
-            room[at][0] += weight
-            room[at][1] += count
+            rooms[at].add(weight, count)

@@ -83,6 +83,7 @@ class Reducer:
     layerwise_report: object | None = None  # reprokit.engine.layerwise.LayerwiseReport, once run
     wrap: Callable | None = None  # puts each candidate back inside its control flow (controlflow.wrap_in_if)
     names_select_nodes: bool = False  # the target picks nodes by name (fp32-nodes=): packs keep them
+    share_feeds: bool = False  # the target runs nodes as written: packed members share equal feeds (members.py)
     keep_inputs: bool = False  # --no-reduce-inputs: every candidate reads only the model's own inputs
     keep_outputs: bool = False  # --no-reduce-outputs: every candidate gives exactly the model's outputs
     reach_inside: bool = False  # the "inside" step may reduce the nodes inside kept If branches

@@ -36,6 +36,7 @@ from reprokit.shrink.budget import (
     earlier_calls,
     inside_allowance,
     pack_memory,
+    packs_share_feeds,
 )
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import confirm, probe_pending, refuse_model_blind_check
@@ -106,7 +107,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     check_reference_finite(graph_outputs, run.oracle.reference)
     # The data of one marked run of the model (weights, feeds, every activation) bounds a pack's.
     marked_run = weight_bytes(run.model) + sum(getattr(v, "nbytes", 0) for v in run.feeds.values()) + store.nbytes()
-    limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run))
+    limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run, packs_share_feeds(run.target)))
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     clock.begin("confirm")
     # The original's last replay rides in a call that is sure to come (issue 25): the survey's
@@ -259,6 +260,7 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
     reducer.clock = clock
     reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
+    reducer.share_feeds = packs_share_feeds(run.target)
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
     if accept_milder and signature.kind is Kind.MISMATCH:
         reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "

@@ -56,6 +56,11 @@ class Backend:
     deterministic: ClassVar[bool] = False
     # True when run() honours ``weights_dir``; for the others the worker stages symbolic links.
     reads_weights_dir: ClassVar[bool] = False
+    # True when the engine runs every node as written (no fusion, no merging of equal nodes):
+    # the members of a packed call may then read one shared copy of a feed they have in common
+    # (shrink.members), which cannot change what any member computes. Elsewhere (OpenVINO,
+    # TensorRT, ort:opt, GPUs) two members reading one input could be merged or fused across.
+    runs_nodes_as_written: ClassVar[bool] = False
 
     def __init__(self, spec: TargetSpec):
         self.spec = spec

@@ -43,6 +43,7 @@ class EmulateBackend(Backend):
     }
     deterministic = True
     reads_weights_dir = True
+    runs_nodes_as_written = True  # onnxruntime with graph optimizations off; inputs rounded per reader
     install_hint = "pip install onnxruntime ml-dtypes"
 
     @classmethod
@@ -72,10 +73,11 @@ class EmulateBackend(Backend):
         if keep:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
             name_unnamed_nodes(source)
         try:
-            model = emulate_model(source, self.narrow(), keep)
+            # the lift is checked before the rewrite exists: its runs' peak never holds that copy
             changed = lift_changes(source, feeds) if self.narrow() == "bf16" else None
             if changed:  # the rewrite's fault, not the engine's: never a verdict
                 raise CannotEmulate(changed)
+            model = emulate_model(source, self.narrow(), keep)
         except CannotEmulate as exc:
             raise EngineUnavailable(
                 f"emulate:{self.narrow()} cannot emulate this model: {exc}",
@@ -85,6 +87,7 @@ class EmulateBackend(Backend):
         with tempfile.TemporaryDirectory(prefix="reprokit-emulate-") as tmp:
             path = os.path.join(tmp, "emulated.onnx")
             onnx.save(model, path)
+            del source, model  # the session holds its own weights: the protos' copies would sit beside it
             session = make_session(path, weights_dir=weights)
             # float tensor inputs are rounded inside the model (for narrow readers only); a
             # sequence's tensors are rounded here

@@ -180,6 +180,7 @@ class OrtBackend(Backend):
         # GPU providers pick kernels (cuDNN's algorithm search, TensorRT's tactics) per session:
         # shrink replays them as it does every engine that is not deterministic.
         self.deterministic = not (spec.has("cuda") or spec.has("trt"))
+        self.runs_nodes_as_written = not (spec.has("cuda") or spec.has("trt") or spec.has("opt"))
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:

@@ -49,7 +49,7 @@ def run(reducer) -> bool:
     inner = Reducer(model, GraphIndex.build(model), store, feeds, reducer.oracle, reducer.signature,
                     workdir=reducer.workdir, journal=reducer.journal, on_event=reducer.event,
                     best=frozenset(range(len(sites.sites))))
-    for name in ("packing", "severity", "message_key", "names_select_nodes", "pack_bytes", "pack_nodes", "guard"):
+    for name in ("packing", "severity", "message_key", "names_select_nodes", "share_feeds", "pack_bytes", "pack_nodes", "guard"):
         setattr(inner, name, getattr(reducer, name))
     inner.scope = f"inside:{digest}:"
     inner.build = lambda nodes, check: sites.extraction(nodes, check)
