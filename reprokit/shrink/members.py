@@ -29,16 +29,11 @@ class Member:
     quiet: bool = False  # a rider for a later step: its hit never stops a sequence of packs
 
 
-def member_bytes(reducer, member: Member) -> int:
-    """What one copy makes the engine hold: its feeds, its outputs and its own weights (every copy
-    gets its own; external ones are read from disk for each)."""
-    own, feeds = member_cost(reducer, member)
-    return own + sum(feeds.values())
-
-
 def member_cost(reducer, member: Member) -> tuple[int, dict]:
-    """(its outputs and weights, {feed key: bytes}): a feed whose key another member of the
-    same pack has is held once when the pack shares feeds (``Reducer.share_feeds``)."""
+    """What one copy makes the engine hold: (its outputs and its own weights, {feed key: bytes}).
+    Every copy gets its own weights (external ones are read from disk for each); a feed whose
+    key another member of the same pack has is held once when the pack shares feeds
+    (``Reducer.share_feeds``)."""
     sub = member.sub
 
     def nbytes(name: str) -> int:
