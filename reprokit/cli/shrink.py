@@ -211,7 +211,7 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
 # Anything else given again must equal the saved run's value: the journal's verdicts and the
 # search's path were made under those options (a criterion, the feeds, the passes it ran).
 RESUME_MAY_CHANGE = ("max_calls", "timeout", "jobs", "keep_state", "no_pack", "fmt", "redact", "with_audit",
-                     "with_overlay", "max_activation_disk", "capture_chunk")
+                     "with_overlay", "max_activation_disk", "capture_chunk", "pack_memory")
 _NOT_OPTIONS = ("model", "target", "out_dir", "resume", "as_json", "force")
 
 
