@@ -1,6 +1,7 @@
 """A ``cmd:`` check that hangs on the bug: shrink must reach the node in about log n calls (no
 engine call per node), and the archive's timeout verdict must reproduce — in repro.py and in
-``reprokit verify`` — within the run's own ``--timeout``, not hang with it or wait 600 s.
+``reprokit verify`` — within the run's own ``--timeout``, not hang with it or wait 600 s. One that
+crashes on it: the archive's repro.py must say so too.
 
 Found as a new user on a YOLOv8 model (nudenet 320n, 323 nodes) with a check that sleeps when
 the model holds a Softmax: the survey judged nodes one per call (timeouts are not packed), spent
@@ -60,3 +61,31 @@ def test_a_hanging_check_is_shrunk_in_log_calls_and_its_archive_reproduces_the_t
     verified = run_cli("verify", str(archive), "--target", target, cwd=tmp_path, timeout=120)
     assert verified.returncode == 1, verified.stdout + verified.stderr
     assert "REPRODUCES" in verified.stdout
+
+
+# Dies by SIGSEGV whenever the model holds a Sigmoid.
+CRASH_CHECK = """
+import os, signal, sys, onnx
+if any(n.op_type == "Sigmoid" for n in onnx.load(sys.argv[1]).graph.node):
+    os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+def test_a_crashing_checks_archive_reproduces_the_crash(tmp_path):
+    """Found on nudenet 320n with a check that segfaults on a Resize: shrink kept the Resize
+    (crash, SIGSEGV) but the bundled repro.py said "DIFFERENT FAILURE: the target fails here"
+    (exit 2): it knew only build errors from a failing check, not a death by a signal."""
+    sm.save(sm.pair_chain(length=12, first=7, second=99), tmp_path / "chain.onnx")
+    script = sm.write_script(tmp_path, "crash.py", CRASH_CHECK)
+    proc = run_cli("shrink", "chain.onnx", "--target", f"cmd:{PY} {script} {{model}}", "-o", "out", cwd=tmp_path,
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["signature"] == {"kind": "crash", "outputs": [], "detail": "SIGSEGV"}
+    assert "did not reproduce" not in proc.stdout + proc.stderr
+    with tarfile.open(tmp_path / "out" / "report.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    top = next((tmp_path / "x").iterdir())
+    repro = subprocess.run([PY, str(top / "repro.py")], cwd=top, capture_output=True, text=True, timeout=120)
+    assert repro.returncode == 1, repro.stdout + repro.stderr
+    assert "REPRODUCES: crash (SIGSEGV)" in repro.stdout
