@@ -122,3 +122,23 @@ def test_a_hint_naming_several_inputs_pastes_back_as_one_argument(tmp_path):
                                             "z:1x1", cwd=tmp_path), 2)
     assert error == "Error: MODEL z:1x1 is not a file", error
     assert "looks like an input shape" in hint and "--input-shapes 'a:1x3 b:2x4'" in hint, hint
+
+
+def test_a_reference_failing_on_the_sizes_you_gave_says_they_may_not_fit(tmp_path):
+    """Found on nudenet 320n (stride 32 in its metadata) at --input-shapes images:1x3x33x33: the
+    reference failed with onnxruntime's "Can't merge shape info … Inferred=3 Declared=4" and a hint
+    to try polygraphy, not a word of the shapes the user had just given."""
+    save(fixed_size_reshape(), tmp_path / "m.onnx")
+    _, hint = assert_user_error(run_cli("check", "m.onnx", "-t", "emulate:fp16", "--input-shapes", "x:1x3x8x9",
+                                        cwd=tmp_path), 5)
+    assert hint.startswith("Hint: the sizes you gave (--input-shapes x:1x3x8x9) may not fit the model (a size "), hint
+    assert "polygraphy run" in hint  # the advice it had stays, after
+    model = fixed_size_reshape()
+    helper.set_model_props(model, {"stride": "32"})
+    save(model, tmp_path / "strided.onnx")
+    _, hint = assert_user_error(run_cli("check", "strided.onnx", "-t", "emulate:fp16", "--input-shapes",
+                                        "x:1x3x8x9", cwd=tmp_path), 5)
+    assert "the model's metadata says stride 32" in hint, hint
+    # sizes that fit: no such words anywhere
+    proc = run_cli("check", "m.onnx", "-t", "emulate:fp16", "--input-shapes", "x:1x3x8x8", cwd=tmp_path)
+    assert proc.returncode == 0 and "may not fit" not in proc.stdout + proc.stderr

@@ -80,6 +80,7 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
     path = model_path
     base_dir = os.path.dirname(os.path.abspath(model_path))
     if options.input_shapes:
+        dims.given(options.input_shapes, dims.metadata_hints(model))
         model = freeze_input_shapes(model, options.input_shapes)
         path = save_model(model, os.path.join(workdir, "prepared.onnx"))
     infos = input_infos(model)

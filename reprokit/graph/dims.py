@@ -53,10 +53,19 @@ class Guess:
 
 # The guesses of this process's last prepared model: the CLI names them in any error that follows.
 _CHOSEN: list[Guess] = []
+_GIVEN: dict = {}  # the --input-shapes of that model and its metadata's stride
 
 
 def forget() -> None:
     _CHOSEN.clear()
+    _GIVEN.clear()
+
+
+def given(shapes: dict, hints: dict[str, str] | None = None) -> None:
+    """The sizes ``--input-shapes`` gave (and the model's metadata): a reference that fails on
+    them is told they may be the cause (:func:`say_in_error`)."""
+    _GIVEN.clear()
+    _GIVEN.update(shapes=dict(shapes), stride=_int((hints or {}).get("stride")))
 
 
 def chosen() -> list[Guess]:
@@ -164,6 +173,9 @@ def say_in_error(exc) -> None:
     and the hint puts the ``--input-shapes`` to edit first (before the hint it had) when the
     reference failed (exit 5), where wrong sizes are the likeliest cause, after it otherwise."""
     guesses = chosen()
+    if not guesses and _GIVEN.get("shapes") and exc.exit_code is ExitCode.REFERENCE:
+        _say_given_shapes(exc)
+        return
     if not guesses or exc.exit_code in (ExitCode.USAGE, ExitCode.INTERRUPTED) or "reprokit chose" in exc.message:
         return
     names = "; ".join(f"{g.input} {'x'.join(map(str, g.dims))} for {g.declared_text}" for g in guesses)
@@ -177,3 +189,14 @@ def say_in_error(exc) -> None:
         exc.hint = f"the chosen sizes may not fit the model; {edit}" + (f"; otherwise: {exc.hint}" if exc.hint else "")
     else:
         exc.hint = (f"{exc.hint}; " if exc.hint else "") + f"dynamic dims were chosen by reprokit: {edit}"
+
+
+def _say_given_shapes(exc) -> None:
+    """The reference fails on the sizes the user gave (nudenet 320n at 1x3x33x33: "Can't merge
+    shape info … Inferred=3 Declared=4", no word of the shapes): the hint says they may not fit."""
+    args = shlex.quote(" ".join(f"{name}:{'x'.join(map(str, dims))}" for name, dims in _GIVEN["shapes"].items()))
+    stride = _GIVEN.get("stride")
+    why = f"the model's metadata says stride {stride}: image sizes a multiple of it" if stride else \
+        "a size its strides, reshapes or concatenations cannot take"
+    exc.hint = f"the sizes you gave (--input-shapes {args}) may not fit the model ({why}); " + \
+        (f"otherwise: {exc.hint}" if exc.hint else "")
