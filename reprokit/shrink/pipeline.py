@@ -8,7 +8,8 @@ region says instead (attribution).
    survey's call while the pack limits allow (a pair that reproduces there is taken for no
    call); then regions around the anchor and the origins, one packed call (the pairs not judged
    yet ride in it) — for a mismatch only when some node diverges on its own (else nothing is
-   "born" anywhere); then the pairs step, usually from answers already cached.
+   "born" anywhere); then the pairs step, usually from answers already cached — the first round of a
+   mismatch's drift window (step 4) rides in its packs while they have room.
 4. A mismatch no region shows on its own is **accumulated** error: the run stops with each
    node's isolated error, the top contributors and the cumulative curve (``attribution``)
    instead of calling a large window minimal (``search_accumulated`` searches anyway).
