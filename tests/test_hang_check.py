@@ -45,6 +45,7 @@ def test_a_hanging_check_is_shrunk_in_log_calls_and_its_archive_reproduces_the_t
     assert summary["status"] == "done"
     assert summary["signature"]["kind"] == "timeout"
     assert summary["minimal"]["ops"] == ["Sigmoid"]
+    assert "no answer within --timeout 2 s" in proc.stdout  # the note says what each hang costs
     # every node alone would be 31 calls to reach n30; the conflict search needs about 2·log2(40)
     calls = len(log.read_text().splitlines())
     assert calls <= 20, f"{calls} check calls for one node of 40"

@@ -77,6 +77,11 @@ def confirm(run, graph_outputs: dict, replays: int, ride=None):
         if not shows_bug(signature, seen[-1]):
             raise _flaky_original(seen, signature, rerun)
     run.event(f"diverges: {signature.describe()}")
+    if signature.kind.value == "timeout":  # every call that hangs costs the whole --timeout
+        run.prepared.notes.append(
+            f"the original gives no answer within --timeout {run.options.timeout:g} s: each candidate that hangs "
+            "costs that long (about 2·log2(nodes) of them, and the replays); a --timeout a little above a "
+            "passing run's time makes the run that much shorter")
     return verdict, (RideAlong(model, run.feeds, graph_outputs, seen, rerun, carrier) if folded else None)
 
 
