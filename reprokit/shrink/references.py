@@ -39,7 +39,7 @@ def hotspot(outputs: dict, reference: dict):
         if fresh.any():
             score, flat = float("inf"), int(np.flatnonzero(fresh)[0])
         else:
-            diff = np.abs(target - wanted)
+            diff = np.abs(target - wanted).reshape(-1)  # flat: a 0-d output's difference is a scalar
             diff[~np.isfinite(diff)] = 0.0
             flat = int(np.argmax(diff))
             score = float(diff.flat[flat])
