@@ -207,11 +207,12 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
     return out_dir, model, target
 
 
-# What a resumed run may change: its budget and limits, and what happens after the search.
+# What a resumed run may change: its budget and limits, how often the result is replayed (the
+# flaky verdict's hint says: raise --replays), and what happens after the search.
 # Anything else given again must equal the saved run's value: the journal's verdicts and the
 # search's path were made under those options (a criterion, the feeds, the passes it ran).
 RESUME_MAY_CHANGE = ("max_calls", "timeout", "jobs", "keep_state", "no_pack", "fmt", "redact", "with_audit",
-                     "with_overlay", "max_activation_disk", "capture_chunk", "pack_memory")
+                     "with_overlay", "max_activation_disk", "capture_chunk", "pack_memory", "replays")
 _NOT_OPTIONS = ("model", "target", "out_dir", "resume", "as_json", "force")
 
 

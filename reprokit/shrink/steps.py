@@ -92,7 +92,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     # what steers the search: a resumed run replays journaled verdicts of a search made under these
     search = {"localize": localize_first, "pack": pack_candidates, "search_accumulated": search_accumulated,
               "accept_milder": accept_milder, "keep_inputs": keep_inputs, "keep_outputs": keep_outputs,
-              "shrink_shapes": shrink_shapes, "replays": replays}
+              "shrink_shapes": shrink_shapes}
     run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args,
                     search)
     run.shrink_shapes = shrink_shapes
