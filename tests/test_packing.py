@@ -308,17 +308,32 @@ def test_a_parser_message_naming_a_node_in_a_120_node_model_takes_at_most_3_call
     assert result.summary["calls"]["target"] <= 3 + CMD_REPLAYS + CMD_PROBES
 
 
-def _accumulating_mlp() -> onnx.ModelProto:
-    """x[8,64] → 24 × (MatMul → Tanh): each layer's bf16 error is small, together they add up."""
+def _accumulating_mlp(layers: int = 24) -> onnx.ModelProto:
+    """x[8,64] → layers × (MatMul → Tanh): each layer's bf16 error is small, together they add up."""
     rng = np.random.default_rng(0)
     nodes, inits, h = [], [], "x"
-    for k in range(24):
+    for k in range(layers):
         inits.append(numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), f"w{k}"))
         nodes += [helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
                   helper.make_node("Tanh", [f"m{k}"], [f"t{k}"], name=f"tanh{k}")]
         h = f"t{k}"
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
                   [helper.make_tensor_value_info(h, TensorProto.FLOAT, [8, 64])], inits)
+
+
+def test_an_accumulated_error_judged_one_by_one_keeps_each_nodes_own_error(tmp_path):
+    """--one-by-one judges every node alone in a call of its own: the attribution and the
+    workaround's ranking read those errors as they read a packed survey's (they said "0 of 0
+    nodes" and "no node has an error of its own" before)."""
+    path = sm.save(_accumulating_mlp(8), tmp_path / "mlp8.onnx")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:bf16", "--tol", "0.004", "-o", str(out), "--one-by-one",
+                   "--max-calls", "0", "--no-pack")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    found = summary["attribution"]
+    assert summary["status"] == "accumulated" and found["nodes_judged_alone"] == 16 and found["top"]
+    assert found["workaround"]["agrees"] and 0 < found["workaround"]["size"] < 16
 
 
 def test_accumulated_error_is_said_with_an_attribution_not_a_big_minimal_model(tmp_path):

@@ -63,6 +63,8 @@ def run(reducer, *, layerwise: bool) -> bool:
         # the conflict search (a prefix window, then the node with its producers) in fewer calls
         # than a group test over every edge, which also re-derives what the singles already said.
         hit = reducer.first_interesting(singles, together_fail=len(order) == len(reducer.index.node_outputs))
+        if layerwise:  # a numeric signature judged one by one (--one-by-one): the attribution's own errors
+            reducer.isolated.update({i: o for i in order if (o := reducer.cached(frozenset([i]))) is not None})
     if layerwise:
         _anchors(reducer, saved)
     if hit is None and reducer.interactions:
