@@ -502,3 +502,42 @@ def test_integer_outputs_compare_exactly_whatever_the_tolerance(tmp_path, criter
     output = json.loads(proc.stdout)["verdict"]["outputs"][0]
     assert output["exceeds"] and output["max_abs"] == 1.0
     assert output["error"] == output["mismatched"] > 0  # the error of an exact output: elements that differ
+
+
+# Numeric cmd check: onnxruntime's outputs, a Tanh's scaled by 1.5 (a wrong kernel); it refuses a
+# Neg whose output nothing reads (an engine that cannot run that node alone).
+LONE_NEG_REFUSED = """
+import sys
+import numpy as np
+import onnx
+import onnxruntime as ort
+model, inputs, outputs = sys.argv[1:4]
+m = onnx.load(model)
+read = {t for n in m.graph.node for t in n.input}
+if any(n.op_type == "Neg" and not set(n.output) & read for n in m.graph.node):
+    print("error: a Neg nothing reads is not supported")
+    sys.exit(1)
+session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+wanted = {i.name for i in session.get_inputs()}
+results = session.run(None, {k: v for k, v in np.load(inputs).items() if k in wanted})
+tanh = {o for n in m.graph.node if n.op_type == "Tanh" for o in n.output}
+np.savez(outputs, **{o.name: v * 1.5 if o.name in tanh else v for o, v in zip(session.get_outputs(), results)})
+"""
+
+
+def test_layerwise_start_is_a_node_that_diverges_not_one_the_engine_refused_alone(tmp_path):
+    """Found on silero-vad under openvino:bf16: `check --layerwise` said "divergence starts at
+    /Mul: it diverges on its own" — OpenVINO had refused to run that Mul alone (a build error),
+    while its isolated numbers never diverged; the Mul was not in the first-diverging table."""
+    from onnx import helper
+
+    # x[1,4] -> Neg "neg" -> a -> Tanh "tanh" -> y   (the check scales Tanh outputs, refuses a lone Neg)
+    models.save(models.make([helper.make_node("Neg", ["x"], ["a"], name="neg"),
+                             helper.make_node("Tanh", ["a"], ["y"], name="tanh")],
+                            [models.vi("x", [1, 4])], [models.vi("y", [1, 4])]), tmp_path / "m.onnx")
+    (tmp_path / "chk.py").write_text(LONE_NEG_REFUSED)
+    proc = run_cli("check", "m.onnx", "-t", f"cmd:{PY} chk.py {{model}} {{inputs}} {{outputs}}",
+                   "--layerwise", "--json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    start = json.loads(proc.stdout)["layerwise"]["start"]
+    assert start["kind"] == "local" and start["node"] == "tanh", start
