@@ -320,3 +320,22 @@ def test_the_workaround_search_starts_where_the_error_is_born_not_where_it_is_se
     assert "add" in result.payload["suspects"]["first_with_inputs"]
     found = result.workaround
     assert found and found["verdict"] == "agree" and "add" in found["setting"], found
+
+
+def test_audit_of_a_check_command_says_no_setting_was_tried(tmp_path):
+    """Found auditing nudenet 320n under a cmd: check that fails on any Softmax: every row of the
+    sweep was "not applicable" (0 calls) and the audit concluded "none of the settings tried
+    avoids it" — of no setting at all."""
+    import sys
+
+    # x[1,4] -> Softmax "sm" -> y[1,4]; the check fails on any Softmax
+    path = models.save(models.make([helper.make_node("Softmax", ["x"], ["y"], name="sm")],
+                                   [models.vi("x", [1, 4])], [models.vi("y", [1, 4])]), tmp_path / "m.onnx")
+    script = tmp_path / "chk.py"
+    script.write_text("import sys, onnx\n"
+                      "sys.exit(1 if any(n.op_type == 'Softmax' for n in onnx.load(sys.argv[1]).graph.node) else 0)\n")
+    result = audit(path, f"cmd:{sys.executable} {script} {{model}}", str(tmp_path / "audit"), explain_inputs=False)
+    payload = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    assert all(row["verdict"] == "not applicable" for row in payload["sweep"]), payload["sweep"]
+    assert payload["no_workaround"].startswith("no setting was tried"), payload["no_workaround"]
+    assert result.workaround is None

@@ -335,6 +335,8 @@ def _no_workaround(rows, target: str, reference: str) -> str:
     if any(r.note == REFERENCE_ITSELF for r in rows):
         return (f"only full fp32 avoids it: no setting of {target} tried agrees, and full fp32 here is the "
                 f"reference itself ({reference})")
+    if all(r.verdict == "not applicable" for r in rows):  # a cmd check: reprokit knows none of its settings
+        return f"no setting was tried: none of the sweep's settings applies to {target}"
     return "none of the settings tried avoids it"
 
 
