@@ -347,6 +347,8 @@ def test_accumulated_error_is_said_with_an_attribution_not_a_big_minimal_model(t
     assert not (out / "minimal.onnx").exists()  # no model is called minimal
     found = summary["attribution"]
     assert found["nodes_judged_alone"] == 48 and found["diverging_alone"] == 0
+    # no node diverges alone, so no region was grown: the note does not claim none shows it
+    assert found["regions_judged"] is False and "no region was grown" in summary["note"]
     assert found["top"] and found["top"][0]["op"] == "MatMul" and found["fp32_nodes"]
     assert len(found["cumulative"]) >= 24
     tested = found["workaround"]  # the attribution's tested fp32 set: found packed, run as printed

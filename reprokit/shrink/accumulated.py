@@ -44,7 +44,12 @@ def finish_accumulated(run, reducer, writer, verdict) -> tuple[str, str]:
         advice = f"no per-node precision to suggest: {tested['reason']}"
     else:
         advice = tested.get("note") or "no set of ranked nodes kept in fp32 brings the model within tolerance"
-    note = ("accumulated error: no single node, pair or region around the first divergence shows the "
+    # regions grow only from a node that diverges alone (pipeline._born_somewhere): the note
+    # claims no region only where localize judged some
+    judged = "no single node, pair or region around the first divergence" if "localize" in reducer.stats else \
+        "no single node or producer→consumer pair (no node diverges alone, so no region was grown from one)"
+    found["regions_judged"] = "localize" in reducer.stats
+    note = (f"accumulated error: {judged} shows the "
             f"mismatch on its own ({found['diverging_alone']} of {found['nodes_judged_alone']} nodes exceed the "
             "tolerance alone); see `attribution` for the layers that contribute most; " + advice)
     if window is not None:
