@@ -367,6 +367,43 @@ def test_accumulated_error_is_said_with_an_attribution_not_a_big_minimal_model(t
     assert f"`{tested['setting']}` → agree" in text and "run exactly as printed" in text
 
 
+def test_a_resumed_accumulated_run_asks_no_precision_trial_again(tmp_path):
+    """Issue 25: the precision search's trials are journaled, so --resume after a budget stop in
+    the middle of the search asks only the untried sets, after one in the drift window none at
+    all, and reaches the same workaround; its calls count against --max-calls (they did not)."""
+    path = sm.save(_accumulating_mlp(), tmp_path / "mlp.onnx")
+    out = tmp_path / "out"
+
+    def shrink_with(*args, into=out):
+        proc = run_cli("shrink", *args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads((into / "summary.json").read_text())
+        assert summary["status"] == "accumulated"
+        return summary, summary["attribution"]["workaround"]
+
+    whole, tested = shrink_with(path, "--target", "emulate:bf16", "--tol", "0.01", "-o", str(tmp_path / "whole"),
+                                "--max-calls", "0", into=tmp_path / "whole")
+    assert tested["agrees"] and tested["calls"] >= 2 and tested["cached"] == 0
+    # cut inside the search: confirm, survey and one call left of the budget
+    first, cut = shrink_with(path, "--target", "emulate:bf16", "--tol", "0.01", "-o", str(out), "--max-calls", "4")
+    assert first["budget"]["stopped"] and first["calls"]["target"] <= 4
+    assert not cut["agrees"] and 0 < cut["calls"] < tested["calls"] and "--resume" in cut["note"]
+    # resumed with room for the rest of the search but not the drift window
+    second, resumed = shrink_with("--resume", str(out), "--max-calls", str(4 + 1 + tested["calls"] - cut["calls"]))
+    assert resumed["calls"] == tested["calls"] - cut["calls"] and resumed["cached"] == len(cut["trials"])
+    assert second["budget"]["stopped"] and second["window"] is None and "--resume" in second["note"]
+    assert resumed["setting"] == tested["setting"] and resumed["agrees"]
+    # resumed again with no limit: no precision call at all, the same workaround, then the window
+    third, again = shrink_with("--resume", str(out), "--max-calls", "0")
+    assert again["calls"] == 0 and again["cached"] == len(tested["trials"])
+    assert next(s for s in third["steps"] if s["step"] == "attribution")["calls"] == 0
+    assert {k: again[k] for k in ("setting", "verdict", "error", "size")} == \
+        {k: tested[k] for k in ("setting", "verdict", "error", "size")}
+    assert not third["budget"]["stopped"] and third["window"]["nodes"] == whole["window"]["nodes"]
+    journal = [json.loads(line) for line in (out / ".reprokit" / "journal.jsonl").read_text().splitlines()]
+    assert len([e for e in journal if e["key"].startswith("precision:")]) == len(tested["trials"])
+
+
 def test_a_result_that_does_not_reproduce_alone_is_not_done(tmp_path):
     """A check that fails the model's first 4 runs (the Identity probe, the 3rd run, passes: it
     holds no Sigmoid) and passes ever after: confirmed, then the search's answers stop making

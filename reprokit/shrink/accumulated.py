@@ -55,6 +55,9 @@ def finish_accumulated(run, reducer, writer, verdict) -> tuple[str, str]:
     if window is not None:
         note += (f"; the smallest window that still drifts on its own: {window['nodes']} of {window['of']} nodes "
                  f"({window['first']} … {window['last']}, error {_num(window['error'])}), written as window.onnx")
+    if reducer.stopped:
+        note += ("; stopped at the call budget before the drift window was found: `--resume` with a larger "
+                 "--max-calls (0: no limit) continues")
     run.event(note)
     writer.write_summary(reducer, "accumulated", final_verdict=verdict, note=note, attribution=found)
     writer.summary["window"] = window
@@ -68,6 +71,7 @@ def _drift_window(run, reducer, label) -> dict | None:
     try:
         found = drift_window.run(reducer)
     except BudgetExhausted:
+        reducer.stopped = True  # the summary says so, and --resume continues (runstate.finished_run)
         return None
     if found is None or len(found.nodes) >= found.of:
         return None
@@ -77,6 +81,7 @@ def _drift_window(run, reducer, label) -> dict | None:
     try:
         outcome, verdict = judge_member(reducer, Member(found.nodes, window))
     except BudgetExhausted:
+        reducer.stopped = True
         return None  # the budget that stopped the search stops its last call too
     if not outcome.interesting:
         return None  # drifted inside a pack only: no window is offered
@@ -96,7 +101,8 @@ def _drift_window(run, reducer, label) -> dict | None:
 
 def _tested_workaround(run, reducer, label) -> dict:
     """The precision workaround search (shrink/precision.py) on the user's model, fed with the
-    run's feeds and judged against the captured reference outputs."""
+    run's feeds and judged against the captured reference outputs; its trials are journaled with
+    the run's candidates, so a resumed run reads them back instead of calling the target again."""
     supported, why = precision.fp32_nodes_support(run.user_target)
     if not supported:
         return {"agrees": False, "reason": why, "calls": 0}
@@ -109,12 +115,24 @@ def _tested_workaround(run, reducer, label) -> dict:
         oracle.stats = run.oracle.stats  # the summary's call count is every target call of the run
         return oracle
 
+    def charge() -> None:  # every target call counts against --max-calls, the search's too
+        reducer.charge()
+        reducer.spent += 1  # counted here: the search calls the oracle, not the evaluator
+
     search = precision.Search(run.prepared.model, run.prepared.path, run.feeds, reference, run.user_target,
                               oracle_for, os.path.join(run.models_dir, "precision"), weights_dir=run.prepared.base_dir,
-                              width=_copies_that_fit(run, reducer), on_event=run.event)
-    found = precision.find_workaround(search, ranked)
-    reducer.stats["attribution"].calls += search.calls
-    return found.to_json()
+                              width=_copies_that_fit(run, reducer), on_event=run.event, journal=reducer.journal,
+                              cancelled=lambda: reducer.cancelled, charge=charge)  # --resume asks none again
+    try:
+        return precision.find_workaround(search, ranked).to_json()
+    except BudgetExhausted:
+        reducer.stopped = True
+        return {"agrees": False, "calls": search.calls, "cached": search.cached,
+                "trials": [t.to_json() for t in search.trials],
+                "note": f"the call budget ran out during the precision search ({search.calls} calls made); "
+                        "`--resume` with a larger --max-calls continues it"}
+    finally:
+        reducer.stats["attribution"].calls += search.calls
 
 
 def _copies_that_fit(run, reducer) -> int:

@@ -15,7 +15,9 @@ Two searches, chosen by the engine, never by the caller:
   printed setting on the user's model, so the last agreeing one is the answer.
 
 Whatever the search, the answer offered is one call of the printed target spec on the model the
-user gave (its result travels beside it). Owns no oracle construction (the caller passes
+user gave (its result travels beside it). Given a journal (shrink's), every trial is journaled under
+its candidate set, the target spec, packed or alone, and the feeds, so a resumed run reads back the
+trials already judged (no call: on TensorRT each is an engine build) and reaches the same answer. Owns no oracle construction (the caller passes
 ``oracle_for``), no archive and no words for the console; the copies are graph surgery
 (:func:`reprokit.graph.pack.model_copies`).
 
@@ -25,11 +27,14 @@ sits above shrink, so shrink could not import it from ``audit/``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import uuid
 from dataclasses import dataclass, field, replace
 
+from reprokit.engine.digest import feeds_digest
 from reprokit.graph.pack import model_copies
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.compare import jsonable
@@ -87,10 +92,12 @@ class Trial:
     packed: bool
     call: int  # the target call (1-based) that judged it
     kind: str = "agree"  # the verdict's kind: agree, mismatch, nonfinite, …
+    cached: bool = False  # read back from the journal (a resumed run): ``call`` is the earlier run's
 
     def to_json(self) -> dict:
         return {"size": self.size, "agrees": self.agrees, "kind": self.kind, "error": jsonable(self.error), "packed": self.packed,
-                "call": self.call, **({"nodes": list(self.nodes)} if self.size <= 12 else {})}
+                "call": self.call, **({"cached": True} if self.cached else {}),
+                **({"nodes": list(self.nodes)} if self.size <= 12 else {})}
 
 
 @dataclass
@@ -104,13 +111,14 @@ class Workaround:
     tolerance: float | None = None
     agrees: bool = False
     calls: int = 0  # target calls of the search, the confirming run included
+    cached: int = 0  # trials read back from the journal (a resumed run made no call for them)
     trials: list[Trial] = field(default_factory=list)
     note: str = ""
 
     def to_json(self) -> dict:
         return {"method": self.method, "ranked": self.ranked, "nodes": self.nodes, "size": len(self.nodes),
                 "setting": self.setting, "verdict": self.verdict, "error": jsonable(self.error),
-                "tolerance": self.tolerance, "agrees": self.agrees, "calls": self.calls,
+                "tolerance": self.tolerance, "agrees": self.agrees, "calls": self.calls, "cached": self.cached,
                 "trials": [t.to_json() for t in self.trials], "note": self.note}
 
 
@@ -127,11 +135,14 @@ def ranking(isolated: dict, label) -> list[str]:
 
 class Search:
     """Judges fp32 sets on the whole model. ``oracle_for(spec)`` builds an oracle for a target
-    spec; ``reference`` holds the graph outputs of the reference run on ``feeds``."""
+    spec; ``reference`` holds the graph outputs of the reference run on ``feeds``. ``journal``
+    (get/put by key, shrink's ``Journal``) keeps every trial for a resumed run; ``cancelled()``
+    says an interrupt killed the calls, whose outcomes are then not journaled; ``charge()`` runs
+    before each call (shrink's call budget: it raises to stop the search)."""
 
     def __init__(self, model, model_path: str, feeds: dict, reference: dict, target: str, oracle_for, workdir: str,
                  weights_dir: str | None = None, ledger=None, width: int = PACK_WIDTH, pack: bool = True,
-                 on_event=None):
+                 on_event=None, journal=None, cancelled=None, charge=None):
         self.model = model
         self.event = on_event or (lambda text: None)  # a line per engine call: the search takes minutes
         self.path = model_path
@@ -145,15 +156,52 @@ class Search:
         self.width = width
         self.packed = pack and packable(target)  # several sets per call (else bisection)
         self.calls = 0
+        self.cached = 0  # trials read back from the journal
         self.trials: list[Trial] = []
-        self.criterion = None
-        self._alone: dict[tuple[str, ...], tuple[str, object]] = {}  # deterministic engines: asked once
+        self.tolerance: float | None = None
+        self._alone: dict[tuple[str, ...], tuple[str, Trial]] = {}  # deterministic engines: asked once
         self.not_kept: list[str] = []  # named nodes the engine ran narrow anyway (its run's meta)
+        self.journal = journal
+        self.cancelled = cancelled or (lambda: False)
+        self.charge = charge or (lambda: None)
+        self._feeds = feeds_digest(feeds) if journal is not None else ""
         os.makedirs(workdir, exist_ok=True)
+
+    # ------------------------------------------------------------- the journal
+
+    def _key(self, nodes, packed: bool) -> str:
+        """A trial's journal key: the candidate set, the target spec, packed or alone (a packed
+        copy may be judged otherwise than the model alone) and the feeds."""
+        text = json.dumps([self.target, bool(packed), self._feeds, list(nodes)])
+        return "precision:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def _saved(self, nodes, packed: bool) -> Trial | None:
+        """The trial of an earlier (interrupted) run, or None: it needs a call."""
+        entry = self.journal.get(self._key(nodes, packed)) if self.journal is not None else None
+        if entry is None:
+            return None
+        self.tolerance = entry.get("tolerance", self.tolerance)
+        if not packed:
+            self.not_kept = list(entry.get("not_kept") or [])
+        error = entry.get("error")
+        trial = Trial(len(nodes), tuple(nodes), bool(entry["agrees"]), None if error is None else float(error), packed,
+                      int(entry.get("call", 0)), entry.get("kind", "agree"), cached=True)
+        self.cached += 1
+        self.trials.append(trial)
+        return trial
+
+    def _journal(self, trial: Trial) -> None:
+        if self.journal is None or self.cancelled():
+            return  # a call an interrupt killed means nothing
+        self.journal.put(self._key(trial.nodes, trial.packed),
+                         {"agrees": trial.agrees, "kind": trial.kind, "error": jsonable(trial.error), "call": trial.call,
+                          "size": trial.size, "tolerance": self.tolerance,
+                          **({} if trial.packed else {"not_kept": self.not_kept})})
 
     # ------------------------------------------------------------- one call
 
     def _run(self, spec: str, path: str, feeds: dict, what: str):
+        self.charge()
         oracle = self.oracle_for(spec)
         oracle.weights_dir = self.weights_dir
         self.calls += 1
@@ -164,37 +212,43 @@ class Search:
             result = oracle.run_target(path, feeds)
         return oracle, result
 
-    def alone(self, nodes: list[str]):
-        """The printed setting on the user's model: (spec, verdict)."""
+    def alone(self, nodes: list[str]) -> tuple[str, Trial]:
+        """The printed setting on the user's model: (spec, its trial)."""
         if tuple(nodes) in self._alone:
             return self._alone[tuple(nodes)]
         spec = with_nodes(self.target, nodes)
-        oracle, result = self._run(spec, self.path, self.feeds, f"fp32-nodes: {len(nodes)} nodes")
-        verdict = oracle.verdict_from(result, self.reference)
-        self.criterion = verdict.criterion
-        self.not_kept = list(verdict.target_meta.get("fp32_nodes_not_kept") or [])
-        worst = verdict.worst()
-        error = float(worst.error) if worst is not None else None
-        self.trials.append(Trial(len(nodes), tuple(nodes), not verdict.diverges, error, False, self.calls,
-                                 verdict.kind.value))
-        self._alone[tuple(nodes)] = spec, verdict
-        return spec, verdict
+        trial = self._saved(nodes, False)
+        if trial is None:
+            oracle, result = self._run(spec, self.path, self.feeds, f"fp32-nodes: {len(nodes)} nodes")
+            verdict = oracle.verdict_from(result, self.reference)
+            self.tolerance = verdict.criterion.tolerance
+            self.not_kept = list(verdict.target_meta.get("fp32_nodes_not_kept") or [])
+            worst = verdict.worst()
+            error = float(worst.error) if worst is not None else None
+            trial = Trial(len(nodes), tuple(nodes), not verdict.diverges, error, False, self.calls, verdict.kind.value)
+            self.trials.append(trial)
+            self._journal(trial)
+        self._alone[tuple(nodes)] = spec, trial
+        return spec, trial
 
     def judge(self, sets: list[list[str]]) -> list[Trial]:
         """Every set judged on the whole model: packed copies where the engine allows, else one
         call each."""
         if not self.packed or len(sets) == 1:
-            out = []
-            for nodes in sets:
-                self.alone(nodes)
-                out.append(self.trials[-1])
-            return out
+            return [self.alone(nodes)[1] for nodes in sets]
         out = []
         for start in range(0, len(sets), self.width):
             out.extend(self._packed(sets[start:start + self.width]))
         return out
 
     def _packed(self, sets: list[list[str]]) -> list[Trial]:
+        """One packed call for the sets the journal does not hold; the trials in ``sets``' order."""
+        saved = [self._saved(nodes, True) for nodes in sets]
+        todo = [nodes for nodes, trial in zip(sets, saved) if trial is None]
+        fresh = iter(self._packed_call(todo) if todo else [])
+        return [trial if trial is not None else next(fresh) for trial in saved]
+
+    def _packed_call(self, sets: list[list[str]]) -> list[Trial]:
         import onnx
 
         model, outputs, names = model_copies(self.model, sets)
@@ -213,12 +267,14 @@ class Search:
             else:
                 own = result
             verdict = oracle.verdict_from(own, self.reference)
-            self.criterion = verdict.criterion
+            self.tolerance = verdict.criterion.tolerance
             worst = verdict.worst()
             trials.append(Trial(len(nodes), tuple(nodes), not verdict.diverges,
                                 float(worst.error) if worst is not None else None, True, self.calls,
                                 verdict.kind.value))
         self.trials.extend(trials)
+        for trial in trials:
+            self._journal(trial)
         return trials
 
 
@@ -258,7 +314,7 @@ def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Wor
                            f"{', '.join(search.not_kept[:3])}: its own fusions drop the per-node mark)")
         last = next(t for t in reversed(search.trials) if t.nodes == tuple(ranked[-1]))
         found.error, found.verdict = last.error, last.kind
-        found.calls = search.calls
+        found.calls, found.cached = search.calls, search.cached
         found.trials = list(search.trials)
         return found
     nodes = ranked[size - 1]
@@ -267,12 +323,12 @@ def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Wor
         # is offered as the ranked prefix: on PP-OCRv4 det (288 nodes) two calls of pruning
         # dropped 21 nodes and cost 3 calls and a run alone, as many as the whole search
         nodes = _prune(search, nodes, prune)
-    spec, verdict = search.alone(nodes)
-    if verdict.diverges and nodes != ranked[size - 1]:
+    spec, trial = search.alone(nodes)
+    if not trial.agrees and nodes != ranked[size - 1]:
         # agreed as a packed copy but not alone (an engine may choose otherwise for one copy): the prefix
         nodes = ranked[size - 1]
-        spec, verdict = search.alone(nodes)
-    _fill(found, search, nodes, spec, verdict)
+        spec, trial = search.alone(nodes)
+    _fill(found, search, nodes, spec, trial)
     return found
 
 
@@ -301,15 +357,14 @@ def _prune(search: Search, nodes: list[str], calls: int) -> list[str]:
     return nodes
 
 
-def _fill(found: Workaround, search: Search, nodes, spec, verdict) -> None:
-    worst = verdict.worst()
+def _fill(found: Workaround, search: Search, nodes, spec, trial: Trial) -> None:
     found.nodes = list(nodes)
     found.setting = spec
-    found.verdict = verdict.kind.value
-    found.error = float(worst.error) if worst is not None else None
-    found.tolerance = verdict.criterion.tolerance
-    found.agrees = not verdict.diverges
-    found.calls = search.calls
+    found.verdict = trial.kind
+    found.error = trial.error
+    found.tolerance = search.tolerance
+    found.agrees = trial.agrees
+    found.calls, found.cached = search.calls, search.cached
     found.trials = list(search.trials)
 
 
@@ -349,14 +404,12 @@ def _between(bad: int, good: int, width: int) -> list[int]:
 def _bisect_prefix(search: Search, sets: list[list[str]]) -> int | None:
     """Smallest agreeing prefix size by bisection, one call per size, all of the ranking first."""
     n = len(sets)
-    _, verdict = search.alone(sets[-1])
-    if verdict.diverges:
+    if not search.alone(sets[-1])[1].agrees:
         return None
     bad, good = 0, n
     while good - bad > 1:
         mid = (bad + good) // 2
-        _, verdict = search.alone(sets[mid - 1])
-        if verdict.diverges:
+        if not search.alone(sets[mid - 1])[1].agrees:
             bad = mid
         else:
             good = mid
