@@ -22,6 +22,7 @@ class ExitCode(enum.IntEnum):
     NOT_REPRODUCED = 7  # shrink: the reduced model does not reproduce when judged alone
     NOTHING_REMOVED = 8  # shrink: the run removed no node and did not prove every node needed
     NO_ANSWER = 9  # verify --versions: no release could run, or --bisect judged fewer than two
+    ARCHIVE_NOT_REPRODUCED = 10  # shrink/pack: the archive was written, its repro.py did not reproduce here
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; best-so-far results are kept on disk
     INTERNAL = 70  # a bug in reprokit: rerun with --debug and report it
 
@@ -82,6 +83,22 @@ class NotReproduced(ReprokitError):
     (a flaky target, or a packed verdict the model alone does not confirm)."""
 
     exit_code = ExitCode.NOT_REPRODUCED
+
+
+class ArchiveNotReproduced(ReprokitError):
+    """shrink/pack wrote the archive, but its own repro.py, run here, did not show the divergence:
+    the deliverable is not a repro (a shrink's minimal.onnx and summary.json stand). ``details``:
+    the command's --json object (reprokit.pack/1, or shrink's summary)."""
+
+    exit_code = ExitCode.ARCHIVE_NOT_REPRODUCED
+
+    def __init__(self, archive: str, details: dict | None = None, *, stands: str = ""):
+        super().__init__(f"{archive} was written, but its repro.py did not reproduce the divergence here",
+                         hint=f"see logs/repro.log in {archive} (what repro.py printed, its exit code)"
+                              + (f"; {stands} stand" if stands else "")
+                              + "; the check may depend on something outside the model (a flaky engine, a file, "
+                                "the machine): the archive is no repro until its repro.py shows the bug")
+        self.details = details
 
 
 class MatrixNoAnswer(ReprokitError):

@@ -164,3 +164,57 @@ def test_every_exit_code_is_documented_per_command():
     for command in ("check", "shrink", "pack", "verify", "audit", "backends", "env"):
         assert f"`{command}`" in text, command
     assert os.path.basename("docs/exit-codes.md") in (REPO / "reprokit" / "errors.py").read_text()
+
+
+# A check whose verdict depends on something outside the model: it fails a model holding a Sigmoid
+# unless a repro.py lies beside the model file. Every call reprokit makes sees the failure; the
+# archive's own repro.py (model.onnx next to it) does not. ``BESIDE = False``: the control, which
+# fails wherever the model lies.
+OUTSIDE_CHECK = """
+import os, sys
+BESIDE = {beside}
+here = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), "repro.py"))
+if b"Sigmoid" in open(sys.argv[1], "rb").read() and not (BESIDE and here):
+    print("[E] engine build failed")
+    sys.exit(1)
+"""
+
+
+def _outside_check(tmp_path, beside: bool) -> str:
+    script = tmp_path / f"check_{beside}.py"
+    script.write_text(OUTSIDE_CHECK.format(beside=beside))
+    return f"cmd:{PY} {script} {{model}}"
+
+
+def test_an_archive_whose_repro_does_not_reproduce_is_exit_10(tmp_path):
+    """Issue 25: shrink and pack exited 0 with only a WARNING note when the archive's own repro.py
+    did not reproduce; the archive is the deliverable, so that is exit 10 (ARCHIVE_NOT_REPRODUCED),
+    the archive, minimal.onnx and summary.json kept, summary.json and --json saying it."""
+    import json
+
+    import shrink_models as sm
+
+    chain = sm.save(sm.pair_chain(length=16, first=4, second=12), tmp_path / "chain.onnx")
+    # shrink: the minimal model is judged truly (status done), its archive does not reproduce
+    proc = run_cli("shrink", chain, "-t", _outside_check(tmp_path, True), "-o", "out", cwd=tmp_path)
+    assert_user_error(proc, ExitCode.ARCHIVE_NOT_REPRODUCED, contains="did not reproduce",
+                      hint_contains="logs/repro.log")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["report_reproduces"] is False
+    assert (tmp_path / "out" / "minimal.onnx").exists() and (tmp_path / "out" / "report.tar.gz").exists()
+    # --resume of that finished run changes nothing and says the same
+    again = run_cli("shrink", "--resume", "out", cwd=tmp_path)
+    assert_user_error(again, ExitCode.ARCHIVE_NOT_REPRODUCED, contains="did not reproduce")
+    # pack, --json: one object on stdout, the error's, carrying the pack result
+    minimal = str(tmp_path / "out" / "minimal.onnx")
+    proc = run_cli("pack", minimal, "-t", _outside_check(tmp_path, True), "--inputs", "out/inputs.npz",
+                   "-o", "r.tar.gz", "--json", cwd=tmp_path)
+    assert_user_error(proc, ExitCode.ARCHIVE_NOT_REPRODUCED, contains="r.tar.gz was written")
+    payload = json.loads(proc.stdout)
+    assert payload["exit_code"] == 10 and payload["details"]["reproduces"] is False
+    assert (tmp_path / "r.tar.gz").exists()
+    # the control: a check that fails wherever the model lies reproduces, exit 0
+    proc = run_cli("pack", minimal, "-t", _outside_check(tmp_path, False), "--inputs", "out/inputs.npz",
+                   "-o", "ok.tar.gz", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["reproduces"] is True

@@ -49,7 +49,7 @@ from reprokit.engine.inputs import (
     feed_shape,
     save_feeds,
 )
-from reprokit.errors import ExitCode, UsageError
+from reprokit.errors import ArchiveNotReproduced, ExitCode, UsageError
 from reprokit.files import atomic_text, atomic_write, claim_file, claim_folder
 from reprokit.matrix.cli import clean_matrix_envs, verify_matrix
 from reprokit.matrix.fanout import check_many
@@ -178,12 +178,14 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw)
     result = report.pack(model, target, out_path, options=options, fmt=fmt, redact=redact,
                          on_event=on_event, context=context, audit_dir=audit_dir)
     on_event.close()
-    if as_json:
-        click.echo(json.dumps({"schema": "reprokit.pack/1", "archive": result.archive,
-                               "reproduces": result.reproduces, "notes": result.notes,
-                               "redaction": result.redaction, "verdict": result.verdict.to_json()}, indent=2))
-    else:
+    payload = {"schema": "reprokit.pack/1", "archive": result.archive, "reproduces": result.reproduces,
+               "notes": result.notes, "redaction": result.redaction, "verdict": result.verdict.to_json()}
+    if not as_json:
         print_pack(result)
+    if not result.reproduces:  # the archive is the deliverable: exit 0 only when its repro.py reproduces
+        raise ArchiveNotReproduced(result.archive, payload if as_json else None)  # --json: one object, the error's
+    if as_json:
+        click.echo(json.dumps(payload, indent=2))
 
 
 @cli.command()

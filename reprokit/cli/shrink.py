@@ -35,7 +35,7 @@ from reprokit.console import (
     print_shrink,
 )
 from reprokit.engine.inputs import parse_shape_args, parse_val_ranges
-from reprokit.errors import ExitCode, ReprokitError, UsageError
+from reprokit.errors import ArchiveNotReproduced, ExitCode, ReprokitError, UsageError
 from reprokit.files import claim_folder
 from reprokit.shrink import steps as shrinking
 from reprokit.shrink.budget import Limits
@@ -176,10 +176,14 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
                     with_overlay=with_overlay, no_pack=no_pack, fmt=fmt, redact=redact)
     progress.close()
     close_summary(result)  # every step's seconds, the archive's included, add up to wall_s
+    if not as_json:
+        print_shrink(result)
+    if result.summary.get("report_reproduces") is False:  # the archive is the deliverable: not exit 0
+        raise ArchiveNotReproduced(result.summary["report"], result.summary if as_json else None,
+                                   stands=f"what the run judged ({out_dir}/summary.json"
+                                          + (f", {os.path.basename(result.minimal_path)})" if result.minimal_path else ")"))
     if as_json:
         click.echo(json.dumps(result.summary, indent=2, default=str))
-    else:
-        print_shrink(result)
 
 
 def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dict, as_json: bool):
@@ -322,7 +326,13 @@ def _mib(size: int) -> str:
 
 
 def _say_finished(out_dir: str, summary: dict, as_json: bool) -> None:
-    """--resume of a run that already ended with its answer: say so, change nothing."""
+    """--resume of a run that already ended with its answer: say so, change nothing (an archive
+    whose repro.py did not reproduce is exit 10 again: nothing changed that)."""
+    if summary.get("report_reproduces") is False and summary.get("report"):
+        if not as_json:
+            err.print(f"{out_dir} holds a finished run; nothing to continue, the result is kept as it is.")
+        raise ArchiveNotReproduced(summary["report"], summary if as_json else None,
+                                   stands=f"what the run judged ({out_dir}/summary.json)")
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return

@@ -189,7 +189,7 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
                                   input_shapes={}, val_ranges={}),
                   fmt=fmt, redact=redact, context=context, on_event=on_event,
                   audit_dir=audit.out_dir if audit is not None else None)
-    summary["report"] = packed.archive
+    summary["report"], summary["report_reproduces"] = packed.archive, packed.reproduces
     _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(summary, result.clock))
     return packed
 
@@ -210,7 +210,7 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
         packed = pack(window["path"], target, os.path.join(result.out_dir, f"report.{fmt}"),
                       options=replace(options, inputs=window["inputs"], sample=None, input_shapes={}, val_ranges={}),
                       fmt=fmt, redact=redact, context=context, on_event=on_event)
-        result.summary["report"] = packed.archive
+        result.summary["report"], result.summary["report_reproduces"] = packed.archive, packed.reproduces
         _atomic_json(os.path.join(result.out_dir, "summary.json"), result.summary)
         return packed
     folder = os.path.dirname(os.path.abspath(model_path))
@@ -223,7 +223,7 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
         return None
     packed = pack(model_path, target, os.path.join(result.out_dir, f"report.{fmt}"), options=options, fmt=fmt,
                   redact=redact, context={"attribution": result.summary["attribution"]}, on_event=on_event)
-    result.summary["report"] = packed.archive
+    result.summary["report"], result.summary["report_reproduces"] = packed.archive, packed.reproduces
     _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(result.summary, result.clock))
     return packed
 

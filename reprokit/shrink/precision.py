@@ -111,7 +111,7 @@ class Workaround:
     tolerance: float | None = None
     agrees: bool = False
     calls: int = 0  # target calls of the search, the confirming run included
-    cached: int = 0  # trials read back from the journal (a resumed run made no call for them)
+    cached: int = 0  # trials read back from the journal: a resumed run's, or a set met again (no call)
     trials: list[Trial] = field(default_factory=list)
     note: str = ""
 
