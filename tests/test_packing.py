@@ -404,6 +404,50 @@ def test_a_resumed_accumulated_run_asks_no_precision_trial_again(tmp_path):
     assert len([e for e in journal if e["key"].startswith("precision:")]) == len(tested["trials"])
 
 
+def test_an_accumulated_run_interrupted_in_the_precision_search_resumes_without_asking_again(tmp_path):
+    """Ctrl-C once the precision search has journaled its first call's trials: exit 130, and
+    --resume reads those trials back (no call for them), makes only the rest of the search's calls
+    and reaches the workaround an uninterrupted run reaches."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import reprokit_exe
+
+    path = sm.save(_accumulating_mlp(64), tmp_path / "mlp64.onnx")
+    args = ["shrink", path, "--target", "emulate:bf16", "--tol", "0.01", "--max-calls", "0", "--no-pack"]
+    whole = run_cli(*args, "-o", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    tested = json.loads((tmp_path / "whole" / "summary.json").read_text())["attribution"]["workaround"]
+    assert tested["agrees"] and tested["calls"] >= 2
+    out = tmp_path / "out"
+    journal = out / ".reprokit" / "journal.jsonl"
+
+    def trials() -> int:
+        return journal.read_text().count('"precision:') if journal.exists() else 0
+
+    proc = subprocess.Popen([reprokit_exe(), *args, "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while trials() == 0 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, "shrink finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    judged = trials()
+    resumed = run_cli("shrink", "--resume", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    again = json.loads((out / "summary.json").read_text())["attribution"]["workaround"]
+    assert again["cached"] == judged and again["calls"] < tested["calls"]
+    assert {k: again[k] for k in ("setting", "verdict", "error")} == {k: tested[k] for k in ("setting", "verdict", "error")}
+
+
 def test_a_result_that_does_not_reproduce_alone_is_not_done(tmp_path):
     """A check that fails the model's first 4 runs (the Identity probe, the 3rd run, passes: it
     holds no Sigmoid) and passes ever after: confirmed, then the search's answers stop making
