@@ -101,6 +101,9 @@ def test_resume_refuses_changed_options_and_keeps_a_budget_stopped_runs_activati
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["status"] == "done"
     assert not (out / ".reprokit" / "activations").exists()  # a finished run drops them
+    # a finished run resumed with another criterion: refused, not "kept as it is" as if it applied
+    proc = run_cli("shrink", "--resume", "out", "--tol", "0.5", cwd=tmp_path, timeout=300)
+    assert_user_error(proc, 2, contains="--tol 0.5")
 
 
 def test_the_resume_fingerprint_covers_the_search_options(tmp_path):

@@ -195,13 +195,13 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
                          hint=f"give one of them: reprokit shrink --resume {resume}")
     out_dir = resume
     saved = shrinking.saved_run(out_dir)
+    before = ctx.command.make_context("shrink", list(saved["args"]))
+    _refuse_changed(ctx, before, out_dir)  # a finished run too: its result was not made under them
     finished = finished_run(out_dir)
     if finished is not None:
         _say_finished(out_dir, finished, as_json)
         return None
     model, target = model or saved["model"], target or saved["target"]
-    before = ctx.command.make_context("shrink", list(saved["args"]))
-    _refuse_changed(ctx, before, out_dir)
     for name, value in before.params.items():
         if given(before, name) and not given(ctx, name):
             if name in flags:
