@@ -7,8 +7,10 @@ import functools
 import hashlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,21 @@ def pack_matmul_softmax(folder: Path):
     result = pack(model, "emulate:fp16", str(folder / "report.tar.gz"), options=RunOptions(seed=3))
     assert result.reproduces, result.notes
     return result
+
+
+def interrupt_when(proc, ready, signum=signal.SIGINT, wait: float = 120) -> str:
+    """Send ``signum`` to the running ``proc`` once ``ready()`` holds (polled); its stderr. The
+    test fails if the process ended first: an interrupt test that never interrupts proves nothing."""
+    try:
+        deadline = time.monotonic() + wait
+        while not ready() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, "shrink finished before it could be interrupted"
+        assert ready(), "the awaited state never came"
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return err

@@ -408,11 +408,9 @@ def test_an_accumulated_run_interrupted_in_the_precision_search_resumes_without_
     """Ctrl-C once the precision search has journaled its first call's trials: exit 130, and
     --resume reads those trials back (no call for them), makes only the rest of the search's calls
     and reaches the workaround an uninterrupted run reaches."""
-    import signal
     import subprocess
-    import time
 
-    from conftest import reprokit_exe
+    from conftest import interrupt_when, reprokit_exe
 
     path = sm.save(_accumulating_mlp(64), tmp_path / "mlp64.onnx")
     args = ["shrink", path, "--target", "emulate:bf16", "--tol", "0.01", "--max-calls", "0", "--no-pack"]
@@ -428,17 +426,7 @@ def test_an_accumulated_run_interrupted_in_the_precision_search_resumes_without_
 
     proc = subprocess.Popen([reprokit_exe(), *args, "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while trials() == 0 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert proc.poll() is None, "shrink finished before it could be interrupted"
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    err = interrupt_when(proc, lambda: trials() > 0)
     assert proc.returncode == 130, err
     judged = trials()
     resumed = run_cli("shrink", "--resume", str(out))

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import pytest
 import shrink_models as sm
-from conftest import assert_user_error, pid_gone, reprokit_exe, run_cli
+from conftest import assert_user_error, interrupt_when, pid_gone, reprokit_exe, run_cli
 
 from reprokit.api import RunOptions
 from reprokit.shrink.budget import Limits
@@ -434,18 +434,7 @@ def test_interrupted_shrink_keeps_best_so_far_and_resumes_to_the_same_result(
 ):
     out = tmp_path / "out"
     proc = start_shrink(out)
-    try:
-        deadline = time.monotonic() + 90
-        while journal_lines(out) < after and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "shrink finished before it could be interrupted"
-        assert journal_lines(out) >= after
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    err = interrupt_when(proc, lambda: journal_lines(out) >= after, signum)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("Error: ")]
