@@ -5,6 +5,7 @@ engines or passes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -27,6 +28,12 @@ class PassStats:
                 "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
                 "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3),
                 "engine_seconds": round(self.seconds, 3)}  # "seconds": the step's wall time, clock.py
+
+
+def entry_key(kind: str, text: str) -> str:
+    """The one key of a journal entry: its kind ("cand", "precision") and a digest of what it
+    judged (a candidate's node set, an fp32 set with its spec)."""
+    return f"{kind}:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class Journal:

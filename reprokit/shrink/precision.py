@@ -16,7 +16,7 @@ Two searches, chosen by the engine, never by the caller:
 
 Whatever the search, the answer offered is one call of the printed target spec on the model the
 user gave (its result travels beside it). Given a journal (shrink's), every trial is journaled under
-its candidate set, the target spec, packed or alone, and the feeds, so a resumed run reads back the
+its candidate set, the target spec, packed or alone (the run's fingerprint holds the feeds), so a resumed run reads back the
 trials already judged (no call: on TensorRT each is an engine build) and reaches the same answer. Owns no oracle construction (the caller passes
 ``oracle_for``), no archive and no words for the console; the copies are graph surgery
 (:func:`reprokit.graph.pack.model_copies`).
@@ -27,15 +27,14 @@ sits above shrink, so shrink could not import it from ``audit/``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import uuid
 from dataclasses import dataclass, field, replace
 
-from reprokit.engine.digest import feeds_digest
 from reprokit.graph.pack import model_copies
+from reprokit.shrink.journal import entry_key
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.compare import jsonable
 
@@ -164,16 +163,15 @@ class Search:
         self.journal = journal
         self.cancelled = cancelled or (lambda: False)
         self.charge = charge or (lambda: None)
-        self._feeds = feeds_digest(feeds) if journal is not None else ""
         os.makedirs(workdir, exist_ok=True)
 
     # ------------------------------------------------------------- the journal
 
     def _key(self, nodes, packed: bool) -> str:
         """A trial's journal key: the candidate set, the target spec, packed or alone (a packed
-        copy may be judged otherwise than the model alone) and the feeds."""
-        text = json.dumps([self.target, bool(packed), self._feeds, list(nodes)])
-        return "precision:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+        copy may be judged otherwise than the model alone); the feeds are the run's, which its
+        fingerprint holds (a resume with other feeds is refused before any trial is read)."""
+        return entry_key("precision", json.dumps([self.target, bool(packed), list(nodes)]))
 
     def _saved(self, nodes, packed: bool) -> Trial | None:
         """The trial of an earlier (interrupted) run, or None: it needs a call."""

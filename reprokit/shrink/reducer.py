@@ -12,7 +12,6 @@ packing or on ``jobs``. Must not build packs or talk to the engine itself.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import weight_bytes
 from reprokit.shrink import evaluator, grouped, passfail
 from reprokit.shrink.evaluator import Outcome
-from reprokit.shrink.journal import Journal, PassStats
+from reprokit.shrink.journal import Journal, PassStats, entry_key
 from reprokit.shrink.tally import Tally
 from reprokit.standalone.compare import jsonable, unrepresentable
 
@@ -113,7 +112,7 @@ class Reducer:
         """The one cache key of a candidate: its node set in this numbering (``scope``) and, for
         a shape try, the crop of its inputs."""
         text = self.scope + ",".join(map(str, sorted(nodes))) + (f"|{crop}" if crop else "")
-        return "cand:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+        return entry_key("cand", text)
 
     def smaller(self, nodes: Iterable[int], than: Iterable[int] | None = None) -> bool:
         """Is the candidate smaller than ``than`` (default: the current best)? Fewer nodes; a

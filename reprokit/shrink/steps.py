@@ -107,7 +107,8 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     check_reference_finite(graph_outputs, run.oracle.reference)
     # The data of one marked run of the model (weights, feeds, every activation) bounds a pack's.
     marked_run = weight_bytes(run.model) + sum(getattr(v, "nbytes", 0) for v in run.feeds.values()) + store.nbytes()
-    limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run, packs_share_feeds(run.target)))
+    share_feeds = packs_share_feeds(run.target)
+    limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run, share_feeds))
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     clock.begin("confirm")
     # The original's last replay rides in a call that is sure to come (issue 25): the survey's
@@ -132,7 +133,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
 
     original_nodes = len(run.model.graph.node)
     reducer = _make_reducer(run, store, verdict, wrap, clock, limits, jobs=jobs, pack_candidates=pack_candidates,
-                            keep_inputs=keep_inputs, keep_outputs=keep_outputs, accept_milder=accept_milder)
+                            share_feeds=share_feeds, keep_inputs=keep_inputs, keep_outputs=keep_outputs, accept_milder=accept_milder)
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd)
     # the auto budget reserves one call less where the replay rides along (the pack is a call anyway)
@@ -243,7 +244,7 @@ def _probe(run, reducer, verdict) -> None:
 
 
 def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_candidates: bool,
-                  keep_inputs: bool, keep_outputs: bool, accept_milder: bool) -> Reducer:
+                  share_feeds: bool, keep_inputs: bool, keep_outputs: bool, accept_milder: bool) -> Reducer:
     """The Reducer over the run's model, every node its first best: how candidates are packed,
     what "shows the original bug" is held to (the causal test, or the signature), the severity
     floor, and the limits of a pack."""
@@ -260,7 +261,7 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
     reducer.clock = clock
     reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
-    reducer.share_feeds = packs_share_feeds(run.target)
+    reducer.share_feeds = share_feeds
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
     if accept_milder and signature.kind is Kind.MISMATCH:
         reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "

@@ -46,11 +46,11 @@ def _tiles(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
     return [(a, size) for a in starts]
 
 
-def _ask(reducer, order: list[int], tiles: list[tuple[int, int]]):
+def _ask(reducer, order: list[int], tiles: list[tuple[int, int]], known: list):
     """(the tiles asked, their outcomes): smallest first, stopping at the first pack with a hit —
     a later pack's larger windows cannot be smaller than that hit (windows left unjudged are
-    None); none larger than a window already known to drift (one that rode along earlier)."""
-    known = [reducer.cached(order[a:a + s]) for a, s in tiles]
+    None); none larger than a window already known to drift (``known``: each tile's cached
+    outcome, one that rode along earlier)."""
     drifts = [s for (_, s), o in zip(tiles, known) if o is not None and o.interesting]
     if drifts:
         tiles = [t for t in tiles if t[1] <= min(drifts)]
@@ -86,9 +86,10 @@ def run(reducer, rounds: int = ROUNDS) -> Window | None:
                        key=lambda t: t[1])
         if not tiles:
             break
-        known = [((a, s), reducer.cached(order[a:a + s])) for a, s in tiles]  # riders the round may not ask
-        tiles, outcomes = _ask(reducer, order, tiles)
-        for tile, o in [*known, *zip(tiles, outcomes)]:
+        known = [reducer.cached(order[a:a + s]) for a, s in tiles]  # riders the round may not ask
+        judged = list(zip(tiles, known))
+        tiles, outcomes = _ask(reducer, order, tiles, known)
+        for tile, o in [*judged, *zip(tiles, outcomes)]:
             if o is not None and o.error is not None:
                 seen[tile] = float(o.error)
         hits = [(s, -(o.error or 0.0), a) for (a, s), o in zip(tiles, outcomes) if o is not None and o.interesting]
