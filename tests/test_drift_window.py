@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from reprokit.shrink.passes.drift_window import _may_drift, first_tiles
+from reprokit.shrink.passes.drift_window import _may_drift, _next_round, _next_rounds, first_tiles
 
 
 def test_the_first_round_asks_its_windows_smallest_first_and_covers_the_graph():
@@ -23,3 +23,15 @@ def test_a_window_inside_one_that_stayed_far_under_the_bar_is_not_asked():
     assert _may_drift((24, 6), judged, 0.1)  # inside one near the bar
     assert _may_drift((16, 6), judged, 0.1)  # no judged window holds it whole: asked
     assert _may_drift((4, 6), judged, None) and _may_drift((4, 6), judged, math.nan)  # no bar: asked
+
+
+def test_a_rounds_riders_are_the_next_round_of_its_likeliest_hit_first():
+    """Each window a round asks brings the round it would start were it the hit, as riders: the
+    window whose smallest judged container drifted most first (its halves, quarters, eighths,
+    then the shorter sizes over the graph), none twice and none the round asks itself."""
+    seen = {(0, 40): 0.01, (40, 40): 0.09}  # bar 0.1: the first half far under it, the second near
+    tiles = [(4, 10), (44, 10), (40, 20)]
+    riders = _next_rounds(tiles, 80, seen, 0.1)
+    assert riders[:len(_next_round(44, 10, 80, seen, 0.1))] == _next_round(44, 10, 80, seen, 0.1)
+    assert not any(a < 40 and a + s <= 40 for a, s in riders)  # inside a window at a tenth of the bar
+    assert len(riders) == len(set(riders)) and not set(riders) & set(tiles)

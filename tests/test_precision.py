@@ -49,6 +49,27 @@ def _search(tmp_path, model, target: str, tolerance: float = 0.01):
                             lambda spec: make_oracle(spec, options, str(tmp_path / "calls")), str(tmp_path / "work"))
 
 
+def test_the_prefix_search_stops_within_a_tenth_of_the_fewest_nodes():
+    """Neighbouring prefixes are exact; otherwise a failing set holding all but a tenth of the
+    agreeing one's nodes is close enough (a call more spares at most that tenth)."""
+    sets = [[f"n{i}" for i in range(2 * k)] for k in range(1, 65)]  # prefix k: 2k nodes
+    assert precision.close_enough(sets, 4, 5)  # neighbours
+    assert precision.close_enough(sets, 59, 64) and not precision.close_enough(sets, 57, 64)  # 118 vs 128: 10 ≤ 12
+    assert not precision.close_enough(sets, 0, 3)  # none fails yet: 6 nodes, exact below 20
+
+
+def test_a_bracket_within_a_tenth_is_offered_run_as_printed_and_said(tmp_path):
+    """64 MatMul→Tanh layers under emulate:bf16 at 0.005: the first packed call finds 118 ranked
+    nodes failing and 128 agreeing; the search stops there (one call fewer than narrowing the
+    bracket), runs the 128 as printed, and says the 118 that do not agree."""
+    search = _search(tmp_path, accumulating_mlp(64), "emulate:bf16", tolerance=0.005)
+    found = precision.find_workaround(search, [f"mm{k}" for k in range(64)])
+    assert found.agrees and not found.trials[-1].packed and found.trials[-1].nodes == tuple(found.nodes)
+    assert found.calls == 2 and len(found.nodes) == 128 and found.prefix_fails == 118
+    failing = next(t for t in found.trials if t.size == found.prefix_fails)
+    assert not failing.agrees and found.to_json()["prefix_fails"] == 118
+
+
 def test_packed_sets_are_judged_as_each_set_alone(tmp_path):
     """Three fp32 sets in one emulator call (whole-model copies, own names) give each set the
     error one call of that set alone gives: the packing changes nothing the emulator computes."""
@@ -167,8 +188,12 @@ def test_the_archive_of_an_accumulated_error_carries_the_smallest_drifting_windo
     assert summary["status"] == "accumulated" and not (out / "minimal.onnx").exists()
     assert 1 < window["nodes"] < window["of"] == 48 and window["error"] > window["tolerance"] == 0.01
     again = run_cli("check", str(out / "window.onnx"), "--target", "emulate:bf16", "--tol", "0.01",
-                    "--inputs", str(out / "window_inputs.npz"))
-    assert again.returncode == 1 and "DIVERGES: mismatch" in again.stdout  # it drifts on its own
+                    "--inputs", str(out / "window_inputs.npz"), "--json")
+    assert again.returncode == 1 and json.loads(again.stdout)["verdict"]["diverges"]  # it drifts on its own
+    # the emulator runs every node as written: the window's packed run was its run alone (no call
+    # of its own), the error it reports is the error of the window checked alone
+    alone = max(float(o["error"]) for o in json.loads(again.stdout)["verdict"]["outputs"])
+    assert window["judged"] == "packed" and window["error"] == pytest.approx(alone, rel=1e-6)
     with tarfile.open(out / "report.tar.gz") as archive:
         names = archive.getnames()
         model = next(m for m in archive.getmembers() if m.name.endswith("/minimal.onnx") or m.name.endswith("/model.onnx"))

@@ -40,6 +40,9 @@ def finish_accumulated(run, reducer, writer, verdict) -> tuple[str, str]:
         advice = (f"keeping {tested['size']} node{'s' if tested['size'] > 1 else ''} in fp32 brings the whole model "
                   f"within tolerance (run as printed: {tested['setting']} → {tested['verdict']}, error "
                   f"{_num(tested['error'])})")
+        if tested.get("prefix_fails", 0) and tested["prefix_fails"] < tested["size"] - 1:
+            # the search stopped at a bracket (precision.close_enough): say how close it is
+            advice += f"; a ranked prefix of {tested['prefix_fails']} nodes does not"
     elif tested.get("reason"):
         advice = f"no per-node precision to suggest: {tested['reason']}"
     else:
@@ -76,26 +79,34 @@ def _drift_window(run, reducer, label) -> dict | None:
     if found is None or len(found.nodes) >= found.of:
         return None
     window = reducer.extraction(found.nodes)
-    # judged alone as any candidate is (the one predicate, the oracle's cache): a window the
-    # search already judged alone (a pack of one) is not built again
-    try:
-        outcome, verdict = judge_member(reducer, Member(found.nodes, window))
-    except BudgetExhausted:
-        reducer.stopped = True
-        return None  # the budget that stopped the search stops its last call too
-    if not outcome.interesting:
-        return None  # drifted inside a pack only: no window is offered
+    known = reducer.cached(found.nodes)
+    if reducer.share_feeds and known is not None and known.interesting and known.packed:
+        # an engine that runs every node as written (the emulator, onnxruntime on the CPU)
+        # computes a packed member exactly as the member alone (its own copy of each node, the
+        # same feeds, nothing fused or merged across members): its packed run is its run alone
+        judged, error, said = "packed", known.error, known.kind + (f" ({known.detail})" if known.detail else "")
+    else:
+        # judged alone as any candidate is (the one predicate, the oracle's cache): a window the
+        # search already judged alone (a pack of one) is not built again
+        try:
+            outcome, verdict = judge_member(reducer, Member(found.nodes, window))
+        except BudgetExhausted:
+            reducer.stopped = True
+            return None  # the budget that stopped the search stops its last call too
+        if not outcome.interesting:
+            return None  # drifted inside a pack only: no window is offered
+        worst = verdict.worst()
+        judged, error, said = "alone", float(worst.error) if worst else None, verdict.signature.describe()
     path = os.path.join(run.out_dir, "window.onnx")
     save_model(window.model, path, base_dir=run.prepared.base_dir, self_contained=True)
     reference = {n: reducer.store.get(n) for n in window.outputs if n in reducer.store}
     np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
     np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
     order = reducer.ordered(found.nodes)
-    worst = verdict.worst()
     return {"path": path, "inputs": os.path.join(run.out_dir, "window_inputs.npz"), "nodes": len(found.nodes),
             "of": found.of, "share": round(len(found.nodes) / found.of, 4), "start": found.start,
-            "first": label(order[0]), "last": label(order[-1]), "error": float(worst.error) if worst else None,
-            "tolerance": verdict.criterion.tolerance, "verdict": verdict.signature.describe(),
+            "first": label(order[0]), "last": label(order[-1]), "error": error,
+            "tolerance": reducer.oracle.criterion.tolerance, "verdict": said, "judged": judged,
             "outputs": list(window.outputs)}
 
 
