@@ -207,6 +207,37 @@ def test_the_archive_of_an_accumulated_error_carries_the_smallest_drifting_windo
     assert summary["attribution"]["divergence_start"]["kind"] == "accumulated"
 
 
+def test_the_drift_windows_last_round_rides_in_the_call_before_it(tmp_path):
+    """Each round's call carries the next round of its windows while it has room: over the
+    activations a shrink of the 48-node MLP captured, packs with room find the same window as
+    the shrink's 288-node packs in 2 calls (the round after the hit, which finds nothing smaller,
+    rode along); with the room the packs have in the shrink, 4."""
+    import onnx
+
+    from reprokit.engine.activations import ActivationStore
+    from reprokit.engine.oracle import Kind, Signature
+    from reprokit.graph.index import GraphIndex
+    from reprokit.shrink.passes import drift_window
+    from reprokit.shrink.reducer import Journal, Reducer
+    from reprokit.shrink.steps import shrink
+
+    path = sm.save(accumulating_mlp(), tmp_path / "mlp.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32))
+    options = RunOptions(inputs=str(tmp_path / "x.npz"), tolerance=0.01)
+    found = shrink(path, "emulate:bf16", str(tmp_path / "out"), options=options).summary["window"]
+    model = onnx.load(path)
+    windows = {}
+    for nodes in (6 * 48, 100_000):
+        reducer = Reducer(model, GraphIndex.build(model), ActivationStore.open(str(tmp_path / "out" / ".reprokit" / "activations")),
+                          {"x": np.load(tmp_path / "x.npz")["x"]}, make_oracle("emulate:bf16", options, str(tmp_path / f"c{nodes}")),
+                          Signature(Kind.MISMATCH, ("t23",), ""), workdir=str(tmp_path), journal=Journal(None),
+                          best=frozenset(range(48)))
+        reducer.packing, reducer.pack_nodes, reducer.share_feeds = "numeric", nodes, True
+        window = drift_window.run(reducer)
+        windows[nodes] = (window.start, window.size, reducer.spent)
+    assert windows == {6 * 48: (found["start"], found["nodes"], 4), 100_000: (found["start"], found["nodes"], 2)}
+
+
 def test_check_layerwise_and_audit_tell_an_accumulated_error_from_a_local_one(tmp_path):
     """check --layerwise names the crossing point but calls it accumulated when no node diverges
     on its own, as audit and shrink do; a planted overflow is local and named as the start."""
