@@ -374,7 +374,7 @@ def close_enough(sets: list[list[str]], bad: int, good: int) -> bool:
     """Is the agreeing prefix ``good`` the answer, with prefix ``bad`` (0: none) known to fail?
     Exact when they are neighbours; else when the failing set holds all but a tenth of the
     agreeing one's nodes: a call (an engine build) more would spare at most that tenth, and the
-    answer says the bracket (``Workaround.fails_at``). PP-OCRv4 det under emulate:bf16: 291
+    answer says the bracket (``Workaround.prefix_fails``). PP-OCRv4 det under emulate:bf16: 291
     nodes offered where 288 was the fewest, for 2 calls fewer."""
     if good - bad <= 1:
         return True
