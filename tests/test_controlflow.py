@@ -219,6 +219,7 @@ def test_a_rewrite_the_reference_refuses_is_an_internal_error_naming_the_step(tm
     """Fault injection: the capture model comes out with a dangling tensor reference. The model as
     given runs: the error is reprokit's, exit 70, naming the step."""
     from reprokit.errors import ExitCode, ReprokitError
+    from reprokit.shrink import start
     from reprokit.shrink import steps as shrinking
 
     relu = helper.make_graph(
@@ -227,14 +228,14 @@ def test_a_rewrite_the_reference_refuses_is_an_internal_error_naming_the_step(tm
     model = helper.make_model(relu, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     path = str(tmp_path / "m.onnx")
     onnx.save(model, path)
-    real = shrinking.mark_outputs
+    real = start.mark_outputs
 
     def broken_marking(m, names):
         marked = real(m, names)
         marked.graph.node[-1].input[0] = "no_such_tensor"  # a dangling reference, as a bad rename makes
         return marked
 
-    monkeypatch.setattr(shrinking, "mark_outputs", broken_marking)
+    monkeypatch.setattr(start, "mark_outputs", broken_marking)
     with pytest.raises(ReprokitError) as caught:
         shrinking.shrink(path, "emulate:fp16", str(tmp_path / "out"))
     assert caught.value.exit_code is ExitCode.INTERNAL

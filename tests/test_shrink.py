@@ -298,19 +298,22 @@ def test_without_fail_regex_the_exit_status_is_the_bug_and_other_messages_are_sa
 
 def test_a_numeric_replay_rides_with_the_survey_one_call_fewer(tmp_path):
     """--replays 1 on the (deterministic) emulator forces an original replay: it rides in the
-    survey's packed call, so the run takes exactly the calls of a --replays 0 run (4 on this
-    sample: confirm, survey, localize, final; the result's replay rides too). Before issue 25
-    the replay was a call of its own at confirm: 5 calls, auto budget 21 (now 20)."""
+    survey's packed call (4 calls on this sample: confirm, survey, localize, final; the result's
+    replay rides too). Before issue 25 the replay was a call of its own at confirm: 5 calls, auto
+    budget 21 (now 20). With --replays 0 the confirming judgement itself is the survey pack's
+    first member (confirm.FoldedConfirm): 3 calls, the same minimal model."""
     name = "layernorm_overflow"
     runs = {}
     for replays in (0, 1):
         runs[replays] = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(tmp_path / f"out{replays}"),
                                replays=replays, options=RunOptions(inputs=str(SAMPLES / f"{name}.inputs.npz"))).summary
     zero, one = runs[0], runs[1]
-    assert one["calls"]["target"] == zero["calls"]["target"] == 4
-    assert step(one, "confirm")["calls"] == 1
+    assert one["calls"]["target"] == 4 and zero["calls"]["target"] == 3
+    assert step(one, "confirm")["calls"] == 1 and step(zero, "confirm")["calls"] == 0
     assert "riding with the survey's packed call" in one["original_replays"], one["original_replays"]
     assert zero["original_replays"] == "none"
+    assert zero["original_confirmed"].startswith("the first member of the survey's packed call")
+    assert one["original_confirmed"].startswith("a call of its own")
     assert one["budget"]["max_calls"] == zero["budget"]["max_calls"] + 1  # the result's replay only
     assert one["minimal"]["node_names"] == zero["minimal"]["node_names"]
 

@@ -3,6 +3,10 @@ target is diagnosed with a tally, never reduced). The original's last replay is 
 own only where no call that comes anyway carries it (:class:`RideAlong`): for numeric signatures
 the survey's first packed call holds the original as one more member; for a check command whose
 candidates are group-tested the pack calibration holds it (``passfail.calibrate_packs``).
+On an engine that runs every node as written (a pack member's outputs are its outputs alone)
+and asks for no replay, the confirming judgement itself is that first member
+(:class:`FoldedConfirm`, issue 25): the run's first call is the survey's, and the candidates of
+that pack are judged only once the original's verdict gave the signature they are held to.
 A check command that never passed during the run must pass a one-node Identity probe before a
 result is accepted: one that fails there too does not depend on the model, and is refused
 (exit 4, with its own words).
@@ -20,6 +24,7 @@ from reprokit.engine.oracle import quote_message
 from reprokit.errors import EngineUnavailable, NothingToReduce
 from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
+from reprokit.shrink.budget import packs_share_feeds
 from reprokit.shrink.runstate import rerun_command
 from reprokit.spec import parse_target
 
@@ -28,6 +33,8 @@ class RideAlong:
     """The original's last replay, pending until a call that comes anyway carries it (``carrier``
     names it: the survey's packed call, evaluator.py; the pack calibration, passfail.py): the
     whole original model as a member judged against the reference outputs."""
+
+    folded = False  # the original's first judgement (FoldedConfirm), not a replay
 
     def __init__(self, model, feeds: dict, graph_outputs: dict, seen: list, rerun: str, carrier: str = ""):
         self.model, self.feeds, self.reference, self.carrier = model, dict(feeds), graph_outputs, carrier
@@ -42,20 +49,64 @@ class RideAlong:
             raise _flaky_original(self.seen, self.signature, self.rerun)
 
 
-def confirm(run, graph_outputs: dict, replays: int, ride=None):
+class Unfold(Exception):
+    """The folded confirmation gave no numeric divergence (or no pack carried it): the run
+    confirms as usual, from ``verdict`` where one was seen (no call is made twice)."""
+
+    def __init__(self, verdict=None):
+        super().__init__("the original was not confirmed in the survey's packed call")
+        self.verdict, self.confirmed = verdict, ""  # confirmed: where it was judged (summary.json)
+
+
+class FoldedConfirm(RideAlong):
+    """The original's first judgement, pending as the first member of the survey's first packed
+    call (``can_fold``). ``on_verdict(verdict)`` holds the run to the signature seen there before
+    any other member of that pack is judged; an original that agrees, or fails otherwise, stops
+    the folded search (:class:`Unfold`)."""
+
+    folded = True
+
+    def __init__(self, model, feeds: dict, graph_outputs: dict, on_verdict):
+        self.model, self.feeds, self.reference = model, dict(feeds), graph_outputs
+        self.carrier = "survey's packed call"
+        self.sub = Extraction(model, self.feeds, list(graph_outputs))
+        self.on_verdict, self.verdict = on_verdict, None
+
+    def check(self, again) -> None:
+        if not again.diverges or again.signature.kind.value not in ("nonfinite", "mismatch"):
+            raise Unfold(again)  # the engine ran it as written: this is the original's verdict
+        self.verdict = again
+        self.on_verdict(again)
+
+
+def can_fold(run, *, replays: int, packing: bool, localize: bool, resume: bool, weights_fit: bool) -> bool:
+    """May the confirming call be the survey's first packed call? Where a pack member's outputs
+    are its outputs alone (the engine runs every node as written: the emulator, ort on the CPU
+    without opt), no replay is asked, the survey packs (numeric engines, packing and the survey
+    on), the run is fresh, a single input sample and no opened control flow (they judge the
+    original themselves), and a copy of the weights fits a pack beside the others."""
+    return (not replays and packing and localize and not resume and weights_fit and not run.levels
+            and not run.prepared.samples and parse_target(run.target).engine != "cmd"
+            and packs_share_feeds(run.target))
+
+
+def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):
     """The original must diverge (and every replay the user asked for, with the same signature).
     ``ride(verdict)``: which call that comes anyway carries the last replay ("survey's packed
     call", "calibration pack"), or "" when none does; a carried replay is not run here, the
-    returned RideAlong (else None) carries it. Returns (verdict, ride-along)."""
+    returned RideAlong (else None) carries it. ``first``: the original's verdict from a folded
+    confirmation (``Unfold``), not judged again. Returns (verdict, ride-along)."""
     oracle = run.oracle
     model = run.given if run.given is not None else run.model
     model_file = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
-    verdict = oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
+    verdict = first or oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
     carrier = bool(replays and verdict.diverges and ride is not None) and ride(verdict)
     folded = bool(carrier)
-    here = 1 + replays - folded
-    run.event(f"confirming the divergence ({here} target run{'s' if here > 1 else ''}"
-              + (f", the last replay rides in the {carrier})" if folded else ")"))
+    here = (first is None) + replays - folded
+    runs = f"{here} target run{'s' if here != 1 else ''}"
+    if first is not None:  # judged as the first member of the survey's packed call
+        runs = "judged in the survey's packed call" + (f", {runs} more" if here else "")
+    run.event(f"confirming the divergence ({runs}" + (f", the last replay rides in the {carrier})" if folded else ")"))
     signature = verdict.signature
     rerun = rerun_command(run.model_path, run.target, run.options)
     if not verdict.diverges and replays:  # a flaky target that happened to pass: say so

@@ -128,6 +128,7 @@ def judge_alone(reducer, nodes: frozenset) -> Outcome:
 
 def judge_member(reducer, member: Member):
     """One member alone, in one engine call: (its journaled Outcome, the Verdict)."""
+    _confirm_first(reducer)
     sub = member.sub
     reducer.charge()
     path = save_candidate(reducer, sub.model)
@@ -228,7 +229,15 @@ def _layerwise_from(reducer, outputs: dict, status: str = "ok", message: str = "
         reducer.model, reducer.store, WorkerResult(status, outputs=outputs, message=message), reducer.oracle)
 
 
+def _confirm_first(reducer) -> None:
+    """A folded confirmation (confirm.FoldedConfirm) still pending when a call that cannot carry
+    it comes: the original is judged alone first — nothing is judged before its signature is."""
+    if getattr(reducer.ride_along, "folded", False):
+        run_replay_alone(reducer)
+
+
 def _run_marked_alone(reducer, sub) -> None:
+    _confirm_first(reducer)
     reducer.charge()
     path = save_candidate(reducer, sub.model)
     start = time.monotonic()
@@ -255,7 +264,7 @@ def _replayed(reducer, result) -> None:
     ride.check(reducer.oracle.verdict_from(result, ride.reference))
 
 
-def run_replay_alone(reducer) -> None:
+def run_replay_alone(reducer, why: str = "") -> None:
     """The original's replay in a call of its own (no packed call carried it). Not charged to
     the passes' budget: the run reserves it where no pack carries it (steps.py)."""
     ride, reducer.ride_along = reducer.ride_along, None
@@ -269,12 +278,16 @@ def run_replay_alone(reducer) -> None:
     reducer.original_replay = reducer.original_replay.replace(f"riding with the {ride.carrier}",
                                                               f"in a call of its own (the {ride.carrier} did not "
                                                               "carry it)")
+    if ride.folded:
+        reducer.confirmed = f"alone: {why or f'the {ride.carrier} did not carry it'}"
     ride.check(again)
 
 
 def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     """One packed call for ``group`` (split in halves when the engine refuses the whole);
     returns {member: Outcome} for the members that are candidates (not the marked model)."""
+    if not any(m.replay for m in group):
+        _confirm_first(reducer)
     if len(group) == 1:
         member = group[0]
         if member.replay:
@@ -302,6 +315,11 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     reducer.note_call(pack.nodes, sum(1 for m in group if m.nodes is not None), time.monotonic() - start)
     if result.status != "ok":  # the engine refused the pack as a whole: find out who, by halves
         result.discard()
+        if any(m.replay for m in group):  # the original first, alone: it may be what failed
+            run_replay_alone(reducer, "the packed call that held it failed as a whole")
+            group = [m for m in group if not m.replay]
+            if len(group) < 2:
+                return _run_numeric_pack(reducer, group) if group else {}
         half = len(group) // 2
         return {**_run_numeric_pack(reducer, group[:half]), **_run_numeric_pack(reducer, group[half:])}
     if big:

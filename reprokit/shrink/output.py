@@ -148,6 +148,8 @@ class _BestWriter:
             # issue 25: reprokit's own extraction, packing, writing and comparing (shrink/tally.py)
             "bookkeeping": reducer.tally.to_json(stats.feeds_seconds),
             "original_replays": reducer.original_replay,  # issue 25: did the replay ride with the survey?
+            # issue 25: where the original's first judgement ran ("" : a call of its own at confirm)
+            "original_confirmed": reducer.confirmed or "a call of its own (confirm step)",
             "budget": {"max_calls": self.max_calls, "target_calls_for_passes": reducer.budget,
                        "spent": reducer.spent, "stopped": reducer.stopped},
             "wall_s": round(now - self.started, 3),

@@ -79,6 +79,7 @@ class Reducer:
     want_layerwise: bool = False  # the next packed call also runs the marked whole model
     ride_along: object | None = None  # confirm.RideAlong: the original's replay, for the next packed call
     original_replay: str = ""  # how the original's replays ran (summary.json)
+    confirmed: str = ""  # where the original's first judgement ran when not at confirm (summary.json)
     layerwise_report: object | None = None  # reprokit.engine.layerwise.LayerwiseReport, once run
     wrap: Callable | None = None  # puts each candidate back inside its control flow (controlflow.wrap_in_if)
     names_select_nodes: bool = False  # the target picks nodes by name (fp32-nodes=): packs keep them

@@ -7,24 +7,21 @@ journal of candidate outcomes and continues (``runstate.py``).
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
-from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.bug import NUMERIC, CausalTest
-from reprokit.engine.oracle import Kind, check_reference_finite, normalize_message
-from reprokit.engine.session import RunOptions, make_oracle, prepare
+from reprokit.engine.oracle import Kind, Signature, check_reference_finite, normalize_message
+from reprokit.engine.session import RunOptions
 from reprokit.errors import (
     EngineUnavailable,
-    InputError,
     NothingRemoved,
     NothingToReduce,
     NotReproduced,
 )
-from reprokit.graph.index import GraphIndex, count_nodes
-from reprokit.graph.io import save_model, weight_bytes
-from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
+from reprokit.graph.index import count_nodes
+from reprokit.graph.io import weight_bytes
 from reprokit.shrink import pipeline
 from reprokit.shrink.accumulated import finish_accumulated
 from reprokit.shrink.budget import (
@@ -39,23 +36,29 @@ from reprokit.shrink.budget import (
     packs_share_feeds,
 )
 from reprokit.shrink.clock import StepClock
-from reprokit.shrink.confirm import confirm, probe_pending, refuse_model_blind_check
+from reprokit.shrink.confirm import (
+    FoldedConfirm,
+    Unfold,
+    can_fold,
+    confirm,
+    probe_pending,
+    refuse_model_blind_check,
+)
 from reprokit.shrink.evaluator import run_replay_alone
 from reprokit.shrink.final import ShrinkResult, finish
-from reprokit.shrink.opening import keep_opening, open_levels, reprokit_built
+from reprokit.shrink.opening import keep_opening, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
 from reprokit.shrink.passfail import calibrate_packs
-from reprokit.shrink.reducer import Journal, PassStats, Reducer
-from reprokit.shrink.runstate import (  # noqa: F401  (option_args, saved_run, resume_hint: the CLI's)
-    STATE_DIR,
-    _check_same_run,
+from reprokit.shrink.reducer import PassStats, Reducer
+from reprokit.shrink.runstate import (  # noqa: F401  (the CLI's and tests': saved_run, resume_hint …)
     _with_timing_cache,
     option_args,
     rerun_command,
     resume_hint,
     saved_run,
 )
-from reprokit.shrink.samples import choose_sample, sample_calls, samples_summary
+from reprokit.shrink.samples import sample_calls, samples_summary
+from reprokit.shrink.start import capture, open_run
 from reprokit.spec import parse_target
 from reprokit.standalone.compare import Metric
 
@@ -93,13 +96,13 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     search = {"localize": localize_first, "pack": pack_candidates, "search_accumulated": search_accumulated,
               "accept_milder": accept_milder, "keep_inputs": keep_inputs, "keep_outputs": keep_outputs,
               "shrink_shapes": shrink_shapes}
-    run = _open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args,
+    run = open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args,
                     search)
     run.shrink_shapes = shrink_shapes
     clock.begin("capture")
     store = reprokit_built(
         "capturing reference activations (every tensor marked as an output)",
-        lambda: _capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
+        lambda: capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
                          run.state_dir, run.models_dir, resume, limits, run.event),
         run.oracle, run.prepared.path, run.feeds)
     run.event("capturing reference activations: done")
@@ -110,20 +113,71 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     share_feeds = packs_share_feeds(run.target)
     limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run, share_feeds))
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
+    asked = _Asked(model_path, out_dir, options, clock, limits, jobs, original_replays, minimal_replays,
+                   pack_candidates, localize_first, search_accumulated, accept_milder, keep_inputs, keep_outputs,
+                   shrink_shapes, resume, share_feeds)
+    fold = can_fold(run, replays=original_replays, packing=pack_candidates, localize=localize_first, resume=resume,
+                    weights_fit=weight_bytes(run.model) <= limits.pack_memory_bytes // 2)
+    try:
+        return _confirm_and_reduce(run, store, graph_outputs, asked, fold=fold)
+    except Unfold as unfolded:  # the survey's pack did not confirm a numeric divergence: as usual,
+        return _confirm_and_reduce(run, store, graph_outputs, asked, first=unfolded.verdict,  # no call twice
+                                   unfolded=unfolded.confirmed)
+
+
+@dataclass
+class _Asked:
+    """What the command asked of one shrink run, past its opening and capture."""
+
+    model_path: str
+    out_dir: str
+    options: RunOptions
+    clock: StepClock
+    limits: Limits
+    jobs: int
+    original_replays: int
+    minimal_replays: int
+    pack_candidates: bool
+    localize_first: bool
+    search_accumulated: bool
+    accept_milder: bool
+    keep_inputs: bool
+    keep_outputs: bool
+    shrink_shapes: bool
+    resume: bool
+    share_feeds: bool
+
+
+# The signature a folded confirmation's reducer is built with: no candidate is judged under it
+# (confirm.FoldedConfirm holds the run to the original's own before any is).
+_PENDING = SimpleNamespace(signature=Signature(Kind.MISMATCH, detail="pending"), warnings=(), message="")
+
+
+def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold: bool = False,
+                        first=None, unfolded: str = "") -> ShrinkResult:
+    """Confirm, reduce, finish. ``fold``: the confirming judgement is the survey's first packed
+    call's first member (confirm.FoldedConfirm); ``first``: the original's verdict already seen
+    there (``unfolded``: where)."""
+    clock, limits, resume = asked.clock, asked.limits, asked.resume
+    original_replays, minimal_replays = asked.original_replays, asked.minimal_replays
     clock.begin("confirm")
+    cmd = parse_target(run.target).engine == "cmd"
+
     # The original's last replay rides in a call that is sure to come (issue 25): the survey's
     # first packed call for a numeric signature (packing, the survey on, a fresh run, weights
     # that fit a pack beside a copy); the pack calibration of a group-tested check command.
-    def ride(first) -> str:
-        packing = pipeline.packing_for(first.signature.kind, pack_candidates)
-        if (packing == "numeric" and localize_first and not resume
+    def ride(seen) -> str:
+        packing = pipeline.packing_for(seen.signature.kind, asked.pack_candidates)
+        if (packing == "numeric" and asked.localize_first and not resume
                 and weight_bytes(run.model) <= limits.pack_memory_bytes // 2):
             return "survey's packed call"
         return "calibration pack" if packing == "group" and cmd else ""
 
-    cmd = parse_target(run.target).engine == "cmd"
-
-    verdict, ride_along = confirm(run, graph_outputs, original_replays, ride)
+    if fold:
+        verdict, ride_along = _PENDING, None
+        run.event("confirming the divergence: the original rides as the first member of the survey's packed call")
+    else:
+        verdict, ride_along = confirm(run, graph_outputs, original_replays, ride, first)
     confirmed_calls = run.oracle.stats.target
     wrap = keep_opening(run, store, graph_outputs, verdict)
     opening_calls = run.oracle.stats.target - confirmed_calls
@@ -132,22 +186,28 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     run.oracle.build_only = signature.kind is Kind.BUILD_ERROR
 
     original_nodes = len(run.model.graph.node)
-    reducer = _make_reducer(run, store, verdict, wrap, clock, limits, jobs=jobs, pack_candidates=pack_candidates,
-                            share_feeds=share_feeds, keep_inputs=keep_inputs, keep_outputs=keep_outputs, accept_milder=accept_milder)
+    reducer = _make_reducer(run, store, verdict, wrap, clock, limits, jobs=asked.jobs,
+                            pack_candidates=asked.pack_candidates, share_feeds=asked.share_feeds,
+                            keep_inputs=asked.keep_inputs, keep_outputs=asked.keep_outputs,
+                            accept_milder=asked.accept_milder, pending=fold)
+    if unfolded:
+        reducer.confirmed = (f"{unfolded}: it showed {verdict.signature.kind.value} there, not a numeric divergence, "
+                             "and the run went on as one confirmed alone")
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd)
     # the auto budget reserves one call less where the replay rides along (the pack is a call anyway)
     max_calls = (auto_call_budget(original_nodes, original_replays - folded + minimal_replays) + opening_calls
-                 + samples_spent + samples_reserved + (SHAPE_CALLS if shrink_shapes else 0) + run.probe_calls
+                 + samples_spent + samples_reserved + (SHAPE_CALLS if asked.shrink_shapes else 0) + run.probe_calls
                  + (inside_allowance(count_nodes(run.model.graph) - original_nodes + (original_nodes if wrap else 0))
                     if reducer.reach_inside else 0)
                  if limits.max_calls == -1 else limits.max_calls)
-    earlier = earlier_calls(out_dir) if resume else 0
+    earlier = earlier_calls(asked.out_dir) if resume else 0
     if resume and limits.max_calls == -1:
         max_calls += run.journal.claimed()  # the allowances the interrupted run was granted (Reducer.claim)
-    writer = _writer_for(run, model_path, options, verdict, clock, max_calls, earlier)
+    writer = _writer_for(run, asked.model_path, asked.options, verdict, clock, max_calls, earlier)
+    pending = _fold_into_survey(run, reducer, writer, graph_outputs, asked.accept_milder) if fold else None
     reducer.on_accept = lambda r, step: writer.write(r, "running")
-    reducer.shapes = shrink_shapes  # crops may ride along in earlier packs (localize)
+    reducer.shapes = asked.shrink_shapes  # crops may ride along in earlier packs (localize)
     if limits.max_calls == -1:
         def widen(calls: int) -> int:  # a pass with a known cost bound claims it (the conflict search)
             calls = max(0, calls)
@@ -158,10 +218,12 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     if max_calls:  # a promise: every target call counts (a resumed run's too), the final is reserved
         reducer.budget = max(0, max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays - samples_reserved)
     try:
-        outcome = pipeline.reduce(reducer, pipeline.Plan(localize=localize_first, pack=pack_candidates,
-                                                         search_accumulated=search_accumulated),
+        outcome = pipeline.reduce(reducer, pipeline.Plan(localize=asked.localize_first, pack=asked.pack_candidates,
+                                                         search_accumulated=asked.search_accumulated),
                                   message=verdict.message)
         run_replay_alone(reducer)  # no packed call carried the replay (the survey found it all cached)
+        if pending is not None:
+            verdict = pending.verdict
         _probe(run, reducer, verdict)
         reducer.close()
         if reducer.causal is not None and reducer.causal.model is not reducer.model:
@@ -186,14 +248,33 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         return finish(run, reducer, writer, store, minimal_replays, note, verdict.message)
     except BaseException as exc:
         reducer.close(interrupted=True)
-        if isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce)) or run.refused:  # the last: a
-            raise  # flaky replay; refused: the check fails on anything, its result means nothing
+        if isinstance(exc, Unfold):
+            exc.confirmed = reducer.confirmed
+        if isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce, Unfold)) or run.refused:  # the 1st:
+            raise  # a flaky replay; refused: the check fails on anything, its result means nothing; Unfold: again
         interrupted = isinstance(exc, KeyboardInterrupt)
         try:
             writer.write(reducer, "interrupted" if interrupted else "failed")
         except Exception:  # the disk may be what failed: keep the previous best-so-far as it is
             pass
         raise
+
+
+def _fold_into_survey(run, reducer, writer, graph_outputs: dict, accept_milder: bool) -> FoldedConfirm:
+    """The original, pending as the first member of the survey's first packed call: its verdict
+    there holds the reducer to the signature (and the writer to its warnings) before any other
+    member of the pack is judged."""
+    def held(seen) -> None:
+        _hold_to(run, reducer, seen, accept_milder)
+        writer.warnings = list(seen.warnings)
+        run.prepared.notes.extend(f"warning: {w}" for w in seen.warnings)
+        run.event(f"diverges: {seen.signature.describe()}")
+
+    model = run.given if run.given is not None else run.model
+    pending = FoldedConfirm(model, run.feeds, graph_outputs, held)
+    reducer.ride_along = pending
+    reducer.confirmed = "the first member of the survey's packed call (the engine runs every node as written)"
+    return pending
 
 
 def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd: bool) -> bool:
@@ -244,16 +325,16 @@ def _probe(run, reducer, verdict) -> None:
 
 
 def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_candidates: bool,
-                  share_feeds: bool, keep_inputs: bool, keep_outputs: bool, accept_milder: bool) -> Reducer:
+                  share_feeds: bool, keep_inputs: bool, keep_outputs: bool, accept_milder: bool,
+                  pending: bool = False) -> Reducer:
     """The Reducer over the run's model, every node its first best: how candidates are packed,
-    what "shows the original bug" is held to (the causal test, or the signature), the severity
-    floor, and the limits of a pack."""
+    what "shows the original bug" is held to (``_hold_to``; a folded confirmation holds it when
+    the original's verdict comes: ``pending``), and the limits of a pack."""
     original_nodes = len(run.model.graph.node)
-    signature = verdict.signature
-    reducer = Reducer(run.model, run.index, store, run.feeds, run.oracle, signature,
+    reducer = Reducer(run.model, run.index, store, run.feeds, run.oracle, verdict.signature,
                       workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
                       best=frozenset(range(original_nodes)))
-    reducer.packing = pipeline.packing_for(signature.kind, pack_candidates)
+    reducer.packing = pipeline.packing_for(verdict.signature.kind, pack_candidates)
     reducer.wrap = wrap
     reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
     # the inside step replaces the run's model: only where nothing else reads the old numbering
@@ -263,11 +344,22 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
     reducer.share_feeds = share_feeds
     reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
+    if not pending:
+        _hold_to(run, reducer, verdict, accept_milder)
+    reducer.pack_bytes = limits.pack_memory_bytes
+    reducer.pack_nodes = max(512, 6 * original_nodes)
+    return reducer
+
+
+def _hold_to(run, reducer, verdict, accept_milder: bool) -> None:
+    """What "shows the original bug" is held to: the causal test, or the signature; the
+    severity floor; the message of a build error or crash."""
+    signature = reducer.signature = verdict.signature
     if accept_milder and signature.kind is Kind.MISMATCH:
         reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "
                                    "milder one need not cause the original's")
     elif signature.kind in NUMERIC:
-        reducer.causal = CausalTest(run.oracle, run.model, run.index, store, run.feeds, signature,
+        reducer.causal = CausalTest(run.oracle, run.model, run.index, reducer.store, run.feeds, signature,
                                     run.oracle.criterion, run.models_dir)
     else:
         reducer.no_slippage.update(test="signature", why=f"a {signature.kind.value} has no output values to "
@@ -276,9 +368,6 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
         reducer.severity = severity_floor(verdict)
     if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
         reducer.message_key = normalize_message(verdict.message)
-    reducer.pack_bytes = limits.pack_memory_bytes
-    reducer.pack_nodes = max(512, 6 * original_nodes)
-    return reducer
 
 
 def _writer_for(run, model_path, options, verdict, clock, max_calls: int, earlier: int) -> _BestWriter:
@@ -292,94 +381,6 @@ def _writer_for(run, model_path, options, verdict, clock, max_calls: int, earlie
     return writer
 
 
-@dataclass
-class _Run:
-    """What every step of one shrink run shares."""
-
-    model_path: str
-    target: str  # the user's target, plus the run's private timing cache for TensorRT
-    user_target: str
-    options: RunOptions
-    out_dir: str
-    state_dir: str
-    models_dir: str
-    oracle: object
-    prepared: object
-    model: object
-    index: GraphIndex
-    journal: Journal
-    event: object
-    started: float
-    given: object = None  # the model as given (run.model may have its control flow opened)
-    levels: list = field(default_factory=list)  # (model, notes) per level of opened control flow
-    shrink_shapes: bool = True  # halve the result's input shapes while the signature holds
-    refused: bool = False  # the Identity probe failed alike: the check does not depend on the model
-    probe_calls: int = 0  # what a check command adds to the auto budget: the calibration, the probe reserved
-
-    @property
-    def feeds(self) -> dict:
-        return self.prepared.feeds.arrays
-
-
-def _open_run(model_path, target, out_dir, options, resume, event, clock, run_args=(), search=None) -> _Run:
-    """State folder, oracle, model and feeds. The model is reduced exactly as given (constants
-    are folded per candidate, never before the confirming call)."""
-    started = time.monotonic()
-    state_dir = os.path.join(out_dir, STATE_DIR)
-    if not resume and os.path.exists(os.path.join(state_dir, "journal.jsonl")):
-        raise InputError(f"{out_dir} already holds a shrink run",
-                         hint=f"continue it with --resume {out_dir}, or choose another -o directory")
-    os.makedirs(state_dir, exist_ok=True)
-    user_target = target
-    target = _with_timing_cache(target, state_dir)
-    oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
-    check_target_nodes(model_path, target)
-    prepared = prepare(model_path, options, state_dir, every_sample=True)
-    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
-                    search)
-    # Every model file of this run lives in models/; external weights stay where they are and
-    # every engine call is told so (oracle.weights_dir): candidates never copy them.
-    oracle.weights_dir = prepared.base_dir
-    models_dir = os.path.join(state_dir, "models")
-    os.makedirs(models_dir, exist_ok=True)
-    model = prepared.model
-    if parse_target(target).has("fp32-nodes"):
-        # fp32-nodes may name an unnamed node by its OP_INDEX in the user's file; a candidate
-        # is another file with other positions, so every node carries its label from here on.
-        name_unnamed_nodes(model)
-    choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
-    given = model
-    clock.begin("opening")
-    levels = open_levels(model, oracle, prepared.feeds.arrays, models_dir, event, prepared.path)
-    if levels:  # capture on the deepest opening: it holds every tensor of the shallower ones
-        model = levels[-1][0]
-    event("capturing reference activations")
-    return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
-                GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
-                given, levels)
-
-
-def node_label(model, index: int) -> str:
-    """A node's name, or op_index for unnamed nodes (never an empty string)."""
-    node = model.graph.node[index]
-    return node.name or f"{node.op_type}_{index}"
-
-
 def _confirm_stats(oracle, nodes: int):
     return PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds,
                      nodes_built=oracle.stats.target * nodes)
-
-
-def _capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event) -> ActivationStore:
-    """Every node output of the reference, on disk, in as many runs as the memory budget needs."""
-    capture_dir = os.path.join(state_dir, "activations")
-    if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
-        return ActivationStore.open(capture_dir)
-    sizes = {n: tensor_bytes(index.value_info[n]) for n in names if n in index.value_info}
-
-    def run_chunk(chunk):
-        path = save_model(mark_outputs(model, chunk), os.path.join(models_dir, "capture.onnx"))
-        return oracle.run_reference(path, feeds, chunk)
-
-    return ActivationStore.capture(run_chunk, names, sizes, capture_dir, chunk_bytes=limits.capture_chunk_bytes,
-                                   max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)

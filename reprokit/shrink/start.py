@@ -1,0 +1,104 @@
+"""The start of a shrink run, before anything is judged: its state folder, oracle, model and
+feeds, the input sample it reduces on, control flow opened where the model has some
+(``opening.py``), and the reference activations captured to disk.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from reprokit.engine.activations import ActivationStore, tensor_bytes
+from reprokit.engine.session import RunOptions, make_oracle, prepare
+from reprokit.errors import InputError
+from reprokit.graph.index import GraphIndex
+from reprokit.graph.io import save_model
+from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
+from reprokit.shrink.opening import open_levels
+from reprokit.shrink.reducer import Journal
+from reprokit.shrink.runstate import STATE_DIR, _check_same_run, _with_timing_cache
+from reprokit.shrink.samples import choose_sample
+from reprokit.spec import parse_target
+
+
+@dataclass
+class _Run:
+    """What every step of one shrink run shares."""
+
+    model_path: str
+    target: str  # the user's target, plus the run's private timing cache for TensorRT
+    user_target: str
+    options: RunOptions
+    out_dir: str
+    state_dir: str
+    models_dir: str
+    oracle: object
+    prepared: object
+    model: object
+    index: GraphIndex
+    journal: Journal
+    event: object
+    started: float
+    given: object = None  # the model as given (run.model may have its control flow opened)
+    levels: list = field(default_factory=list)  # (model, notes) per level of opened control flow
+    shrink_shapes: bool = True  # halve the result's input shapes while the signature holds
+    refused: bool = False  # the Identity probe failed alike: the check does not depend on the model
+    probe_calls: int = 0  # what a check command adds to the auto budget: the calibration, the probe reserved
+
+    @property
+    def feeds(self) -> dict:
+        return self.prepared.feeds.arrays
+
+
+def open_run(model_path, target, out_dir, options, resume, event, clock, run_args=(), search=None) -> _Run:
+    """State folder, oracle, model and feeds. The model is reduced exactly as given (constants
+    are folded per candidate, never before the confirming call)."""
+    started = time.monotonic()
+    state_dir = os.path.join(out_dir, STATE_DIR)
+    if not resume and os.path.exists(os.path.join(state_dir, "journal.jsonl")):
+        raise InputError(f"{out_dir} already holds a shrink run",
+                         hint=f"continue it with --resume {out_dir}, or choose another -o directory")
+    os.makedirs(state_dir, exist_ok=True)
+    user_target = target
+    target = _with_timing_cache(target, state_dir)
+    oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
+    check_target_nodes(model_path, target)
+    prepared = prepare(model_path, options, state_dir, every_sample=True)
+    _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
+                    search)
+    # Every model file of this run lives in models/; external weights stay where they are and
+    # every engine call is told so (oracle.weights_dir): candidates never copy them.
+    oracle.weights_dir = prepared.base_dir
+    models_dir = os.path.join(state_dir, "models")
+    os.makedirs(models_dir, exist_ok=True)
+    model = prepared.model
+    if parse_target(target).has("fp32-nodes"):
+        # fp32-nodes may name an unnamed node by its OP_INDEX in the user's file; a candidate
+        # is another file with other positions, so every node carries its label from here on.
+        name_unnamed_nodes(model)
+    choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
+    given = model
+    clock.begin("opening")
+    levels = open_levels(model, oracle, prepared.feeds.arrays, models_dir, event, prepared.path)
+    if levels:  # capture on the deepest opening: it holds every tensor of the shallower ones
+        model = levels[-1][0]
+    event("capturing reference activations")
+    return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
+                GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
+                given, levels)
+
+
+def capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event) -> ActivationStore:
+    """Every node output of the reference, on disk, in as many runs as the memory budget needs."""
+    capture_dir = os.path.join(state_dir, "activations")
+    if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
+        return ActivationStore.open(capture_dir)
+    sizes = {n: tensor_bytes(index.value_info[n]) for n in names if n in index.value_info}
+
+    def run_chunk(chunk):
+        path = save_model(mark_outputs(model, chunk), os.path.join(models_dir, "capture.onnx"))
+        return oracle.run_reference(path, feeds, chunk)
+
+    return ActivationStore.capture(run_chunk, names, sizes, capture_dir, chunk_bytes=limits.capture_chunk_bytes,
+                                   max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
