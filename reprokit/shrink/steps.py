@@ -250,8 +250,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         reducer.close(interrupted=True)
         if isinstance(exc, Unfold):
             exc.confirmed = reducer.confirmed
-        if isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce, Unfold)) or run.refused:  # the 1st:
-            raise  # a flaky replay; refused: the check fails on anything, its result means nothing; Unfold: again
+        if (isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce, Unfold)) or run.refused
+                or (pending is not None and pending.verdict is None)):  # the 1st: a flaky replay; refused: the
+            raise  # check fails on anything; Unfold: again; a folded original not judged yet: nothing to write
         interrupted = isinstance(exc, KeyboardInterrupt)
         try:
             writer.write(reducer, "interrupted" if interrupted else "failed")
