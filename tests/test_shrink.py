@@ -297,25 +297,40 @@ def test_without_fail_regex_the_exit_status_is_the_bug_and_other_messages_are_sa
 
 
 def test_a_numeric_replay_rides_with_the_survey_one_call_fewer(tmp_path):
-    """--replays 1 on the (deterministic) emulator forces an original replay: it rides in the
-    survey's packed call (4 calls on this sample: confirm, survey, localize, final; the result's
-    replay rides too). Before issue 25 the replay was a call of its own at confirm: 5 calls, auto
-    budget 21 (now 20). With --replays 0 the confirming judgement itself is the survey pack's
-    first member (confirm.FoldedConfirm): 3 calls, the same minimal model."""
+    """--replays 1 on the (deterministic) emulator forces an original replay. The confirming
+    judgement is the survey pack's first member (confirm.FoldedConfirm) and the replay rides in
+    the next packed call (localize's on this sample): 3 calls either way (survey, localize,
+    final; the result's replay rides too), the same minimal model. Before issue 25 the replay was
+    a call of its own at confirm: 5 calls; then it rode in the survey pack: 4."""
     name = "layernorm_overflow"
     runs = {}
     for replays in (0, 1):
         runs[replays] = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(tmp_path / f"out{replays}"),
                                replays=replays, options=RunOptions(inputs=str(SAMPLES / f"{name}.inputs.npz"))).summary
     zero, one = runs[0], runs[1]
-    assert one["calls"]["target"] == 4 and zero["calls"]["target"] == 3
-    assert step(one, "confirm")["calls"] == 1 and step(zero, "confirm")["calls"] == 0
-    assert "riding with the survey's packed call" in one["original_replays"], one["original_replays"]
+    assert one["calls"]["target"] == zero["calls"]["target"] == 3
+    assert step(one, "confirm")["calls"] == step(zero, "confirm")["calls"] == 0
+    assert "riding with the next packed call" in one["original_replays"], one["original_replays"]
     assert zero["original_replays"] == "none"
-    assert zero["original_confirmed"].startswith("the first member of the survey's packed call")
-    assert one["original_confirmed"].startswith("a call of its own")
-    assert one["budget"]["max_calls"] == zero["budget"]["max_calls"] + 1  # the result's replay only
+    assert zero["original_confirmed"] == one["original_confirmed"] == "the first member of the survey's packed call"
+    assert one["budget"]["max_calls"] == zero["budget"]["max_calls"] + 2  # the original's replay, the result's
     assert one["minimal"]["node_names"] == zero["minimal"]["node_names"]
+
+
+def test_a_replay_no_pack_carries_comes_before_any_best_is_kept(tmp_path):
+    """On this sample the survey's pack holds the answer: no packed call comes before a best is
+    kept, so the original's replay is a call of its own (step "replay") before it, never after a
+    file said more than the replay allowed: 4 calls, the minimal model of a --replays 0 run."""
+    name = "attention_softmax_nan"
+    said = []
+    summary = shrink(str(SAMPLES / f"{name}.onnx"), "emulate:fp16", str(tmp_path / "out"), replays=1,
+                     options=RunOptions(inputs=str(SAMPLES / f"{name}.inputs.npz")), on_event=said.append).summary
+    assert summary["calls"]["target"] == 4 and step(summary, "replay")["calls"] == 1
+    assert "in a call of its own" in summary["original_replays"], summary["original_replays"]
+    kept = next(k for k, line in enumerate(said) if ": kept " in line)
+    assert said.index("diverges: nonfinite (nan) in log_scores") < kept
+    assert said.index("replaying the original (no packed call carried its replay)") < kept, said
+    assert summary["minimal"]["node_names"] == ["layer2/self0/attn/qk_matmul"]
 
 
 FLAKY_NUMERIC = """

@@ -3,10 +3,10 @@ target is diagnosed with a tally, never reduced). The original's last replay is 
 own only where no call that comes anyway carries it (:class:`RideAlong`): for numeric signatures
 the survey's first packed call holds the original as one more member; for a check command whose
 candidates are group-tested the pack calibration holds it (``passfail.calibrate_packs``).
-On an engine that runs every node as written (a pack member's outputs are its outputs alone)
-and asks for no replay, the confirming judgement itself is that first member
+On a numeric engine the confirming judgement itself is that first member
 (:class:`FoldedConfirm`, issue 25): the run's first call is the survey's, and the candidates of
-that pack are judged only once the original's verdict gave the signature they are held to.
+that pack are judged only once the original's verdict gave the signature they are held to; a
+replay (engines that are not deterministic) then rides in the next packed call.
 A check command that never passed during the run must pass a one-node Identity probe before a
 result is accepted: one that fails there too does not depend on the model, and is refused
 (exit 4, with its own words).
@@ -24,7 +24,6 @@ from reprokit.engine.oracle import quote_message
 from reprokit.errors import EngineUnavailable, NothingToReduce
 from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
-from reprokit.shrink.budget import packs_share_feeds
 from reprokit.shrink.runstate import rerun_command
 from reprokit.spec import parse_target
 
@@ -80,14 +79,15 @@ class FoldedConfirm(RideAlong):
 
 
 def can_fold(run, *, replays: int, packing: bool, localize: bool, resume: bool, weights_fit: bool) -> bool:
-    """May the confirming call be the survey's first packed call? Where a pack member's outputs
-    are its outputs alone (the engine runs every node as written: the emulator, ort on the CPU
-    without opt), no replay is asked, the survey packs (numeric engines, packing and the survey
-    on), the run is fresh, a single input sample and no opened control flow (they judge the
-    original themselves), and a copy of the weights fits a pack beside the others."""
-    return (not replays and packing and localize and not resume and weights_fit and not run.levels
-            and not run.prepared.samples and parse_target(run.target).engine != "cmd"
-            and packs_share_feeds(run.target))
+    """May the confirming call be the survey's first packed call? A numeric engine (not a check
+    command) whose survey packs (packing and the survey on), at most one replay asked (it rides
+    in the next packed call), a fresh run, a single input sample and no opened control flow (they
+    judge the original themselves), and a copy of the weights that fits a pack beside the others.
+    A pack's members are disjoint copies, each with its own feeds where the engine may fuse
+    across a shared one (budget.packs_share_feeds): a member's outputs are its outputs alone
+    (tests/test_packing.py compares packed and one-by-one verdicts on each engine)."""
+    return (replays <= 1 and packing and localize and not resume and weights_fit and not run.levels
+            and not run.prepared.samples and parse_target(run.target).engine != "cmd")
 
 
 def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):

@@ -35,6 +35,7 @@ from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction, NotCaptured
 from reprokit.graph.model import mark_outputs
 from reprokit.graph.pack import build_pack
+from reprokit.shrink.journal import PassStats
 from reprokit.shrink.members import Member, fit, ride_along
 from reprokit.shrink.references import hotspot, save_candidate
 
@@ -205,7 +206,9 @@ def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
     one shows the signature (the ones after it stay None)."""
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
-        for group in fit(reducer, members):
+        ride = reducer.ride_along  # the original's replay, pending (a folded confirmation's)
+        riding = [Member(None, ride.sub, reference=ride.reference, replay=True)] if ride and not ride.folded else []
+        for group in fit(reducer, riding + members):
             outcomes = _run_numeric_pack(reducer, group)
             found.update((id(m), o) for m, o in outcomes.items())
         return [found.get(id(m)) for m in members]
@@ -270,11 +273,19 @@ def run_replay_alone(reducer, why: str = "") -> None:
     ride, reducer.ride_along = reducer.ride_along, None
     if ride is None:
         return
+    reducer.event("judging the original alone (no packed call carried it)" if ride.folded else
+                  "replaying the original (no packed call carried its replay)")
     path = save_candidate(reducer, ride.model)
+    started = time.monotonic()
     try:
         again = reducer.oracle.run_again(path, ride.feeds, ride.reference)
     finally:
         os.remove(path)
+    # its own line in summary.json's steps: "confirm" for a folded confirmation, else "replay"
+    stats = reducer.stats.setdefault("confirm" if ride.folded else "replay", PassStats())
+    stats.calls, stats.candidates = stats.calls + 1, stats.candidates + 1
+    stats.nodes_built += len(ride.model.graph.node)
+    stats.seconds += time.monotonic() - started
     reducer.original_replay = reducer.original_replay.replace(f"riding with the {ride.carrier}",
                                                               f"in a call of its own (the {ride.carrier} did not "
                                                               "carry it)")

@@ -21,7 +21,7 @@ from reprokit.errors import NothingRemoved, NotReproduced
 from reprokit.graph.io import save_model
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import flaky_tally
-from reprokit.shrink.evaluator import causal_test
+from reprokit.shrink.evaluator import causal_test, run_replay_alone
 from reprokit.shrink.passes.shapes import (
     MIN_ELEMENTS,
     Shapes,
@@ -129,6 +129,7 @@ def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = Fa
 
 
 def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, verdict) -> ShrinkResult:
+    run_replay_alone(reducer)  # the original's replay, where no packed call (the shapes ladder's) carried it
     reducer.best = frozenset(nodes)
     failed = tried[:-1]
     if failed:

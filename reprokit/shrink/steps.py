@@ -38,6 +38,7 @@ from reprokit.shrink.budget import (
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import (
     FoldedConfirm,
+    RideAlong,
     Unfold,
     can_fold,
     confirm,
@@ -195,8 +196,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
                              "and the run went on as one confirmed alone")
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd)
-    # the auto budget reserves one call less where the replay rides along (the pack is a call anyway)
-    max_calls = (auto_call_budget(original_nodes, original_replays - folded + minimal_replays) + opening_calls
+    # the auto budget reserves one call less where the replay (or a folded confirmation) rides
+    # along: the pack is a call anyway
+    max_calls = (auto_call_budget(original_nodes, original_replays - (folded or fold) + minimal_replays) + opening_calls
                  + samples_spent + samples_reserved + (SHAPE_CALLS if asked.shrink_shapes else 0) + run.probe_calls
                  + (inside_allowance(count_nodes(run.model.graph) - original_nodes + (original_nodes if wrap else 0))
                     if reducer.reach_inside else 0)
@@ -205,7 +207,7 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
     if resume and limits.max_calls == -1:
         max_calls += run.journal.claimed()  # the allowances the interrupted run was granted (Reducer.claim)
     writer = _writer_for(run, asked.model_path, asked.options, verdict, clock, max_calls, earlier)
-    pending = _fold_into_survey(run, reducer, writer, graph_outputs, asked.accept_milder) if fold else None
+    pending = _fold_into_survey(run, reducer, writer, graph_outputs, asked, original_replays) if fold else None
     reducer.on_accept = lambda r, step: writer.write(r, "running")
     reducer.shapes = asked.shrink_shapes  # crops may ride along in earlier packs (localize)
     if limits.max_calls == -1:
@@ -221,8 +223,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         outcome = pipeline.reduce(reducer, pipeline.Plan(localize=asked.localize_first, pack=asked.pack_candidates,
                                                          search_accumulated=asked.search_accumulated),
                                   message=verdict.message)
-        run_replay_alone(reducer)  # no packed call carried the replay (the survey found it all cached)
-        if pending is not None:
+        if pending is not None:  # a folded confirmation no packed call carried: the original alone
+            if pending.verdict is None:
+                run_replay_alone(reducer)
             verdict = pending.verdict
         _probe(run, reducer, verdict)
         reducer.close()
@@ -230,6 +233,7 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
             reducer.no_slippage["after_inside"] = ("the inside step reduced inside If branches: its candidates and the "
                                                    "final judgement hold the signature only (no injection)")
         if outcome == "accumulated":
+            run_replay_alone(reducer)  # the original's replay, where no packed call carried it
             said, window = finish_accumulated(run, reducer, writer, verdict)
             return ShrinkResult(writer.summary, run.out_dir, window, verdict, run.prepared.notes + [said],
                                 writer.clock)
@@ -261,20 +265,37 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         raise
 
 
-def _fold_into_survey(run, reducer, writer, graph_outputs: dict, accept_milder: bool) -> FoldedConfirm:
+def _fold_into_survey(run, reducer, writer, graph_outputs: dict, asked: _Asked, replays: int) -> FoldedConfirm:
     """The original, pending as the first member of the survey's first packed call: its verdict
     there holds the reducer to the signature (and the writer to its warnings) before any other
-    member of the pack is judged."""
+    member of the pack is judged. Its replay (``replays``: at most one) is then pending for the
+    next packed call (the survey's next pack, localize's, the pairs'), else a call of its own
+    before a best is kept (or the run ends): no file says more than the replay allowed."""
+    model = run.given if run.given is not None else run.model
+
     def held(seen) -> None:
-        _hold_to(run, reducer, seen, accept_milder)
+        _hold_to(run, reducer, seen, asked.accept_milder)
         writer.warnings = list(seen.warnings)
         run.prepared.notes.extend(f"warning: {w}" for w in seen.warnings)
         run.event(f"diverges: {seen.signature.describe()}")
+        if replays:
+            reducer.ride_along = RideAlong(model, run.feeds, graph_outputs, [seen],
+                                           rerun_command(run.model_path, run.target, run.options), "next packed call")
 
-    model = run.given if run.given is not None else run.model
     pending = FoldedConfirm(model, run.feeds, graph_outputs, held)
     reducer.ride_along = pending
-    reducer.confirmed = "the first member of the survey's packed call (the engine runs every node as written)"
+    earlier = reducer.before_accept
+
+    def replayed_first() -> None:  # no best is written before the original's replay held
+        if reducer.ride_along is not None and not reducer.ride_along.folded:
+            run_replay_alone(reducer)
+        if earlier is not None:
+            earlier()
+
+    reducer.before_accept = replayed_first
+    reducer.confirmed = "the first member of the survey's packed call"
+    if replays:
+        reducer.original_replay = "0 call(s) of its own at confirm and one riding with the next packed call"
     return pending
 
 
