@@ -1,6 +1,6 @@
 """The confirming judgement folded into the survey's first packed call (issue 25,
-confirm.FoldedConfirm): on the fp16 emulator, whose pack members give their outputs alone, a
-numeric run's first call is the survey's, the original its first member. An original that
+confirm.FoldedConfirm): a numeric run's first call is the survey's, the original its first
+member (the fp16 emulator, OpenVINO). An original that
 agrees there stops as before after that one call; one that fails otherwise (here: a Reshape
 whose shape, computed in fp16, no longer fits) is confirmed alone and the run goes on as a
 pass/fail one — no call is made twice.
@@ -67,8 +67,8 @@ def test_an_original_that_agrees_in_the_survey_pack_stops_after_that_one_call(tm
     assert confirming[-1] == "confirming the divergence (judged in the survey's packed call)", said
 
 
-def test_a_numeric_run_on_the_emulator_confirms_in_the_survey_pack(tmp_path):
-    """The same model scaled past fp16's range (1e5·x): 3 calls, none at confirm."""
+def _overflowing(tmp_path) -> str:
+    """The same model scaled past fp16's range (1e5·x)."""
     model = _reshape_by_count(2048)
     model.graph.node.insert(1, helper.make_node("Mul", ["r", "big"], ["r_big"], name="scale"))
     for node in model.graph.node[2:]:
@@ -76,7 +76,34 @@ def test_a_numeric_run_on_the_emulator_confirms_in_the_survey_pack(tmp_path):
     model.graph.initializer.append(numpy_helper.from_array(np.array(1e5, np.float32), "big"))
     path = str(tmp_path / "overflow.onnx")
     onnx.save(model, path)
-    summary = shrink(path, "emulate:fp16", str(tmp_path / "out")).summary
+    return path
+
+
+def _openvino_fp16() -> str:
+    try:
+        import openvino
+    except ImportError:
+        return "openvino is not installed (pip install -e '.[openvino]')"
+    if "FP16" not in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        return "this CPU has no FP16 in OpenVINO's OPTIMIZATION_CAPABILITIES"
+    return ""
+
+
+@pytest.mark.skipif(bool(_openvino_fp16()), reason=_openvino_fp16() or "-")
+def test_an_openvino_run_confirms_in_the_survey_pack(tmp_path):
+    """OpenVINO may fuse inside a member (so its packs keep disjoint feeds), yet each member is
+    its own copy: the original's verdict as the first member is its verdict alone, and the run
+    makes no call of its own to confirm."""
+    summary = shrink(_overflowing(tmp_path), "openvino:f16", str(tmp_path / "out")).summary
+    assert summary["status"] == "done" and summary["signature"]["kind"] in ("nonfinite", "mismatch")
+    assert "scale" in summary["minimal"]["node_names"], summary["minimal"]["node_names"]
+    assert "confirm" not in _steps(summary) and summary["calls"]["target"] <= 3, _steps(summary)
+    assert summary["original_confirmed"] == "the first member of the survey's packed call"
+
+
+def test_a_numeric_run_on_the_emulator_confirms_in_the_survey_pack(tmp_path):
+    """3 calls, none at confirm."""
+    summary = shrink(_overflowing(tmp_path), "emulate:fp16", str(tmp_path / "out")).summary
     assert summary["status"] == "done" and summary["signature"]["kind"] in ("nonfinite", "mismatch")
     assert "scale" in summary["minimal"]["node_names"], summary["minimal"]["node_names"]
     assert "confirm" not in _steps(summary) and summary["calls"]["target"] <= 3, _steps(summary)
