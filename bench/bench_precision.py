@@ -48,8 +48,8 @@ def polygraphy_bisect(search: Search, layers: list[str]) -> dict:
     n = len(layers)
     good, bad, num = n + 1, 0, n
     while True:
-        _, verdict = search.alone(layers[:num])
-        if not verdict.diverges:
+        _, trial = search.alone(layers[:num])
+        if trial.agrees:
             good, rounding = num, math.floor
         else:
             bad, rounding = num, math.ceil
@@ -59,8 +59,7 @@ def polygraphy_bisect(search: Search, layers: list[str]) -> dict:
     found = good if good <= n else None
     error = None
     if found is not None:
-        _, verdict = search.alone(layers[:found])  # cached: polygraphy built it already
-        error = verdict.worst().error
+        error = search.alone(layers[:found])[1].error  # cached: polygraphy built it already
     return {"calls": search.calls - start, "size": found, "error": error}
 
 
