@@ -8,12 +8,16 @@ pass/fail one — no call is made twice.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from reprokit.engine.session import RunOptions
 from reprokit.errors import NothingToReduce
+from reprokit.shrink.budget import Limits
 from reprokit.shrink.steps import shrink
 
 
@@ -108,3 +112,16 @@ def test_a_numeric_run_on_the_emulator_confirms_in_the_survey_pack(tmp_path):
     assert "scale" in summary["minimal"]["node_names"], summary["minimal"]["node_names"]
     assert "confirm" not in _steps(summary) and summary["calls"]["target"] <= 3, _steps(summary)
     assert summary["original_confirmed"].startswith("the first member of the survey's packed call")
+
+
+def test_the_replay_rides_in_the_surveys_next_pack_when_the_memory_bound_splits_it(tmp_path):
+    """--pack-memory 8M splits this sample's survey in two packs: the first holds the original's
+    confirming judgement, the second its replay (--replays 1): no call of its own for either,
+    4 calls in all (two survey packs, the shapes ladder, the crop alone)."""
+    samples = Path(__file__).resolve().parent.parent / "samples"
+    summary = shrink(str(samples / "attention_softmax_nan.onnx"), "emulate:fp16", str(tmp_path / "out"), replays=1,
+                     options=RunOptions(inputs=str(samples / "attention_softmax_nan.inputs.npz")),
+                     limits=Limits(pack_memory_bytes=8 << 20)).summary
+    assert _steps(summary) == {"survey": 2, "shapes": 1, "final": 1}, _steps(summary)
+    assert summary["original_replays"].endswith("one riding with the next packed call"), summary["original_replays"]
+    assert summary["minimal"]["node_names"] == ["layer2/self0/attn/qk_matmul"]

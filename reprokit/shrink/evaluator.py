@@ -182,6 +182,9 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
     ride_along(reducer, groups, reducer.take_speculative_members(),
                _rider_members(reducer, [(c, q) for c, q in reducer.take_riders() if c not in asked]))
     for group in groups:
+        pending = reducer.ride_along  # a replay the pack before this one made pending (a folded confirmation's)
+        if pending is not None and not pending.folded and not any(m.replay for m in group):
+            group.insert(0, Member(None, pending.sub, reference=pending.reference, replay=True))
         found = _run_numeric_pack(reducer, group)
         results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None and not m.crop)
         if stop_at_hit and any(outcome.interesting for m, outcome in found.items() if not m.quiet):
