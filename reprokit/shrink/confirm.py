@@ -73,7 +73,7 @@ class FoldedConfirm(RideAlong):
 
     def check(self, again) -> None:
         if not again.diverges or again.signature.kind.value not in ("nonfinite", "mismatch"):
-            raise Unfold(again)  # the engine ran it as written: this is the original's verdict
+            raise Unfold(again)  # the original's own verdict (a member's outputs are its outputs alone)
         self.verdict = again
         self.on_verdict(again)
 
@@ -104,8 +104,8 @@ def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):
     folded = bool(carrier)
     here = (first is None) + replays - folded
     runs = f"{here} target run{'s' if here != 1 else ''}"
-    if first is not None:  # judged as the first member of the survey's packed call
-        runs = "judged in the survey's packed call" + (f", {runs} more" if here else "")
+    if first is not None:  # judged in (or, where that pack failed, right after) the survey's first call
+        runs = "judged already" + (f", {runs} more" if here else ", no call more")
     run.event(f"confirming the divergence ({runs}" + (f", the last replay rides in the {carrier})" if folded else ")"))
     signature = verdict.signature
     rerun = rerun_command(run.model_path, run.target, run.options)

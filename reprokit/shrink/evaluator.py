@@ -276,7 +276,7 @@ def run_replay_alone(reducer, why: str = "") -> None:
     ride, reducer.ride_along = reducer.ride_along, None
     if ride is None:
         return
-    reducer.event("judging the original alone (no packed call carried it)" if ride.folded else
+    reducer.event(f"judging the original alone ({why or 'no packed call carried it'})" if ride.folded else
                   "replaying the original (no packed call carried its replay)")
     path = save_candidate(reducer, ride.model)
     started = time.monotonic()
