@@ -20,6 +20,7 @@ from reprokit.errors import UsageError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from reprokit.shrink import precision
+from reprokit.shrink.fp32_nodes import fp32_nodes_support, packable, with_nodes
 from reprokit.spec import parse_target
 
 
@@ -103,11 +104,11 @@ def test_an_accumulated_error_comes_with_a_workaround_that_agrees_when_run_as_pr
 
 def test_without_a_node_in_fp32_the_search_says_so():
     """Engines (or settings) with no per-node precision are said so, never offered a set."""
-    assert precision.fp32_nodes_support("ort")[0] is False
-    assert "f32 already" in precision.fp32_nodes_support("openvino:f32")[1]
-    assert precision.fp32_nodes_support("openvino:bf16")[0] is True
-    assert precision.packable("emulate:fp16") and precision.packable("ort:cuda,fp16")
-    assert not precision.packable("openvino:bf16") and not precision.packable("trt:fp16")
+    assert fp32_nodes_support("ort")[0] is False
+    assert "f32 already" in fp32_nodes_support("openvino:f32")[1]
+    assert fp32_nodes_support("openvino:bf16")[0] is True
+    assert packable("emulate:fp16") and packable("ort:cuda,fp16")
+    assert not packable("openvino:bf16") and not packable("trt:fp16")
 
 
 def _openvino_precision(hint: str) -> None:
@@ -153,7 +154,7 @@ def test_bisection_on_openvino_gives_a_set_that_agrees_in_log_calls(tmp_path):
     found = precision.find_workaround(search, ranked)
     assert found.method == "bisection" and found.agrees
     assert search.calls - before <= 1 + int(np.ceil(np.log2(len(ranked))))
-    assert found.setting == precision.with_nodes("openvino:bf16", found.nodes)
+    assert found.setting == with_nodes("openvino:bf16", found.nodes)
     assert os.path.basename(search.path) == "model.onnx"
 
 

@@ -59,8 +59,9 @@ from reprokit.graph.model import (
     name_unnamed_nodes,
     node_labels,
 )
+from reprokit.shrink.fp32_nodes import fp32_nodes_support
 from reprokit.shrink.pipeline import isolated_attribution
-from reprokit.shrink.precision import Search, find_workaround, fp32_nodes_support
+from reprokit.shrink.precision import Search, find_workaround
 from reprokit.spec import parse_target
 
 SCHEMA = "reprokit.audit/1"

@@ -19,7 +19,7 @@ from reprokit.engine.session import make_oracle
 from reprokit.errors import EngineUnavailable, ReferenceFailure, ReprokitError
 from reprokit.graph.io import save_model
 from reprokit.report.redact import _SMALL, _like
-from reprokit.shrink.precision import fp32_nodes_support
+from reprokit.shrink.fp32_nodes import fp32_nodes_support
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.compare import compare_arrays
 

@@ -17,6 +17,7 @@ from reprokit.graph.model import node_label, node_labels
 from reprokit.shrink import pipeline, precision
 from reprokit.shrink.budget import SHARED_FEEDS_RUNS
 from reprokit.shrink.evaluator import judge_member
+from reprokit.shrink.fp32_nodes import fp32_nodes_support
 from reprokit.shrink.members import Member
 from reprokit.shrink.passes import drift_window
 from reprokit.shrink.reducer import BudgetExhausted
@@ -114,7 +115,7 @@ def _tested_workaround(run, reducer, label) -> dict:
     """The precision workaround search (shrink/precision.py) on the user's model, fed with the
     run's feeds and judged against the captured reference outputs; its trials are journaled with
     the run's candidates, so a resumed run reads them back instead of calling the target again."""
-    supported, why = precision.fp32_nodes_support(run.user_target)
+    supported, why = fp32_nodes_support(run.user_target)
     if not supported:
         return {"agrees": False, "reason": why, "calls": 0}
     labels = node_labels(run.prepared.model)
