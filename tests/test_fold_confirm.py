@@ -125,15 +125,3 @@ def test_the_replay_rides_in_the_surveys_next_pack_when_the_memory_bound_splits_
     assert _steps(summary) == {"survey": 2, "shapes": 1, "final": 1}, _steps(summary)
     assert summary["original_replays"].endswith("one riding with the next packed call"), summary["original_replays"]
     assert summary["minimal"]["node_names"] == ["layer2/self0/attn/qk_matmul"]
-
-
-def test_a_budget_of_two_calls_is_the_survey_carrying_the_confirmation_and_the_final(tmp_path):
-    """--max-calls 2: the survey's pack settles the confirmation it carries, so the budget has
-    room for it and for the result judged alone (shapes skipped, said so). Before, the pending
-    confirmation was held back from the pack's own charge: exit 8, no node removed."""
-    samples = Path(__file__).resolve().parent.parent / "samples"
-    summary = shrink(str(samples / "attention_softmax_nan.onnx"), "emulate:fp16", str(tmp_path / "out"),
-                     options=RunOptions(inputs=str(samples / "attention_softmax_nan.inputs.npz")),
-                     limits=Limits(max_calls=2)).summary
-    assert summary["status"] == "done" and _steps(summary) == {"survey": 1, "final": 1}, _steps(summary)
-    assert summary["minimal"]["node_names"] == ["layer2/self0/attn/qk_matmul"]

@@ -317,7 +317,7 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     with reducer.tally.timing("pack"):
         pack = build_pack([m.sub for m in group], keep_node_names=False, same_node_names=reducer.names_select_nodes,
                           share_feeds=reducer.share_feeds)
-    reducer.charge(carries=sum(m.replay for m in group))  # the original it carries is a held call settled
+    reducer.charge()
     path = save_candidate(reducer, pack.model)
     if big:
         reducer.event(f"{reducer.step}: one target call for {len(group)} candidates ({pack.nodes} nodes)")

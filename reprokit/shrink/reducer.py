@@ -330,10 +330,9 @@ class Reducer:
         self.budget += granted
         self.journal.put(key, {"calls": granted})
 
-    def charge(self, calls: int = 1, carries: int = 0) -> None:
-        """Before an engine call: stop at the budget. The call is counted by ``note_call``.
-        ``carries``: held calls this one settles (a packed call carrying the original)."""
-        if self.budget is not None and self.spent + calls + self.held() - carries > self.budget:
+    def charge(self, calls: int = 1) -> None:
+        """Before an engine call: stop at the budget. The call is counted by ``note_call``."""
+        if self.budget is not None and self.spent + calls + self.held() > self.budget:
             raise BudgetExhausted
 
     def note_call(self, nodes_built: int, candidates: int, seconds: float) -> None:
