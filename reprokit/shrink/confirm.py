@@ -38,7 +38,7 @@ class RideAlong:
     def __init__(self, model, feeds: dict, graph_outputs: dict, seen: list, rerun: str, carrier: str = ""):
         self.model, self.feeds, self.reference, self.carrier = model, dict(feeds), graph_outputs, carrier
         self.sub = Extraction(model, self.feeds, list(graph_outputs))
-        self.seen, self.signature, self.rerun = seen, seen[0].signature, rerun
+        self.seen, self.signature, self.rerun = seen, seen[0].signature if seen else None, rerun
 
     def check(self, again) -> None:
         """The replay's verdict: the same signature, else the run stops as a flaky original does
@@ -66,9 +66,7 @@ class FoldedConfirm(RideAlong):
     folded = True
 
     def __init__(self, model, feeds: dict, graph_outputs: dict, on_verdict):
-        self.model, self.feeds, self.reference = model, dict(feeds), graph_outputs
-        self.carrier = "survey's packed call"
-        self.sub = Extraction(model, self.feeds, list(graph_outputs))
+        super().__init__(model, feeds, graph_outputs, [], "", "survey's packed call")
         self.on_verdict, self.verdict = on_verdict, None
 
     def check(self, again) -> None:

@@ -209,9 +209,7 @@ def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
     one shows the signature (the ones after it stay None)."""
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
-        ride = reducer.ride_along  # the original's replay, pending (a folded confirmation's)
-        riding = [Member(None, ride.sub, reference=ride.reference, replay=True)] if ride and not ride.folded else []
-        for group in fit(reducer, riding + members):
+        for group in fit(reducer, members):
             outcomes = _run_numeric_pack(reducer, group)
             found.update((id(m), o) for m, o in outcomes.items())
         return [found.get(id(m)) for m in members]

@@ -129,7 +129,7 @@ def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = Fa
 
 
 def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, verdict) -> ShrinkResult:
-    run_replay_alone(reducer)  # the original's replay, where no packed call (the shapes ladder's) carried it
+    run_replay_alone(reducer)  # the original's replay, where no packed call carried it (no best was kept)
     reducer.best = frozenset(nodes)
     failed = tried[:-1]
     if failed:

@@ -191,9 +191,7 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
                                   input_shapes={}, val_ranges={}),
                   fmt=fmt, redact=redact, context=context, on_event=on_event,
                   audit_dir=audit.out_dir if audit is not None else None)
-    summary["report"], summary["report_reproduces"] = packed.archive, packed.reproduces
-    _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(summary, result.clock))
-    return packed
+    return _record_report(result.out_dir, summary, packed, result.clock)
 
 
 # An accumulated error has no small repro: the archive carries the whole model, up to this size.
@@ -212,9 +210,7 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
         packed = pack(window["path"], target, os.path.join(result.out_dir, f"report.{fmt}"),
                       options=replace(options, inputs=window["inputs"], sample=None, input_shapes={}, val_ranges={}),
                       fmt=fmt, redact=redact, context=context, on_event=on_event)
-        result.summary["report"], result.summary["report_reproduces"] = packed.archive, packed.reproduces
-        _atomic_json(os.path.join(result.out_dir, "summary.json"), result.summary)
-        return packed
+        return _record_report(result.out_dir, result.summary, packed)
     folder = os.path.dirname(os.path.abspath(model_path))
     size = os.path.getsize(model_path) + sum(
         os.path.getsize(os.path.join(folder, loc)) for loc in external_locations(load_model(model_path, load_weights=False))
@@ -225,8 +221,14 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
         return None
     packed = pack(model_path, target, os.path.join(result.out_dir, f"report.{fmt}"), options=options, fmt=fmt,
                   redact=redact, context={"attribution": result.summary["attribution"]}, on_event=on_event)
-    result.summary["report"], result.summary["report_reproduces"] = packed.archive, packed.reproduces
-    _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(result.summary, result.clock))
+    return _record_report(result.out_dir, result.summary, packed, result.clock)
+
+
+def _record_report(out_dir: str, summary: dict, packed, clock=None):
+    """summary.json names the archive and whether its own repro.py reproduced (``clock``: the
+    steps' seconds brought up to now); returns ``packed``."""
+    summary["report"], summary["report_reproduces"] = packed.archive, packed.reproduces
+    _atomic_json(os.path.join(out_dir, "summary.json"), retime(summary, clock))
     return packed
 
 
