@@ -118,6 +118,30 @@ def test_a_packed_verdict_equals_the_verdicts_of_the_candidates_run_one_by_one(l
         assert any(o.kind == "nonfinite" for o in together)
 
 
+def test_a_hit_judged_already_ahead_of_unjudged_candidates_answers_without_a_call(layernorm_run, tmp_path):
+    """``first_interesting`` asks for the earliest candidate that shows the signature: when every
+    candidate before a known hit is known (riders of an earlier call), that is the answer and the
+    unjudged ones after it cost no pack (PP-OCRv4 rec under openvino:bf16: the pairs step spent a
+    call on 238 pairs after the hit, the 28th likeliest, had ridden in localize's call)."""
+    out, model, inputs, result = layernorm_run
+    loaded = onnx.load(model)
+    names = [node.name for node in loaded.graph.node]
+    minimal = frozenset(names.index(name) for name in result.summary["minimal"]["node_names"])
+    singles = [frozenset([i]) for i in range(len(names))]  # no node shows it alone (5 nodes do)
+    reducer = _reducer(out, model, inputs, "emulate:fp16", tmp_path, "numeric")
+    judged = singles[:3] + [minimal]
+    unjudged = singles[3:]
+    assert [o.interesting for o in reducer.verdicts(judged)] == [False, False, False, True]
+    assert reducer.oracle.stats.target == 1 and all(reducer.cached(c) is None for c in unjudged)
+    hit = 3
+    # the known ones up to the hit, then candidates never judged: answered from what is known
+    assert reducer.first_interesting(judged + unjudged) == hit
+    assert reducer.oracle.stats.target == 1 and all(reducer.cached(c) is None for c in unjudged)
+    # an unjudged candidate before the hit must be asked: one packed call, the same answer after it
+    assert reducer.first_interesting([unjudged[-1], *judged]) == hit + 1
+    assert reducer.oracle.stats.target == 2
+
+
 def test_samples_shrink_in_at_most_four_calls_to_a_1_minimal_model(layernorm_run):
     summary = layernorm_run[3].summary
     assert summary["calls"]["target"] <= 4

@@ -253,6 +253,9 @@ class Reducer:
         candidates = [frozenset(c) for c in candidates]
         if self.packing == "numeric":
             for start, chunk in self._chunks(candidates):
+                settled = self._known_hit(chunk)
+                if settled is not None:
+                    return start + settled  # answered by calls already made: no pack for the rest
                 for offset, outcome in enumerate(self.verdicts(chunk, stop_at_hit=True)):
                     if outcome is not None and outcome.interesting:
                         return start + offset
@@ -263,6 +266,18 @@ class Reducer:
             self.prefetch(candidates[start : start + self.jobs])
             if self.test(candidates[start]):
                 return start
+        return None
+
+    def _known_hit(self, candidates: list[frozenset]) -> int | None:
+        """The position of the first interesting candidate when every one before it is known
+        (judged already, riders of an earlier call): the earliest in order without a call."""
+        for position, cand in enumerate(candidates):
+            outcome = self.cached(cand)
+            if outcome is None:
+                return None
+            self.count(outcome)
+            if outcome.interesting:
+                return position
         return None
 
     def also_judge(self, candidates: list) -> None:

@@ -2,8 +2,8 @@
 
 This is the isolated layerwise view: each node's own error with no accumulation from upstream,
 and in pairs the fusion of two neighbours intact (Conv→Clip, MatMul→Add). Most real faults live
-in one or two nodes, so the earliest single, else (numeric) the earliest pair, that shows the
-signature alone is the answer — and it is 1-minimal at once, since its parts were judged too.
+in one or two nodes, so the earliest single, else (numeric) the pair whose nodes erred most alone
+among those that show the signature alone, is the answer — and it is 1-minimal at once, since its parts were judged too.
 
 For numeric oracles the whole survey is one packed call (a few when the pack limits split it)
 and the marked layerwise run (every tensor of the whole model marked, where the signature's kind
@@ -16,6 +16,8 @@ Each node's isolated outcome is kept for attribution when no small window diverg
 """
 
 from __future__ import annotations
+
+import math
 
 from reprokit.engine.oracle import Kind
 
@@ -80,7 +82,7 @@ def pairs(reducer, *, known_only: bool = False) -> bool:
     reproduces. ``known_only``: only the pairs already judged (they rode in an earlier call);
     no call. Any pair that reproduces is 1-minimal (its nodes were judged alone), so the first
     known one is as good as the first in order."""
-    candidates = matchings(reducer, reducer.ordered())
+    candidates = likeliest_first(reducer, matchings(reducer, reducer.ordered()))
     if known_only:
         known = [reducer.cached(c) for c in candidates]
         hit = next((k for k, o in enumerate(known) if o is not None and o.interesting), None)
@@ -89,8 +91,29 @@ def pairs(reducer, *, known_only: bool = False) -> bool:
 
 
 def ride_pairs(reducer) -> None:
-    """The pairs not judged yet ride in the next packed call while it has room."""
-    reducer.ride_if_free(matchings(reducer, reducer.ordered()))
+    """The pairs not judged yet ride in the next packed call while it has room, likeliest first:
+    where the room runs out, the pairs left are the least likely to reproduce."""
+    reducer.ride_if_free(likeliest_first(reducer, matchings(reducer, reducer.ordered())))
+
+
+def likeliest_first(reducer, candidates: list[frozenset]) -> list[frozenset]:
+    """Numeric oracles: the pairs whose nodes erred most alone (the survey's isolated errors, as
+    a share of the tolerance; a NaN or a node never judged counts as the most and the least)
+    first; the order is otherwise kept. A pack's room, not the answer, depends on it: every pair
+    that reproduces is 1-minimal. Pass/fail packs keep the matchings' order (group testing needs
+    its runs of node-disjoint pairs)."""
+    if reducer.packing != "numeric":
+        return candidates
+
+    def erred(i: int) -> float:
+        outcome = reducer.isolated.get(i)
+        error = None if outcome is None else outcome.error
+        if error is None:
+            return 0.0
+        error = float(error)
+        return math.inf if error != error else error
+
+    return sorted(candidates, key=lambda pair: -sum(erred(i) for i in pair))
 
 
 def _accept(reducer, candidates, hit) -> bool:
