@@ -9,6 +9,7 @@ the CPU, and ``cmd`` checks written into tmp_path. Models are generated here or 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -140,6 +141,25 @@ def test_a_hit_judged_already_ahead_of_unjudged_candidates_answers_without_a_cal
     # an unjudged candidate before the hit must be asked: one packed call, the same answer after it
     assert reducer.first_interesting([unjudged[-1], *judged]) == hit + 1
     assert reducer.oracle.stats.target == 2
+
+
+def test_pairs_ride_likeliest_first_after_the_survey(layernorm_run, tmp_path):
+    """The pairs offered to a later call's spare room go in the order of their two nodes' errors
+    alone (the survey's), largest first: where the room runs out, the least likely are left."""
+    from reprokit.shrink.passes import survey
+
+    out, model, inputs, _ = layernorm_run
+    reducer = _reducer(out, model, inputs, "emulate:fp16", tmp_path, "numeric")
+    order = reducer.ordered()
+    reducer.isolated.update(zip(order, reducer.verdicts([frozenset([i]) for i in order])))
+    survey.ride_pairs(reducer)
+    riders = [pair for pair, _ in reducer.take_riders()]
+    error = {i: float(o.error) if o.error is not None and o.error == o.error else (0.0 if o.error is None else math.inf)
+             for i, o in reducer.isolated.items()}
+    scores = [sum(error[i] for i in pair) for pair in riders]
+    assert sorted(riders, key=sorted) == sorted(survey.matchings(reducer, order), key=sorted)  # every pair, once
+    assert scores == sorted(scores, reverse=True) and scores[0] > scores[-1]
+    assert max(error, key=error.get) in riders[0]
 
 
 def test_samples_shrink_in_at_most_four_calls_to_a_1_minimal_model(layernorm_run):
