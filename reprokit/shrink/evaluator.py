@@ -182,14 +182,20 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
     ride_along(reducer, groups, reducer.take_speculative_members(),
                _rider_members(reducer, [(c, q) for c, q in reducer.take_riders() if c not in asked]))
     for group in groups:
-        pending = reducer.ride_along  # a replay the pack before this one made pending (a folded confirmation's)
-        if pending is not None and not pending.folded and not any(m.replay for m in group):
-            group.insert(0, Member(None, pending.sub, reference=pending.reference, replay=True))
+        _carry_pending_replay(reducer, group)
         found = _run_numeric_pack(reducer, group)
         results.update((m.nodes, outcome) for m, outcome in found.items() if m.nodes is not None and not m.crop)
         if stop_at_hit and any(outcome.interesting for m, outcome in found.items() if not m.quiet):
             break
     return [results.get(c) for c in candidates]
+
+
+def _carry_pending_replay(reducer, group: list[Member]) -> None:
+    """A replay the pack before this one made pending (a folded confirmation's) rides first in
+    this one: a packed call carries it, not a call of its own."""
+    pending = reducer.ride_along
+    if pending is not None and not pending.folded and not any(m.replay for m in group):
+        group.insert(0, Member(None, pending.sub, reference=pending.reference, replay=True))
 
 
 def _rider_members(reducer, riders: list[tuple[frozenset, bool]]):
@@ -210,6 +216,7 @@ def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
         for group in fit(reducer, members):
+            _carry_pending_replay(reducer, group)  # the shapes ladder carries the original's replay
             outcomes = _run_numeric_pack(reducer, group)
             found.update((id(m), o) for m, o in outcomes.items())
         return [found.get(id(m)) for m in members]

@@ -82,6 +82,7 @@ def finish(run, reducer, writer, store, replays: int, note: str, message: str = 
                         writer.shapes = report(final.model, final.feeds, attempt, reducer.stats["shapes"].calls)
                         model, feeds, reference, verdict = attempt.model, attempt.feeds, attempt.reference, again[0]
             return _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, verdict)
+    run_replay_alone(reducer)  # a flaky original is said as such, before the result is called not reproduced
     writer.write(reducer, "not-reproduced", final_verdict=verdicts[0],
                  note="the minimal model does not reproduce alone: " + " | ".join(tried))
     raise NotReproduced(
@@ -129,7 +130,7 @@ def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = Fa
 
 
 def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, verdict) -> ShrinkResult:
-    run_replay_alone(reducer)  # the original's replay, where no packed call carried it (no best was kept)
+    run_replay_alone(reducer)  # the original's replay, where no packed call carried it
     reducer.best = frozenset(nodes)
     failed = tried[:-1]
     if failed:

@@ -208,7 +208,8 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         max_calls += run.journal.claimed()  # the allowances the interrupted run was granted (Reducer.claim)
     writer = _writer_for(run, asked.model_path, asked.options, verdict, clock, max_calls, earlier)
     pending = _fold_into_survey(run, reducer, writer, graph_outputs, asked, original_replays) if fold else None
-    reducer.on_accept = lambda r, step: writer.write(r, "running")
+    # no best-so-far file before the original's replay held (it rides in a later packed call)
+    reducer.on_accept = lambda r, step: writer.write(r, "running") if r.ride_along is None else None
     reducer.shapes = asked.shrink_shapes  # crops may ride along in earlier packs (localize)
     if limits.max_calls == -1:
         def widen(calls: int) -> int:  # a pass with a known cost bound claims it (the conflict search)
@@ -255,8 +256,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         if isinstance(exc, Unfold):
             exc.confirmed = reducer.confirmed
         if (isinstance(exc, (NotReproduced, NothingRemoved, NothingToReduce, Unfold)) or run.refused
-                or (pending is not None and pending.verdict is None)):  # the 1st: a flaky replay; refused: the
-            raise  # check fails on anything; Unfold: again; a folded original not judged yet: nothing to write
+                or (pending is not None and pending.verdict is None)  # the 1st: a flaky replay; refused: the
+                or (reducer.ride_along is not None and reducer.history)):  # check fails on anything; Unfold:
+            raise  # again; a folded original not judged yet, or a best kept before its replay: nothing to write
         interrupted = isinstance(exc, KeyboardInterrupt)
         try:
             writer.write(reducer, "interrupted" if interrupted else "failed")
@@ -269,8 +271,9 @@ def _fold_into_survey(run, reducer, writer, graph_outputs: dict, asked: _Asked, 
     """The original, pending as the first member of the survey's first packed call: its verdict
     there holds the reducer to the signature (and the writer to its warnings) before any other
     member of the pack is judged. Its replay (``replays``: at most one) is then pending for the
-    next packed call (the survey's next pack, localize's, the pairs'), else a call of its own
-    before a best is kept (or the run ends): no file says more than the replay allowed."""
+    next packed call (the survey's next pack, localize's, the pairs', the shapes ladder's), else
+    a call of its own before the result is written (final._done, the accumulated end): no file
+    says more than the replay allowed — no best-so-far file is written while it is pending."""
     model = run.given if run.given is not None else run.model
 
     def held(seen) -> None:
@@ -284,15 +287,6 @@ def _fold_into_survey(run, reducer, writer, graph_outputs: dict, asked: _Asked, 
 
     pending = FoldedConfirm(model, run.feeds, graph_outputs, held)
     reducer.ride_along = pending
-    earlier = reducer.before_accept
-
-    def replayed_first() -> None:  # no best is written before the original's replay held
-        if reducer.ride_along is not None and not reducer.ride_along.folded:
-            run_replay_alone(reducer)
-        if earlier is not None:
-            earlier()
-
-    reducer.before_accept = replayed_first
     reducer.confirmed = "the first member of the survey's packed call"
     if replays:
         reducer.original_replay = "0 call(s) of its own at confirm and one riding with the next packed call"
