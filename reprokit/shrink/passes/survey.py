@@ -2,8 +2,9 @@
 
 This is the isolated layerwise view: each node's own error with no accumulation from upstream,
 and in pairs the fusion of two neighbours intact (Conv→Clip, MatMul→Add). Most real faults live
-in one or two nodes, so the earliest single, else (numeric) the pair whose nodes erred most alone
-among those that show the signature alone, is the answer — and it is 1-minimal at once, since its parts were judged too.
+in one or two nodes, so the earliest single that shows the signature alone, else (numeric) the
+pair that shows it whose nodes erred most alone, is the answer — and it is 1-minimal at once,
+since its parts were judged too.
 
 For numeric oracles the whole survey is one packed call (a few when the pack limits split it)
 and the marked layerwise run (every tensor of the whole model marked, where the signature's kind
@@ -97,9 +98,9 @@ def ride_pairs(reducer) -> None:
 
 
 def likeliest_first(reducer, candidates: list[frozenset]) -> list[frozenset]:
-    """Numeric oracles: the pairs whose nodes erred most alone (the survey's isolated errors, as
-    a share of the tolerance; a NaN or a node never judged counts as the most and the least)
-    first; the order is otherwise kept. A pack's room, not the answer, depends on it: every pair
+    """Numeric oracles: the pairs whose two nodes erred most alone first (the sum of the survey's
+    isolated errors; a NaN counts as the largest, a node not judged alone as none); ties keep
+    their order. What a pack's room holds depends on it, not the answer's quality: every pair
     that reproduces is 1-minimal. Pass/fail packs keep the matchings' order (group testing needs
     its runs of node-disjoint pairs)."""
     if reducer.packing != "numeric":
