@@ -68,6 +68,8 @@ def test_interrupted_shrink_resumes_with_the_printed_command_and_rerun_reproduce
     hint = next(line for line in stderr.splitlines() if line.startswith("Hint: "))
     printed = hint.split("continue with: ", 1)[1]
     assert printed.startswith("reprokit shrink --resume out"), hint
+    # the hint says whether a best model is there yet (an early interrupt: none)
+    assert ("no best model was written yet" in hint) != (out / "minimal.onnx").exists(), hint
 
     resumed = subprocess.run(as_argv(printed), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

@@ -150,6 +150,10 @@ def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
     if not os.path.exists(os.path.join(out_dir, STATE_DIR, "run.json")):
         return "nothing was saved yet; run the same command again"
     command = " ".join(shlex.quote(p) for p in ["reprokit", "shrink", "--resume", out_dir, *extra])
+    if not os.path.exists(os.path.join(out_dir, "minimal.onnx")):
+        # judged candidates are journaled, but no best was written yet (none found, or one
+        # waiting for the original's replay): --resume reads them back instead of asking again
+        return f"no best model was written yet; the calls made are kept in {out_dir}; continue with: {command}"
     return f"the best so far is kept in {out_dir}; continue with: {command}"
 
 
