@@ -270,14 +270,18 @@ class Reducer:
 
     def _known_hit(self, candidates: list[frozenset]) -> int | None:
         """The position of the first interesting candidate when every one before it is known
-        (judged already, riders of an earlier call): the earliest in order without a call."""
-        for position, cand in enumerate(candidates):
+        (judged already, riders of an earlier call): the earliest in order without a call. The
+        outcomes read are counted only then (else ``verdicts`` counts them with the rest)."""
+        known = []
+        for cand in candidates:
             outcome = self.cached(cand)
             if outcome is None:
                 return None
-            self.count(outcome)
+            known.append(outcome)
             if outcome.interesting:
-                return position
+                for seen in known:
+                    self.count(seen)
+                return len(known) - 1
         return None
 
     def also_judge(self, candidates: list) -> None:

@@ -110,15 +110,17 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
     check_reference_finite(graph_outputs, run.oracle.reference)
     # The data of one marked run of the model (weights, feeds, every activation) bounds a pack's.
-    marked_run = weight_bytes(run.model) + sum(getattr(v, "nbytes", 0) for v in run.feeds.values()) + store.nbytes()
+    weights = weight_bytes(run.model)
+    marked_run = weights + sum(getattr(v, "nbytes", 0) for v in run.feeds.values()) + store.nbytes()
     share_feeds = packs_share_feeds(run.target)
     limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run, share_feeds))
     original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
     asked = _Asked(model_path, out_dir, options, clock, limits, jobs, original_replays, minimal_replays,
                    pack_candidates, localize_first, search_accumulated, accept_milder, keep_inputs, keep_outputs,
-                   shrink_shapes, resume, share_feeds)
+                   shrink_shapes, resume, share_feeds,
+                   weights_fit=weights <= limits.pack_memory_bytes // 2)
     fold = can_fold(run, replays=original_replays, packing=pack_candidates, localize=localize_first, resume=resume,
-                    weights_fit=weight_bytes(run.model) <= limits.pack_memory_bytes // 2)
+                    weights_fit=asked.weights_fit)
     try:
         return _confirm_and_reduce(run, store, graph_outputs, asked, fold=fold)
     except Unfold as unfolded:  # the survey's pack did not confirm a numeric divergence: as usual,
@@ -147,6 +149,7 @@ class _Asked:
     shrink_shapes: bool
     resume: bool
     share_feeds: bool
+    weights_fit: bool  # a copy of the model's weights fits a pack beside the other members
 
 
 # The signature a folded confirmation's reducer is built with: no candidate is judged under it
@@ -164,13 +167,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
     clock.begin("confirm")
     cmd = parse_target(run.target).engine == "cmd"
 
-    # The original's last replay rides in a call that is sure to come (issue 25): the survey's
-    # first packed call for a numeric signature (packing, the survey on, a fresh run, weights
-    # that fit a pack beside a copy); the pack calibration of a group-tested check command.
-    def ride(seen) -> str:
+    def ride(seen) -> str:  # the original's last replay rides in a call sure to come (issue 25)
         packing = pipeline.packing_for(seen.signature.kind, asked.pack_candidates)
-        if (packing == "numeric" and asked.localize_first and not resume
-                and weight_bytes(run.model) <= limits.pack_memory_bytes // 2):
+        if packing == "numeric" and asked.localize_first and not resume and asked.weights_fit:
             return "survey's packed call"
         return "calibration pack" if packing == "group" and cmd else ""
 
