@@ -229,8 +229,10 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
                    "--timeout of the run that packed it].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--versions", default=None, metavar="SPEC",
-              help="Run repro.py per engine release, each in its own uv environment, e.g. "
-                   "'onnxruntime==1.28.0,1.29.0,latest' or 'openvino>=2024.0' (docs/matrix.md). Needs reprokit[matrix].")
+              help="Rerun the archive per engine release, each in its own uv environment, e.g. "
+                   "'onnxruntime==1.28.0,1.29.0,latest' or 'openvino>=2024.0' (docs/matrix.md). Each cell runs "
+                   "reprokit's own reproducer on the archive's model, inputs and verdict, never the archive's "
+                   "repro.py (see --run-archive-code). Needs reprokit[matrix].")
 @click.option("--bisect", is_flag=True, help="--versions: find where the outcome changes in the range (~log2 n envs).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS|auto|local",
               help="--versions: run each cell as a Ray task (auto: the running cluster; local: start one here).")
@@ -240,17 +242,23 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
               help="--versions without --ray: cells run at once.")
 @click.option("--out", "-o", "out_path", default=None, metavar="FILE",
               help="--versions: the new archive with matrix.json (default: ARCHIVE's name + .matrix.tar.gz).")
+@click.option("--run-archive-code", is_flag=True,
+              help="--versions: RISK: run the archive's own repro.py, code its sender wrote, in every cell (and "
+                   "on every Ray worker) instead of reprokit's reproducer. Only for an archive you trust.")
 @FORCE
-def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path, force):
+def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path, force,
+           run_archive_code):
     """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no.
     With --versions: on which engine releases? A table in a new archive: exit 0 when at least one
     release ran, 9 when none could (nothing written) or --bisect judged fewer than two."""
-    if versions is None and (bisect or ray_address or gpus or out_path or force):
-        raise UsageError("--bisect, --ray, --gpus, --out and --force go with --versions", hint="e.g. reprokit verify "
+    if versions is None and (bisect or ray_address or gpus or out_path or force or run_archive_code):
+        raise UsageError("--bisect, --ray, --gpus, --out, --run-archive-code and --force go with --versions",
+                         hint="e.g. reprokit verify "
                          "report.tar.gz --versions 'onnxruntime>=1.20' --bisect")
     if versions is not None:
         verify_matrix(archive, versions, target=target, timeout=timeout or 600.0, as_json=as_json, bisect=bisect,
-                      ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path, force=force)
+                      ray_address=ray_address, gpus=gpus, jobs=jobs, out_path=out_path, force=force,
+                      run_archive_code=run_archive_code)
         return
     result = verifying.verify(archive, target, timeout=timeout)
     if as_json:

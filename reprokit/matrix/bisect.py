@@ -2,7 +2,7 @@
 
 Releases are ordered oldest first; "reproduces" is the state searched for, every other verdict
 is "does not" (diverging differently is still not the reported bug), and a cell that cannot run
-is skipped like ``git bisect skip`` (the nearest untried release is tried instead). A release
+(or ends in an error, no verdict) is skipped like ``git bisect skip`` (the nearest untried release is tried instead). A release
 whose outcome is already known (the one the archive was packed with reproduced there) costs no
 environment. The search assumes one change per side of a known point and says so; it names the
 last reproducing and first non-reproducing release (a fix), or the reverse (a regression).
@@ -62,7 +62,7 @@ def bisect(versions: list[str], judge: Callable[[list[str]], dict[str, str]],
 
     def state(version: str) -> bool | None:
         outcome = result.outcomes[version]
-        return None if outcome == Outcome.CANNOT_RUN.value else outcome == Outcome.REPRODUCES.value
+        return outcome == Outcome.REPRODUCES.value if Outcome(outcome).judged else None
 
     ends = [versions[0], versions[-1]]
     anchors = [v for v in versions if v in result.outcomes and state(v) is not None]

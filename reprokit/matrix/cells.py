@@ -1,11 +1,14 @@
-"""One matrix cell: an archive's repro.py, run in one version's environment, and its outcome.
+"""One matrix cell: a reproducer, run in one version's environment, and its outcome.
 
-A cell gets the archive as bytes (Ray ships them; nothing is assumed on a worker but uv and this
-module), builds or reuses its environment (``envs``), runs ``python repro.py --reference
-recorded`` there (the target at this version against the reference outputs packed in the archive,
-so only the engine under test changes), and words repro.py's exit code: 1 reproduces, 0 does not,
-2 diverges differently, 3/4 or a failed environment cannot run. A verdict is never guessed: a
-cell that could not compare says so.
+A cell gets plain data (Ray ships it; nothing is assumed on a worker but uv and this module):
+the script to run and the archive's files it reads, as ``reprokit.report.reproducer.runnable``
+chose them on the driver (reprokit's own reproducer unless the user opted in to the archive's
+repro.py). The cell reads no archive: the driver extracted and checked it once. It builds or
+reuses its environment (``envs``), lays the files out in a fresh folder, runs ``python -I repro.py
+--reference recorded`` there (isolated: the folder's own files are never imported, only the
+engine under test changes), and words the exit code: 1 with a "REPRODUCES" line reproduces, 0 does
+not, 2 diverges differently, 3/4 or a failed environment cannot run, anything else is an error
+(an exception in the script is not the bug). A verdict is never guessed.
 
 Standard library only (see ``envs``).
 """
@@ -13,15 +16,12 @@ Standard library only (see ``envs``).
 from __future__ import annotations
 
 import enum
-import io
 import os
 import platform
 import socket
 import subprocess
-import tarfile
 import tempfile
 import time
-import zipfile
 from dataclasses import asdict, dataclass
 
 from reprokit.matrix.envs import EnvBuildError, EnvRequest, ensure_env, run_process
@@ -32,10 +32,19 @@ class Outcome(str, enum.Enum):
     DOES_NOT = "does not reproduce"
     DIFFERENTLY = "diverges differently"
     CANNOT_RUN = "cannot run"
+    ERROR = "error"  # the script failed in a way that is no verdict (an exception, exit 70)
+
+    @property
+    def judged(self) -> bool:
+        """An outcome about the model (a bisect searches over these; the others are skipped)."""
+        return self not in (Outcome.CANNOT_RUN, Outcome.ERROR)
 
 
-EXIT_OUTCOMES = {1: Outcome.REPRODUCES, 0: Outcome.DOES_NOT, 2: Outcome.DIFFERENTLY,
-                 3: Outcome.CANNOT_RUN, 4: Outcome.CANNOT_RUN}
+# A verdict needs its exit code AND the line the script prints with it: an uncaught exception
+# exits 1 too, argparse's usage error 2, sys.exit() 0.
+VERDICT_EXITS = {1: (Outcome.REPRODUCES, ("REPRODUCES",)), 0: (Outcome.DOES_NOT, ("DOES NOT REPRODUCE",)),
+                 2: (Outcome.DIFFERENTLY, ("DIVERGES DIFFERENTLY", "DIFFERENT FAILURE"))}
+CANNOT_RUN_EXITS = (3, 4)  # a package or a file missing here: no verdict either way
 
 
 @dataclass(frozen=True)
@@ -53,8 +62,9 @@ class Cell:
         return self.version + (f" @ {self.gpu}" if self.gpu else "")
 
 
-def run_cell(cell: Cell, archive: bytes, archive_name: str) -> dict:
-    """Build/reuse the environment, run repro.py, return the outcome as plain data."""
+def run_cell(cell: Cell, payload: dict) -> dict:
+    """Build/reuse the environment, run ``payload["script"]`` beside ``payload["files"]``, return
+    the outcome as plain data."""
     result = {"cell": asdict(cell), "version": cell.version, "gpu": cell.gpu, "host": socket.gethostname(),
               "machine": platform.machine(), "env_seconds": None, "env_built": None, "run_seconds": None,
               "exit_code": None, "packages": {}, "output": ""}
@@ -65,11 +75,11 @@ def run_cell(cell: Cell, archive: bytes, archive_name: str) -> dict:
     result.update(env_seconds=round(env.seconds, 2), env_built=env.built, packages=env.packages,
                   env_path=env.path)
     with tempfile.TemporaryDirectory(prefix="reprokit-cell-") as tmp:
-        top = _extract(archive, archive_name, tmp)
-        argv = [env.python, "repro.py"]
-        with open(os.path.join(top, "repro.py")) as handle:
-            if "--reference" in handle.read():  # archives packed before reprokit had it: run as is
-                argv += ["--reference", "recorded"]
+        top = os.path.join(tmp, "archive")
+        _lay_out(top, payload)
+        argv = [env.python, "-I", "repro.py"]  # -I: the folder's files are data, never imported
+        if "--reference" in payload["script"]:  # archives packed before reprokit had it: run as is
+            argv += ["--reference", "recorded"]
         if cell.target:
             argv += ["--target", cell.target]
         started = time.perf_counter()
@@ -83,14 +93,22 @@ def run_cell(cell: Cell, archive: bytes, archive_name: str) -> dict:
                     "outcome": Outcome.CANNOT_RUN.value, "why": f"repro.py ran past {cell.timeout:.0f} s"}
     result.update(run_seconds=round(time.perf_counter() - started, 2), exit_code=done.returncode,
                   output=(done.stdout + done.stderr)[-3000:])
-    outcome = EXIT_OUTCOMES.get(done.returncode)
-    if outcome is None and done.returncode < 0:  # the engine took the process down: its own failure
-        outcome, why = Outcome.DIFFERENTLY, f"repro.py was killed by signal {-done.returncode} (the engine crashed)"
-    elif outcome is None:
-        outcome, why = Outcome.CANNOT_RUN, f"repro.py exited {done.returncode}"
-    else:
-        why = _last_verdict_line(done.stdout)
+    outcome, why = judge_exit(done.returncode, done.stdout, done.stderr)
     return {**result, "outcome": outcome.value, "why": why}
+
+
+def judge_exit(code: int, stdout: str, stderr: str = "") -> tuple[Outcome, str]:
+    """The outcome a reproducer's exit code and output say; only 1 with its REPRODUCES line is
+    "reproduces", an unknown code or an exception is an error, never a verdict."""
+    said = _last_verdict_line(stdout)
+    if code in VERDICT_EXITS and said.startswith(VERDICT_EXITS[code][1]):
+        return VERDICT_EXITS[code][0], said
+    if code in CANNOT_RUN_EXITS:
+        return Outcome.CANNOT_RUN, said or f"repro.py exited {code} (cannot run here)"
+    if code < 0:  # the engine took the process down: its own failure
+        return Outcome.DIFFERENTLY, f"repro.py was killed by signal {-code} (the engine crashed)"
+    lines = [line.strip() for line in (stderr or stdout).splitlines() if line.strip()]
+    return Outcome.ERROR, f"repro.py failed (exit {code}, no verdict): " + (lines[-1][:300] if lines else "no output")
 
 
 def _last_verdict_line(text: str) -> str:
@@ -99,29 +117,13 @@ def _last_verdict_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _extract(archive: bytes, name: str, into: str) -> str:
-    """The archive's top folder. The driver already checked the archive (safe_extract and its
-    manifest); here members that leave the folder or are links are refused all the same."""
-    if name.endswith(".zip"):
-        with zipfile.ZipFile(io.BytesIO(archive)) as handle:
-            for member in handle.namelist():
-                _inside(into, member)
-            handle.extractall(into)
-    else:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as handle:
-            members = handle.getmembers()
-            for member in members:
-                _inside(into, member.name)
-                if not (member.isfile() or member.isdir()):
-                    raise ValueError(f"archive member {member.name} is not a plain file")
-            handle.extractall(into, members=members)
-    tops = [d for d in os.listdir(into) if os.path.isfile(os.path.join(into, d, "repro.py"))]
-    if not tops:
-        raise ValueError("the archive has no repro.py")
-    return os.path.join(into, tops[0])
-
-
-def _inside(root: str, member: str) -> None:
-    path = os.path.realpath(os.path.join(root, member))
-    if os.path.commonpath([os.path.realpath(root), path]) != os.path.realpath(root):
-        raise ValueError(f"archive member {member} leaves the archive's folder")
+def _lay_out(top: str, payload: dict) -> None:
+    """The files (paths the driver listed from the checked archive) and the script, under ``top``."""
+    root = os.path.realpath(top)
+    for rel, data in [*payload["files"], ("repro.py", payload["script"].encode())]:
+        path = os.path.realpath(os.path.join(root, *rel.split("/")))
+        if os.path.commonpath([root, path]) != root:  # the driver never lists one: refuse all the same
+            raise ValueError(f"{rel} leaves the cell's folder")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)

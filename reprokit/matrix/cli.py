@@ -18,13 +18,13 @@ from reprokit.matrix.table import b_words
 
 
 def verify_matrix(archive: str, versions: str, *, target, timeout, as_json, bisect, ray_address, gpus, jobs,
-                  out_path, force: bool = False) -> None:
+                  out_path, force: bool = False, run_archive_code: bool = False) -> None:
     kinds = tuple(k.strip() for k in (gpus or "").split(",") if k.strip())
     on_event = None if as_json else (lambda text: err.print(f"[dim]{text}[/]"))
     try:
         result = verify_versions(archive, versions, target=target, bisect=bisect, ray_address=ray_address,
                                  gpus=kinds, jobs=jobs, timeout=timeout, out_path=out_path, on_event=on_event,
-                                 force=force)
+                                 force=force, run_archive_code=run_archive_code)
     except MatrixNoAnswer as exc:  # the table as far as it went, then the error and exit 9
         if exc.result is not None and as_json:  # one object on stdout: the error's, holding the table
             exc.details = {**exc.result.payload, "archive": exc.result.archive}
@@ -53,8 +53,8 @@ def show(result, as_json: bool) -> None:
                       *seconds, (row.get("why") or "")[:70])
     out.print(table)
     for row in result.rows:  # the table cuts notes at 70 characters; why a cell cannot run needs all of it
-        if row["outcome"] == "cannot run" and len(row.get("why") or "") > 70:
-            out.print(f"{row['version']}{' @ ' + row['gpu'] if row.get('gpu') else ''} cannot run: "
+        if row["outcome"] in ("cannot run", "error") and len(row.get("why") or "") > 70:
+            out.print(f"{row['version']}{' @ ' + row['gpu'] if row.get('gpu') else ''} {row['outcome']}: "
                       f"{' '.join(row['why'].split())[:400]}", markup=False, highlight=False)
     found = payload.get("bisect")
     if found:

@@ -2,7 +2,8 @@
 
 Locally each cell is its own process (uv, then repro.py) driven from a small thread pool. On Ray
 (``--ray ADDRESS|auto``, or a cluster this process already joined) each cell is one task: the
-archive goes once into the object store as bytes, a cell with a GPU kind asks for
+script and the archive's files go once into the object store as bytes (a worker needs no shared
+filesystem), a cell with a GPU kind asks for
 ``num_gpus=1, accelerator_type=KIND``, and a kind no node offers is reported as "cannot run"
 instead of waiting for ever. The same executor serves ``reprokit check`` over many models
 (``fanout``). Results arrive in completion order through ``on_result``.
@@ -28,10 +29,11 @@ from reprokit.matrix.envs import EnvBuildError, allow_all, run_process, stop_all
 INSTALL = "pip install 'reprokit[matrix]' (Ray and uv)"
 
 
-def execute(cells: list[Cell], archive: bytes, archive_name: str, *, ray_address: str | None = None,
+def execute(cells: list[Cell], payload: dict, *, ray_address: str | None = None,
             jobs: int = 2, on_result: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run every cell; results in the order of ``cells``."""
-    tasks = [(run_cell, (cell, archive, archive_name), cell.gpu) for cell in cells]
+    """Run every cell on ``payload`` (plain data: the script and files ``reproducer.runnable``
+    chose); results in the order of ``cells``."""
+    tasks = [(run_cell, (cell, payload), cell.gpu) for cell in cells]
     return _run(tasks, ray_address, jobs, on_result)
 
 
@@ -104,11 +106,11 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
             results[index] = _no_such_kind(fn, args, kind, offered)
             report(results[index])
             continue
-        if fn is run_cell:  # the archive once into the object store, shared by every cell
+        if fn is run_cell:  # the files once into the object store, shared by every cell
             key = id(args[1])
             if key not in shipped:
                 shipped[key] = ray.put(args[1])
-            args = (args[0], shipped[key], args[2])
+            args = (args[0], shipped[key])
         options = {"num_cpus": 1, "max_retries": 0}
         if kind:
             options.update(num_gpus=1, accelerator_type=kind)

@@ -27,14 +27,9 @@ from reprokit.matrix.cells import Cell, Outcome
 from reprokit.matrix.envs import cache_root, find_uv
 from reprokit.matrix.executor import INSTALL, execute, ray_reachable
 from reprokit.matrix.table import SCHEMA, answer_in_issue, latest_answer
-from reprokit.report.archive import (
-    MANIFEST,
-    check_manifest,
-    safe_extract,
-    write_archive,
-    write_manifest,
-)
-from reprokit.report.verify import archive_json, trusted_archive_spec
+from reprokit.report.archive import MANIFEST, write_archive, write_manifest
+from reprokit.report.reproducer import runnable
+from reprokit.report.verify import archive_json, open_archive, trusted_archive_spec
 from reprokit.spec import parse_target
 
 # Which package a target's engine loads (emulate runs its rounded graph on onnxruntime).
@@ -52,7 +47,7 @@ class MatrixResult:
 def verify_versions(archive_path: str, versions: str, *, target: str | None = None, bisect: bool = False,
                     ray_address: str | None = None, gpus: tuple[str, ...] = (), jobs: int = 2,
                     timeout: float = 600.0, out_path: str | None = None, on_event=None,
-                    force: bool = False) -> MatrixResult:
+                    force: bool = False, run_archive_code: bool = False) -> MatrixResult:
     event = on_event or (lambda text: None)
     spec = specs.parse_versions(versions)
     if not os.path.isfile(archive_path):  # as verify words it, before uv or the index is asked
@@ -69,17 +64,16 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
         ray_reachable(ray_address)  # before any work: an address nobody listens on is exit 4 at once
     out_path = out_path or re.sub(r"(\.tar\.gz|\.tgz|\.zip)?$", "", archive_path, count=1) + ".matrix.tar.gz"
     _check_out(out_path, archive_path, force)
-    with open(archive_path, "rb") as handle:
-        blob = handle.read()
     with tempfile.TemporaryDirectory(prefix="reprokit-matrix-") as tmp:
-        top = safe_extract(archive_path, tmp)
-        problems = check_manifest(top)
-        if problems:
-            raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}",
-                             hint="the archive was changed after packing; ask for a fresh one")
-        recorded = archive_json(top, "verdict.json", archive_path, use="run as a matrix")
+        top, recorded = open_archive(archive_path, tmp, use="run as a matrix")  # plain verify's checks
         packed_env = archive_json(top, "env.json", archive_path, use="run as a matrix")
+        if not isinstance(packed_env, dict) or not isinstance(packed_env.get("packages", {}), dict):
+            raise InputError(f"archive {archive_path} has an env.json reprokit cannot read (not an object "
+                             "with a 'packages' object)", hint="only archives written by `reprokit pack` can be run "
+                             "as a matrix; ask for a fresh one")
         chosen_target = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
+        plan = runnable(top, recorded, archive_path, target=target, run_archive_code=run_archive_code)
+        cargo = {"script": plan.script, "files": plan.files}
         engine = chosen_target.partition(":")[0].strip().lower()
         if spec.package not in TARGET_PACKAGES.get(engine, ()):
             raise UsageError(f"--versions varies {spec.package}, but the target {chosen_target!r} does not load it",
@@ -98,7 +92,7 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
             wanted = [cells[(v, g)] for v in versions for g in (gpus or (None,))]
             event(f"running {len(wanted)} cell{'s' if len(wanted) != 1 else ''}: "
                   + ", ".join(c.label for c in wanted) + (f" on Ray ({ray_address})" if ray_address else ""))
-            for row in execute(wanted, blob, os.path.basename(archive_path), ray_address=ray_address, jobs=jobs,
+            for row in execute(wanted, cargo, ray_address=ray_address, jobs=jobs,
                                on_result=lambda r: event(_progress(spec.package, r))):
                 rows_by[(row["version"], row["gpu"])] = row
             return {v: rows_by[(v, gpus[0] if gpus else None)]["outcome"] for v in versions}
@@ -118,6 +112,7 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
         order = {r.version: i for i, r in enumerate(chosen)}
         rows = sorted(rows_by.values(), key=lambda r: (order[r["version"]], r.get("gpu") or ""))
         payload = {"schema": SCHEMA, "spec": str(spec), "package": spec.package, "target": chosen_target,
+                   "ran": plan.origin.value,
                    "reference": "reference_outputs.npz (as packed: " + str(recorded.get("reference")) + ")",
                    "packed_with": packed, "latest": releases[-1].version if releases and listed else None,
                    "python": platform.python_version(), "ray": ray_address, "gpus": list(gpus), "env_cache": cache_root(),
@@ -143,13 +138,12 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
 def _no_answer(rows: list[dict], found) -> tuple[str, str] | None:
     """Why the matrix answers nothing (never exit 0 on a guess): no cell ran, or a bisect with
     fewer than two judged releases, which can name no boundary."""
-    cannot = Outcome.CANNOT_RUN.value
-    ran = [r for r in rows if r["outcome"] != cannot and not r.get("known")]
+    ran = [r for r in rows if Outcome(r["outcome"]).judged and not r.get("known")]
     if not ran:
         cells = f"{len(rows)} cells, each" if len(rows) != 1 else "its one cell"
-        return "no-cell-ran", f"no release could run: {cells} 'cannot run'"
+        return "no-cell-ran", f"no release could run: {cells} 'cannot run' or 'error'"
     if found is not None:
-        judged = [v for v, outcome in found.outcomes.items() if outcome != cannot]
+        judged = [v for v, outcome in found.outcomes.items() if Outcome(outcome).judged]
         if len(judged) < 2:
             return "bisect-inconclusive", (f"--bisect judged {len(judged)} of {len(found.versions)} releases "
                                            "(the others cannot run): no boundary to search")
@@ -210,6 +204,16 @@ def _check_out(out_path: str, archive_path: str, force: bool = False) -> None:
     if os.path.exists(out_path) and not force and not _is_matrix_archive(out_path):
         raise UsageError(f"{out_path} exists and is not a matrix archive reprokit wrote; not replacing it",
                          hint="move it away, choose another path with --out, or add --force to replace it")
+    # Before any cell runs, not after all of them: a folder, or a place no file can be written.
+    folder = os.path.dirname(os.path.abspath(out_path))
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    why = ("is a folder" if os.path.isdir(out_path) else
+           f"cannot be written: {existing} is not a folder" if not os.path.isdir(existing) else
+           f"cannot be written: {existing} is not writable" if not os.access(existing, os.W_OK | os.X_OK) else None)
+    if why:
+        raise UsageError(f"--out {out_path} {why}", hint="give --out a file path in a folder you can write")
 
 
 def _is_matrix_archive(path: str) -> bool:

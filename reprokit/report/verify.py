@@ -167,16 +167,7 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
     None: the packing run's own when its verdict is a timeout (the bug is "no answer within T"),
     else 600 s."""
     with tempfile.TemporaryDirectory(prefix="reprokit-verify-") as tmp:
-        top = safe_extract(archive_path, tmp)
-        if os.path.exists(os.path.join(top, MANIFEST)):  # a missing one: check_manifest says so
-            check_manifest_schema(archive_json(top, MANIFEST, archive_path), archive_path)
-        problems = check_manifest(top)
-        if problems:
-            raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}"
-                             + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
-                             hint="the archive was changed after packing; ask for a fresh one")
-        recorded = archive_json(top, "verdict.json", archive_path)
-        check_verdict(recorded, archive_path)  # every field read below is there, of its type
+        top, recorded = open_archive(archive_path, tmp)
         criterion = recorded["criterion"]
         chosen = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
         reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
@@ -194,6 +185,24 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
         verdict = result.verdict
         reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
         return VerifyResult(recorded, verdict, reproduces, chosen)
+
+
+def open_archive(archive_path: str, tmp: str, *, use: str = "verified") -> tuple[str, dict]:
+    """THE validator every command that reads an archive goes through (verify, verify --versions
+    and its cells, local or on Ray): safe extraction into ``tmp`` (bounded before it reads),
+    the manifest's shape and every file's SHA-256, verdict.json's shape. Returns the top folder
+    and the checked verdict. Runs nothing."""
+    top = safe_extract(archive_path, tmp)
+    if os.path.exists(os.path.join(top, MANIFEST)):  # a missing one: check_manifest says so
+        check_manifest_schema(archive_json(top, MANIFEST, archive_path, use=use), archive_path)
+    problems = check_manifest(top)
+    if problems:
+        raise InputError(f"archive {archive_path} fails its manifest check: {problems[0]}"
+                         + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                         hint="the archive was changed after packing; ask for a fresh one")
+    recorded = archive_json(top, "verdict.json", archive_path, use=use)
+    check_verdict(recorded, archive_path)  # every field read later is there, of its type
+    return top, recorded
 
 
 def recorded_timeout(recorded: dict) -> float:

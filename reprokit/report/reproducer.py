@@ -1,0 +1,153 @@
+"""The trust boundary for running an archive: what code runs on an archive someone sent.
+
+An archive is data. ``runnable`` is the ONE function every path that runs something on an
+archive's behalf passes (``verify --versions`` cells, local or on Ray): it returns the script to
+run and the files it reads. By default the script is reprokit's OWN standalone reproducer,
+rendered here from ``templates/repro.py.j2`` with the archive's recorded settings (verdict.json,
+checked by ``check_verdict``) as Python literals (``pylit``): the archive supplies numbers,
+names and files (model, inputs, reference outputs), never code. The archive's own ``repro.py``
+runs only when the user asked for it by name (``--run-archive-code``).
+
+This module runs nothing and never imports an engine; the cells run what it returns.
+Plain ``verify`` runs no script at all (reprokit's own check, in process workers).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+
+from reprokit import __version__
+from reprokit.engine.oracle import Kind, Signature
+from reprokit.errors import InputError
+from reprokit.report.archive import files_under
+from reprokit.report.render import render, templates_dir
+from reprokit.report.schema import check_verdict
+from reprokit.report.verify import archive_policy, recorded_timeout, trusted_archive_spec
+
+SCRIPT = "repro.py"  # where the cell writes the script it runs (the archive's own is not kept)
+OPT_IN = "--run-archive-code"
+
+
+class Origin(str, enum.Enum):
+    REPROKIT = "reprokit's own reproducer (the archive's repro.py is not run)"
+    ARCHIVE = "the archive's own repro.py (--run-archive-code)"
+
+
+@dataclass(frozen=True)
+class Runnable:
+    """What a cell runs: ``script`` (Python source) beside ``files`` (path in the archive's top
+    folder, bytes), and where the script came from."""
+
+    script: str
+    files: tuple[tuple[str, bytes], ...]
+    origin: Origin
+
+
+def runnable(
+    top: str,
+    recorded: dict,
+    archive_path: str,
+    *,
+    target: str | None = None,
+    run_archive_code: bool = False,
+) -> Runnable:
+    """The boundary: the script and the data files a cell gets for the archive extracted (and its
+    manifest checked) at ``top`` (``verify.open_archive``). Without ``run_archive_code`` nothing
+    the archive wrote is code; ``target`` is the user's --target (else the archive's, checked)."""
+    check_verdict(recorded, archive_path)
+    if run_archive_code:
+        path = os.path.join(top, SCRIPT)
+        if not os.path.isfile(path):
+            raise InputError(
+                f"archive {archive_path} has no {SCRIPT} to run ({OPT_IN})",
+                hint=f"drop {OPT_IN}: reprokit's own reproducer needs no repro.py",
+            )
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            script, origin = handle.read(), Origin.ARCHIVE
+    else:
+        script, origin = (
+            standalone_reproducer(recorded, archive_path, target=target),
+            Origin.REPROKIT,
+        )
+    files = tuple((rel, _read(top, rel)) for rel in files_under(top) if rel != SCRIPT)
+    return Runnable(script, files, origin)
+
+
+def _read(top: str, rel: str) -> bytes:
+    with open(os.path.join(top, *rel.split("/")), "rb") as handle:
+        return handle.read()
+
+
+def standalone_reproducer(recorded: dict, archive_path: str, *, target: str | None = None) -> str:
+    """reprokit's repro.py template rendered for the archive's recorded verdict: every value the
+    archive gives enters as a Python literal in SETTINGS; the words around it are reprokit's."""
+    check_verdict(recorded, archive_path)
+    target = target or trusted_archive_spec(
+        recorded["target"], "target", archive_path
+    )  # never cmd: or a path
+    reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
+    criterion, sign = recorded["criterion"], recorded["signature"]
+    signature = Signature(
+        Kind(sign["kind"]), tuple(sign.get("outputs", ())), sign.get("detail", "")
+    )
+    settings = {
+        "target": target,
+        "reference": reference,
+        "metric": criterion["metric"],
+        "tolerance": criterion["tolerance"],
+        "atol": criterion["atol"],
+        "rtol": criterion["rtol"],
+        "expected_kind": signature.kind.value,
+        "summary": signature.describe(),
+        "check_policy": archive_policy(recorded, archive_path).to_json(),
+        "timeout": recorded_timeout(recorded),
+        "bundled": [],
+        "needs": [],
+        "expected_detail": signature.detail,
+    }
+    words = "see verdict.json (values the archive recorded are in SETTINGS below, as literals)"
+    values = {
+        "version": __version__,
+        "title": "reprokit's own reproducer for a report archive",
+        "settings": settings,
+        "engine_requirement": "the target's engine",
+        "reference": "the recorded reference",
+        "target": "the recorded target",
+        "criterion": "the recorded criterion",
+        "alternative": "ort",
+        **_embedded_sources(),
+    }
+    for name in _template_names() - set(values):  # words a newer template adds: never archive text
+        values[name] = words
+    return render(SCRIPT + ".j2", **values)
+
+
+def _embedded_sources() -> dict[str, str]:
+    """The standalone modules repro.py embeds, as ``pack`` embeds them."""
+    from inspect import getsource
+
+    from reprokit.engine.oracle import normalize_message
+    from reprokit.report.bundle import _module_source
+
+    return {
+        "compare_source": _module_source("compare.py"),
+        "emulation_source": _module_source("names.py") + "\n\n" + _module_source("emulation.py"),
+        "arrays_source": _module_source("arrays.py"),
+        "policy_source": _module_source("checkpolicy.py"),
+        "normalize_source": getsource(normalize_message),
+    }
+
+
+def _template_names() -> set[str]:
+    import jinja2
+    import jinja2.meta
+
+    env = jinja2.Environment()
+    env.filters["pylit"] = lambda value: value
+    with open(os.path.join(templates_dir(), SCRIPT + ".j2")) as handle:
+        return jinja2.meta.find_undeclared_variables(env.parse(handle.read())) - {
+            "fmt",
+            "reference_words",
+        }

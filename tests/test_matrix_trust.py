@@ -1,0 +1,262 @@
+"""The version matrix's trust boundary (issue 37 item 1 and the exit-code contract): ``verify
+--versions`` runs reprokit's own reproducer on the archive's data in every cell, local or on a Ray
+worker, never the archive's repro.py unless ``--run-archive-code`` is given; an archive that is
+malformed in any way plain ``verify`` refuses is refused before the first cell; only exit 1 with
+the REPRODUCES line counts as "reproduces".
+
+Real archives (conftest.pack_matmul_softmax: x[1,16] -> MatMul(3e4) -> Softmax, NaN under
+emulate:fp16) edited as a hostile sender would (a file changed, MANIFEST.json recomputed), real uv
+environments of the onnxruntime installed here, a real in-process Ray cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import assert_user_error, pack_matmul_softmax, run_cli
+
+from reprokit.errors import InputError, UsageError
+from reprokit.report.archive import safe_extract, write_archive, write_manifest
+
+ORT = __import__("onnxruntime").__version__
+SPEC = f"onnxruntime=={ORT}"
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> str:
+    return pack_matmul_softmax(tmp_path_factory.mktemp("pack")).archive
+
+
+def edited(archive: str, tmp_path: Path, edit: Callable[[Path], None], name: str = "edited") -> str:
+    """The archive after ``edit(top)``, with a MANIFEST.json that matches again (any sender can
+    recompute it)."""
+    top = Path(safe_extract(archive, str(tmp_path / f"{name}-x")))
+    edit(top)
+    manifest = json.loads((top / "MANIFEST.json").read_text())
+    os.remove(top / "MANIFEST.json")
+    write_manifest(str(top), {k: v for k, v in manifest.items() if k not in ("schema", "files")})
+    out = str(tmp_path / f"{name}.tar.gz")
+    write_archive(str(top), out, "tar.gz")
+    shutil.rmtree(tmp_path / f"{name}-x")
+    return out
+
+
+def add_line(line: str):
+    """An edit: one line added to repro.py right after its imports."""
+
+    def edit(top: Path) -> None:
+        text = (top / "repro.py").read_text()
+        (top / "repro.py").write_text(
+            text.replace("\nimport tempfile\n", "\nimport tempfile\n" + line + "\n", 1)
+        )
+
+    return edit
+
+
+def json_file(name: str, value):
+    def edit(top: Path) -> None:
+        (top / name).write_text(json.dumps(value))
+
+    return edit
+
+
+def verdict_change(**changes):
+    def edit(top: Path) -> None:
+        verdict = json.loads((top / "verdict.json").read_text())
+        verdict.update(changes)
+        (top / "verdict.json").write_text(json.dumps(verdict))
+
+    return edit
+
+
+# -- refused before any cell: no uv, no index, nothing run ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            json_file("verdict.json", [1, 2]),
+            "verdict.json does not follow its schema: the file must be an object",
+        ),
+        (json_file("env.json", [1, 2]), "env.json reprokit cannot read"),
+        (verdict_change(criterion=None), "criterion must be an object"),
+        (verdict_change(signature="x"), "signature must be an object"),
+        (verdict_change(target="cmd:/usr/bin/touch /tmp/reprokit-h37a-pwned"), "runs a command"),
+        (verdict_change(reference="cmd:/usr/bin/touch /tmp/reprokit-h37a-pwned"), "runs a command"),
+    ],
+)
+def test_versions_refuses_what_plain_verify_refuses_before_any_cell(
+    packed, tmp_path, edit, message
+):
+    """Each was accepted (exit 0 after the cells) or crashed (exit 70) at 21297fd."""
+    from reprokit.matrix.run import verify_versions
+
+    archive = edited(packed, tmp_path, edit)
+    cells = []
+    with pytest.raises(InputError, match=message):
+        verify_versions(archive, SPEC, out_path=str(tmp_path / "m.tar.gz"), on_event=cells.append)
+    assert cells == [] and not (tmp_path / "m.tar.gz").exists()  # not even the index was asked
+    assert not os.path.exists("/tmp/reprokit-h37a-pwned")
+
+
+def test_versions_refuses_a_bad_out_before_any_cell(packed, tmp_path):
+    """-o under a file (no folder can be made there): exit 2 at once, not exit 70 after the cells."""
+    (tmp_path / "plain").write_text("a file")
+    proc = run_cli("verify", packed, "--versions", SPEC, "-o", str(tmp_path / "plain" / "m.tar.gz"))
+    assert_user_error(proc, 2, contains="--out")
+    assert "listing" not in proc.stderr and "running" not in proc.stderr
+
+
+def test_run_archive_code_goes_with_versions(packed):
+    proc = run_cli("verify", packed, "--run-archive-code")
+    assert_user_error(proc, 2, contains="--run-archive-code")
+
+
+def test_the_reproducer_is_reprokits_own_rendering(packed, tmp_path):
+    """The script a cell gets is rendered from reprokit's template: the archive's edited repro.py
+    is not in it; the archive's values enter only as literals in SETTINGS."""
+    from reprokit.report.reproducer import Origin, runnable
+    from reprokit.report.verify import open_archive
+
+    marker = "open('/tmp/reprokit-h37a-pwned', 'w')"
+    archive = edited(packed, tmp_path, add_line(marker))
+    top, recorded = open_archive(archive, str(tmp_path / "x"))
+    plan = runnable(top, recorded, archive)
+    assert plan.origin is Origin.REPROKIT and marker not in plan.script
+    assert "repro.py" not in dict(plan.files)
+    own = runnable(top, recorded, archive, run_archive_code=True)
+    assert own.origin is Origin.ARCHIVE and marker in own.script
+    quoted = edited(
+        packed, tmp_path, verdict_change(target='emulate:fp16"""\nimport os'), name="quoted"
+    )
+    top, recorded = open_archive(quoted, str(tmp_path / "y"))
+    with pytest.raises(
+        (InputError, UsageError)
+    ):  # not a target reprokit knows: refused, never embedded
+        runnable(top, recorded, quoted)
+
+
+@pytest.mark.parametrize(
+    "code,stdout,outcome",
+    [
+        (1, "Traceback (most recent call last):\nRuntimeError: boom\n", "error"),
+        (1, "REPRODUCES: nonfinite, as reported\n", "reproduces"),
+        (70, "", "error"),
+        (0, "", "error"),
+        (0, "DOES NOT REPRODUCE: every output agrees\n", "does not reproduce"),
+        (2, "usage: repro.py [-h]\n", "error"),
+        (4, "COULD NOT RUN HERE: model.onnx is missing\n", "cannot run"),
+    ],
+)
+def test_only_exit_1_with_its_line_reproduces(code, stdout, outcome):
+    """The exit-code contract (0 no, 1 yes, 3/4 cannot run here, anything else an error): an
+    exception exits 1 too, and was counted as "reproduces" at 21297fd."""
+    from reprokit.matrix.cells import judge_exit
+
+    assert judge_exit(code, stdout, "").__getitem__(0).value == outcome
+
+
+# -- real cells ------------------------------------------------------------------------------------
+
+
+def _index_reachable() -> bool:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/onnxruntime/", timeout=10).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def env_cache(tmp_path_factory):
+    from reprokit.matrix.envs import find_uv
+
+    if find_uv() is None:
+        pytest.skip("uv is not installed: pip install 'reprokit[matrix]'")
+    if not _index_reachable():
+        pytest.skip("the package index (pypi.org) is not reachable: environments cannot be built")
+    folder = tmp_path_factory.mktemp("envs")
+    old = os.environ.get("REPROKIT_ENV_CACHE")
+    os.environ["REPROKIT_ENV_CACHE"] = str(folder)
+    yield folder
+    os.environ.pop("REPROKIT_ENV_CACHE") if old is None else os.environ.__setitem__(
+        "REPROKIT_ENV_CACHE", old
+    )
+
+
+@pytest.fixture(scope="module")
+def tampered(packed, tmp_path_factory):
+    """repro.py with one line that writes a file (a fixed path: a Ray worker has its own
+    environment variables); the archive and that path."""
+    folder = tmp_path_factory.mktemp("tampered")
+    pwned = folder / "PWNED"
+    return edited(packed, folder, add_line(f"open({str(pwned)!r}, 'w').write('ran')")), pwned
+
+
+def _matrix(archive, tmp_path, **kw):
+    from reprokit.errors import MatrixNoAnswer
+    from reprokit.matrix.run import verify_versions
+
+    try:
+        return verify_versions(
+            archive, SPEC, out_path=str(tmp_path / f"m{len(os.listdir(tmp_path))}.tar.gz"), **kw
+        )
+    except MatrixNoAnswer as exc:  # no cell gave a verdict: the rows as far as they went
+        return exc.result
+
+
+@pytest.mark.slow
+def test_a_tampered_archive_runs_none_of_its_code_without_the_opt_in(tampered, env_cache, tmp_path):
+    """At 21297fd the cell ran the archive's repro.py: the file was written."""
+    archive, pwned = tampered
+    pwned.unlink(missing_ok=True)
+    result = _matrix(archive, tmp_path)
+    assert [r["outcome"] for r in result.rows] == ["reproduces"], (
+        result.rows
+    )  # reprokit's reproducer
+    assert not pwned.exists()
+    assert result.payload["ran"].startswith("reprokit's own reproducer")
+    opted = _matrix(archive, tmp_path, run_archive_code=True)
+    assert pwned.read_text() == "ran" and [r["outcome"] for r in opted.rows] == ["reproduces"]
+    assert "--run-archive-code" in opted.payload["ran"]
+
+
+@pytest.mark.slow
+def test_an_archive_repro_py_that_raises_is_an_error_not_a_reproduction(
+    packed, env_cache, tmp_path
+):
+    """Exit 1 from an uncaught exception: "reproduces" at 21297fd."""
+    archive = edited(packed, tmp_path, add_line("raise RuntimeError('not the bug')"))
+    result = _matrix(archive, tmp_path, run_archive_code=True)
+    assert [r["outcome"] for r in result.rows] == ["error"], result.rows
+    assert "RuntimeError: not the bug" in result.rows[0]["why"]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(env_cache):
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'reprokit[matrix]'")
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False
+    )  # workers see REPROKIT_ENV_CACHE
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_on_ray_a_tampered_archive_runs_none_of_its_code_without_the_opt_in(
+    tampered, tmp_path, ray_cluster
+):
+    archive, pwned = tampered
+    pwned.unlink(missing_ok=True)
+    result = _matrix(archive, tmp_path, ray_address="auto")
+    assert [r["outcome"] for r in result.rows] == ["reproduces"], result.rows
+    assert not pwned.exists()
+    _matrix(archive, tmp_path, ray_address="auto", run_archive_code=True)
+    assert pwned.read_text() == "ran"
