@@ -260,3 +260,30 @@ def test_on_ray_a_tampered_archive_runs_none_of_its_code_without_the_opt_in(
     assert not pwned.exists()
     _matrix(archive, tmp_path, ray_address="auto", run_archive_code=True)
     assert pwned.read_text() == "ran"
+
+
+@pytest.mark.slow
+def test_a_poisoned_environment_is_detected_and_rebuilt(env_cache):
+    """At 21297fd onnxruntime/__init__.py was a hard link into uv's cache (a line appended there
+    reached every later environment) and a cached environment was reused unchecked."""
+    import glob
+
+    from reprokit.matrix.envs import EnvRequest, ensure_env, intact
+
+    request = EnvRequest((f"onnxruntime=={ORT}",))
+    env = ensure_env(request)
+    site = Path(glob.glob(os.path.join(env.path, "lib", "python*", "site-packages"))[0])
+    init = site / "onnxruntime" / "__init__.py"
+    assert os.stat(init).st_nlink == 1  # a copy: writing it cannot reach uv's cache
+    clean = init.read_text()
+    with open(init, "a") as handle:
+        handle.write("\nopen('/tmp/reprokit-h37a-pwned', 'w')\n")
+    assert "onnxruntime/__init__.py differs from its RECORD hash" in intact(env.path)
+    again = ensure_env(request)
+    assert again.built and "onnxruntime/__init__.py" in again.rebuilt_why
+    assert init.read_text() == clean
+    (site / "zz-startup.pth").write_text("import os\n")  # runs at every interpreter start
+    again = ensure_env(request)
+    assert again.built and "zz-startup.pth was added" in again.rebuilt_why
+    assert not (site / "zz-startup.pth").exists() and intact(env.path) is None
+    assert ensure_env(request).built is False  # intact: reused

@@ -77,7 +77,9 @@ def run_cell(cell: Cell, payload: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="reprokit-cell-") as tmp:
         top = os.path.join(tmp, "archive")
         _lay_out(top, payload)
-        argv = [env.python, "-I", "repro.py"]  # -I: the folder's files are data, never imported
+        # -I: the folder's files are data, never imported; a fresh pycache folder: no .pyc in the
+        # environment is read (envs.intact checks the sources, not compiled files)
+        argv = [env.python, "-I", "-X", f"pycache_prefix={os.path.join(tmp, 'pycache')}", "repro.py"]
         if "--reference" in payload["script"]:  # archives packed before reprokit had it: run as is
             argv += ["--reference", "recorded"]
         if cell.target:

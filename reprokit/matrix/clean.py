@@ -7,10 +7,10 @@ a build waiting on one never races a new one). Anything
 else in the cache folder (``REPROKIT_ENV_CACHE`` may point anywhere) is left alone and named. An
 environment being built right now (its lock held) is skipped.
 
-uv links an environment's files from its own cache (hard links on Linux), so removing an
-environment frees only the files no other link keeps: the bytes are counted per inode, freed only
-when every link of it was removed, and the rest is reported as still held by uv's cache
-(``uv cache clean`` frees that). Standard library only.
+Environments hold copies of uv's cached files (``envs`` installs with ``--link-mode copy``);
+one built before that may hold hard links into uv's cache, so the bytes are counted per inode,
+freed only when every link of it was removed, and the rest is reported as still held by uv's
+cache (``uv cache clean`` frees that). Standard library only.
 """
 
 from __future__ import annotations

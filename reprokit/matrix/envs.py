@@ -8,12 +8,23 @@ that release's upload date, so an old engine gets the numpy it was built against
 requirement set, the date and the interpreter; built under a file lock and marked complete last,
 so parallel cells never use half an environment or build one twice.
 
+An environment is a place code runs: uv installs COPIES (``--link-mode copy``; its default hard
+links would make a change in the environment a change in uv's own cache, and so in every later
+environment), and before each reuse ``intact`` holds the installed files against their RECORD
+hashes (and the RECORD files against the digest taken at build time), and refuses files no
+package installed (a ``.pth`` or ``sitecustomize`` runs at start-up): a changed environment is
+rebuilt, never used. Cells run with their own pycache folder, so no ``.pyc`` in the
+environment is read.
+
 Standard library only: Ray workers import this with nothing but reprokit's own files.
 """
 
 from __future__ import annotations
 
+import base64
+import csv
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -90,6 +101,7 @@ class Env:
     packages: dict[str, str] = field(default_factory=dict)  # what uv installed: name -> version
     built: bool = False  # False: taken from the cache
     seconds: float = 0.0
+    rebuilt_why: str | None = None  # the cached one failed ``intact``: what was changed
 
 
 def cache_root() -> str:
@@ -124,31 +136,118 @@ def ensure_env(request: EnvRequest, *, timeout: float = 900.0) -> Env:
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, request.key())
     started = time.perf_counter()
-    with open(final + ".lock", "w") as lock:
+    changed = None
+    with open(final + ".lock", "a") as lock:  # "a": never truncates a lock another process holds
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key; the others wait, then reuse
         if os.path.exists(os.path.join(final, MARKER)):
-            return _load(final, started)
+            changed = intact(final)
+            if changed is None:
+                return _load(final, started)
         # Built in place (console scripts name their interpreter by absolute path, so a renamed
         # environment would break them); the marker, written last, says it is complete.
         shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of a killed build
         try:
             _uv(uv, ["venv", "--quiet", "--python", request.python, final], timeout)
             python = _python_in(final)
-            args = ["pip", "install", "--quiet", "--python", python]
+            args = ["pip", "install", "--quiet", "--link-mode", "copy", "--python", python]
             if request.resolve_at:
                 args += ["--exclude-newer", request.resolve_at]
             _uv(uv, args + list(request.requirements), timeout)
             packages = _freeze(uv, python, timeout)
             with open(os.path.join(final, MARKER + ".tmp"), "w") as handle:
                 json.dump({"requirements": list(request.requirements), "resolve_at": request.resolve_at,
-                           "python": _python_version(request.python), "packages": packages}, handle, indent=2)
+                           "python": _python_version(request.python), "packages": packages,
+                           "records": _records_digest(final), "unlisted": _unlisted(final, _listed(final))},
+                          handle, indent=2)
             os.replace(os.path.join(final, MARKER + ".tmp"), os.path.join(final, MARKER))
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)
             raise
     env = _load(final, started)
-    env.built = True
+    env.built, env.rebuilt_why = True, changed
     return env
+
+
+def intact(path: str) -> str | None:
+    """None when the environment at ``path`` is as uv installed it; else the first change found:
+    a file that differs from its RECORD hash, a RECORD changed since the build, a file in
+    site-packages no RECORD lists that was not there at the build (``__pycache__`` aside: cells
+    never read those)."""
+    try:
+        with open(os.path.join(path, MARKER)) as handle:
+            info = json.load(handle)
+        recorded, extras = info["records"], info["unlisted"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MARKER} is unreadable or predates the integrity check"
+    if recorded != _records_digest(path):
+        return "a RECORD file changed since the build"
+    listed: set[str] = set()
+    for record in _records(path):
+        with open(record, newline="") as handle:
+            for row in csv.reader(handle):
+                if not row:
+                    continue
+                file = os.path.normpath(os.path.join(os.path.dirname(os.path.dirname(record)), row[0]))
+                listed.add(file)
+                if len(row) > 1 and row[1].startswith("sha256=") and _sha256(file) != row[1][7:]:
+                    return f"{os.path.relpath(file, path)} differs from its RECORD hash"
+    now = _unlisted(path, listed)
+    for rel in sorted(set(now) | set(extras)):
+        if now.get(rel) != extras.get(rel):
+            return f"{rel} was {'added' if rel not in extras else 'changed'} after the build (no package lists it)"
+    return None
+
+
+def _unlisted(path: str, listed: set[str]) -> dict[str, str | None]:
+    """site-packages files no RECORD lists (uv's own ``_virtualenv.pth``), by hash."""
+    found = {}
+    for site in _site_packages(path):
+        for top, dirs, files in os.walk(site):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                file = os.path.normpath(os.path.join(top, name))
+                if file not in listed:
+                    found[os.path.relpath(file, path)] = _sha256(file)
+    return found
+
+
+def _records(path: str) -> list[str]:
+    return [r for site in _site_packages(path) for r in sorted(glob.glob(os.path.join(site, "*.dist-info", "RECORD")))]
+
+
+def _listed(path: str) -> set[str]:
+    listed = set()
+    for record in _records(path):
+        with open(record, newline="") as handle:
+            site = os.path.dirname(os.path.dirname(record))
+            listed |= {os.path.normpath(os.path.join(site, row[0])) for row in csv.reader(handle) if row}
+    return listed
+
+
+def _site_packages(path: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(path, "lib", "python*", "site-packages"))
+                  + glob.glob(os.path.join(path, "Lib", "site-packages")))
+
+
+def _records_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    for record in _records(path):
+        digest.update(os.path.relpath(record, path).encode() + b"\0")
+        with open(record, "rb") as handle:
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def _sha256(path: str) -> str | None:
+    """The RECORD form of a file's SHA-256 (urlsafe base64, no padding); None when it is gone."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
 def _load(path: str, started: float) -> Env:
