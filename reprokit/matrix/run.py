@@ -27,7 +27,15 @@ from reprokit.matrix.cells import Cell, Outcome
 from reprokit.matrix.envs import cache_root, find_uv
 from reprokit.matrix.executor import INSTALL, execute, ray_reachable
 from reprokit.matrix.table import SCHEMA, answer_in_issue, latest_answer
-from reprokit.report.archive import MANIFEST, write_archive, write_manifest
+from reprokit.report.archive import (
+    MANIFEST,
+    MAX_MEMBERS,
+    HeaderRefused,
+    open_tar,
+    write_archive,
+    write_manifest,
+    zip_entries,
+)
 from reprokit.report.reproducer import runnable
 from reprokit.report.verify import archive_json, open_archive, trusted_archive_spec
 from reprokit.spec import parse_target
@@ -217,14 +225,18 @@ def _check_out(out_path: str, archive_path: str, force: bool = False) -> None:
 
 
 def _is_matrix_archive(path: str) -> bool:
+    """Whether ``path`` is a matrix archive reprokit wrote; read through the bounded reader (a
+    file at --out may be anybody's), at most MAX_MEMBERS names."""
     try:
         if path.endswith(".zip"):
+            if zip_entries(path) > MAX_MEMBERS:
+                return False
             with zipfile.ZipFile(path) as handle:
                 names = handle.namelist()
         else:
-            with tarfile.open(path, "r:*") as handle:
-                names = handle.getnames()
-    except (OSError, tarfile.TarError, zipfile.BadZipFile):
+            with open_tar(path) as handle:
+                names = [m.name for m, _ in zip(handle, range(MAX_MEMBERS))]
+    except (OSError, tarfile.TarError, zipfile.BadZipFile, HeaderRefused):
         return False
     return any(n.count("/") == 1 and n.endswith("/matrix.json") for n in names)
 

@@ -1,6 +1,9 @@
 """Report archives on disk: MANIFEST.json with SHA-256 of every file, deterministic .tar.gz /
 .zip writing, and extraction that treats the archive as untrusted (one top folder, no absolute
-paths, no '..', no links or devices, a size cap, manifest check).
+paths, no '..', regular files and folders only, a size cap, manifest check). The ONE reader of
+archives: every header is bounded before ``tarfile`` reads it (a PAX or GNU long-name header
+declaring 1.5 GB would otherwise be read whole), a zip's member count before ``zipfile`` lists
+them. Runs nothing from an archive.
 """
 
 from __future__ import annotations
@@ -19,6 +22,41 @@ from reprokit.files import atomic_write
 MANIFEST = "MANIFEST.json"
 MAX_TOTAL_BYTES = 4 * 2**30  # unpacked size cap: a decompression bomb stops here
 MAX_MEMBERS = 10_000
+MAX_HEADER_BYTES = 1 << 20  # a PAX / GNU long-name header holds a path and a few keys: never a megabyte
+_LONG_HEADERS = {tarfile.XHDTYPE: "PAX", tarfile.XGLTYPE: "PAX global", tarfile.SOLARIS_XHDTYPE: "PAX (Solaris)",
+                 tarfile.GNUTYPE_LONGNAME: "GNU long-name", tarfile.GNUTYPE_LONGLINK: "GNU long-link"}
+
+
+class HeaderRefused(Exception):
+    """A tar header reprokit will not let ``tarfile`` read (too large, or a kind it never writes)."""
+
+
+class _BoundedInfo(tarfile.TarInfo):
+    """A TarInfo that checks each header's kind and declared size before ``tarfile`` reads the
+    header's data (it reads a PAX or GNU long-name header whole into memory)."""
+
+    def _proc_member(self, tarfile_):
+        kind = _LONG_HEADERS.get(self.type)
+        if kind and self.size > MAX_HEADER_BYTES:
+            raise HeaderRefused(f"a {kind} header declares {self.size} bytes (at most {MAX_HEADER_BYTES} are read)")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise HeaderRefused(f"member {self.name!r} is a sparse file")
+        return super()._proc_member(tarfile_)
+
+
+def open_tar(path: str) -> tarfile.TarFile:
+    """``tarfile.open(path, "r:*")`` with every header bounded (``_BoundedInfo``); raises
+    HeaderRefused, tarfile.TarError or OSError."""
+    return tarfile.open(path, "r:*", tarinfo=_BoundedInfo)
+
+
+def zip_entries(path: str) -> int:
+    """The member count a zip's end record declares, read before ``zipfile`` lists them all."""
+    with open(path, "rb") as handle:
+        end = zipfile._EndRecData(handle)  # noqa: SLF001 - the stdlib's own end-record reader
+    if end is None:
+        raise zipfile.BadZipFile("no end of central directory record")
+    return int(end[zipfile._ECD_ENTRIES_TOTAL])  # noqa: SLF001
 
 
 def files_under(root: str) -> list[str]:
@@ -135,6 +173,8 @@ def safe_extract(archive_path: str, dest: str, max_bytes: int = MAX_TOTAL_BYTES)
 
     try:
         return _safe_extract(archive_path, dest, max_bytes)
+    except HeaderRefused as exc:
+        _refuse(archive_path, str(exc))
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno is not None:
             raise  # a real I/O error on our side (disk full ...), not the archive's
@@ -149,6 +189,8 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
     total = 0
     members = []
     if zipfile.is_zipfile(archive_path):
+        if zip_entries(archive_path) > MAX_MEMBERS:
+            _refuse(archive_path, f"{zip_entries(archive_path)} members")
         with zipfile.ZipFile(archive_path) as archive:
             infos = archive.infolist()
             if len(infos) > MAX_MEMBERS:
@@ -158,6 +200,8 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
                 mode = info.external_attr >> 16
                 if stat.S_ISLNK(mode):
                     _refuse(archive_path, f"member {info.filename!r} is a link")
+                if stat.S_IFMT(mode) not in (0, stat.S_IFREG, stat.S_IFDIR):
+                    _refuse(archive_path, f"member {info.filename!r} is not a regular file or folder")
                 total += info.file_size
                 if total > max_bytes:
                     _refuse(archive_path, f"unpacks to more than {max_bytes} bytes (decompression bomb?)")
@@ -168,7 +212,7 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
                 _write_member(dest, name, archive.open(info), info.file_size, max_bytes)
     else:
         try:
-            archive = tarfile.open(archive_path, "r:*")
+            archive = open_tar(archive_path)
         except (tarfile.TarError, OSError) as exc:
             _refuse(archive_path, f"not a .tar.gz or .zip ({exc})")
         with archive:
@@ -183,7 +227,7 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
                 if info.isdir():
                     layout.add(name, True)
                     continue
-                if not info.isfile():
+                if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):  # not CONTTYPE, sparse, devices
                     _refuse(archive_path, f"member {info.name!r} is not a regular file")
                 total += info.size
                 if total > max_bytes:
