@@ -212,7 +212,7 @@ def test_matrix_clean_frees_what_it_built_and_nothing_else(tmp_path):
         done = _cli("matrix", "clean", env_cache=cache)
     assert done.returncode == 0, done.stderr
     assert "removed 1 environment in" in done.stdout and "freed " in done.stdout and " bytes)" in done.stdout
-    assert "kept 1 being built now" in done.stdout and "left alone" in done.stdout
+    assert "kept 1 in use or being built now" in done.stdout and "left alone" in done.stdout
     assert not os.path.exists(gone.path) and os.path.isdir(kept.path)
     assert (cache / "notes.txt").read_text() == "mine" and (cache / ("0" * 20)).is_dir()
     again = json.loads(_cli("matrix", "clean", "--json", env_cache=cache).stdout)

@@ -287,3 +287,67 @@ def test_a_poisoned_environment_is_detected_and_rebuilt(env_cache):
     assert again.built and "zz-startup.pth was added" in again.rebuilt_why
     assert not (site / "zz-startup.pth").exists() and intact(env.path) is None
     assert ensure_env(request).built is False  # intact: reused
+
+
+def _sleeper(packed, tmp_path, name):
+    """An archive whose repro.py (run with --run-archive-code) marks that it runs, then waits."""
+    mark = tmp_path / f"{name}.running"
+    line = f"open({str(mark)!r}, 'w').close(); __import__('time').sleep(60)"
+    return edited(packed, tmp_path, add_line(line), name=name), mark
+
+
+def _start(archive, env_cache, out):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "reprokit", "verify", archive, "--versions", SPEC,
+                             "--run-archive-code", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "REPROKIT_ENV_CACHE": str(env_cache)})
+
+
+def _wait_for(path: Path, process, seconds: float = 180) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the cell never started"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.13, 0.41])
+def test_ctrl_c_while_a_cell_runs_is_always_exit_130(packed, env_cache, tmp_path, delay):
+    """At 21297fd an interrupt landing inside a lock of the waiting loop ended in "release
+    unlocked lock", exit 70 (2 of 13 tries); now the handler only notes it."""
+    import signal
+    import time
+
+    archive, mark = _sleeper(packed, tmp_path, "sleeper")
+    process = _start(archive, env_cache, tmp_path / "m.tar.gz")
+    _wait_for(mark, process)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Error: interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_matrix_clean_keeps_the_environment_a_running_cell_uses(packed, env_cache, tmp_path):
+    """At 21297fd clean removed it under the running cell."""
+    import signal
+
+    archive, mark = _sleeper(packed, tmp_path, "sleeper")
+    process = _start(archive, env_cache, tmp_path / "m.tar.gz")
+    try:
+        _wait_for(mark, process)
+        in_use = [p for p in env_cache.iterdir() if p.is_dir() and (p / "reprokit-env.json").exists()
+                  and "onnx" in json.loads((p / "reprokit-env.json").read_text())["packages"]]
+        done = run_cli("matrix", "clean", "--json", env={"REPROKIT_ENV_CACHE": str(env_cache)})
+        assert done.returncode == 0, done.stderr
+        cleaned = json.loads(done.stdout)
+        assert in_use and all(p.name in cleaned["busy"] and p.is_dir() for p in in_use), cleaned
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)

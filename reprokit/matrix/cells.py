@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from reprokit.matrix.envs import EnvBuildError, EnvRequest, ensure_env, run_process
+from reprokit.matrix.envs import EnvBuildError, EnvRequest, env_in_use, run_process
 
 
 class Outcome(str, enum.Enum):
@@ -68,12 +68,19 @@ def run_cell(cell: Cell, payload: dict) -> dict:
     result = {"cell": asdict(cell), "version": cell.version, "gpu": cell.gpu, "host": socket.gethostname(),
               "machine": platform.machine(), "env_seconds": None, "env_built": None, "run_seconds": None,
               "exit_code": None, "packages": {}, "output": ""}
+    request = EnvRequest(cell.requirements, cell.resolve_at)
     try:
-        env = ensure_env(EnvRequest(cell.requirements, cell.resolve_at), timeout=max(cell.timeout, 900.0))
+        with env_in_use(request, timeout=max(cell.timeout, 900.0)) as env:  # `matrix clean` keeps it meanwhile
+            result.update(env_seconds=round(env.seconds, 2), env_built=env.built, packages=env.packages,
+                          env_path=env.path)
+            if env.rebuilt_why:
+                result["env_rebuilt"] = env.rebuilt_why
+            return _run_script(cell, env, payload, result)
     except EnvBuildError as exc:
         return {**result, "outcome": Outcome.CANNOT_RUN.value, "why": f"environment: {exc}"}
-    result.update(env_seconds=round(env.seconds, 2), env_built=env.built, packages=env.packages,
-                  env_path=env.path)
+
+
+def _run_script(cell: Cell, env, payload: dict, result: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="reprokit-cell-") as tmp:
         top = os.path.join(tmp, "archive")
         _lay_out(top, payload)

@@ -5,7 +5,8 @@ Only what ``envs`` built is removed: a folder named by an environment key (20 he
 holds the completion marker, or an incomplete build beside its ``.lock`` (the empty locks stay, so
 a build waiting on one never races a new one). Anything
 else in the cache folder (``REPROKIT_ENV_CACHE`` may point anywhere) is left alone and named. An
-environment being built right now (its lock held) is skipped.
+environment being built or used by a running cell right now (its lock held, exclusively by a
+builder, shared by cells) is skipped.
 
 Environments hold copies of uv's cached files (``envs`` installs with ``--link-mode copy``);
 one built before that may hold hard links into uv's cache, so the bytes are counted per inode,
@@ -30,7 +31,7 @@ _KEY = re.compile(r"[0-9a-f]{20}")
 class CleanResult:
     root: str
     removed: list[str] = field(default_factory=list)  # environment keys
-    busy: list[str] = field(default_factory=list)  # being built now: kept
+    busy: list[str] = field(default_factory=list)  # being built or used by a cell now: kept
     left: list[str] = field(default_factory=list)  # not reprokit's: never touched
     freed_bytes: int = 0  # disk space given back (blocks of inodes whose every link was removed)
     linked_bytes: int = 0  # removed links whose data another link (uv's cache) still holds

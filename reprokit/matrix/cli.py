@@ -82,7 +82,7 @@ def clean_matrix_envs(*, dry_run: bool, as_json: bool) -> None:
               + (f"; {_size(result.linked_bytes)} more stay as hard links into uv's cache (`uv cache clean` "
                  "frees them)" if result.linked_bytes else ""))
     if result.busy:
-        out.print(f"kept {len(result.busy)} being built now: {', '.join(result.busy)}")
+        out.print(f"kept {len(result.busy)} in use or being built now: {', '.join(result.busy)}")
     if result.left:
         shown = ", ".join(result.left[:8]) + (" …" if len(result.left) > 8 else "")
         out.print(f"left alone (not environments reprokit built): {shown}")

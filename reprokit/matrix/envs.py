@@ -22,6 +22,7 @@ Standard library only: Ray workers import this with nothing but reprokit's own f
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import fcntl
 import glob
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 MARKER = "reprokit-env.json"  # written last: an environment without it is incomplete
@@ -166,6 +168,31 @@ def ensure_env(request: EnvRequest, *, timeout: float = 900.0) -> Env:
     env = _load(final, started)
     env.built, env.rebuilt_why = True, changed
     return env
+
+
+@contextlib.contextmanager
+def env_in_use(request: EnvRequest, *, timeout: float = 900.0) -> Iterator[Env]:
+    """``ensure_env``, holding a shared lock on the environment while the caller runs in it:
+    builders and ``matrix clean`` take that lock exclusively, so neither rebuilds nor removes an
+    environment a cell is using; cells share it."""
+    root = cache_root()
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, request.key())
+    started = time.perf_counter()
+    with open(final + ".lock", "a") as lock:
+        while True:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            if os.path.exists(os.path.join(final, MARKER)) and intact(final) is None:
+                env = _load(final, started)
+                break
+            fcntl.flock(lock, fcntl.LOCK_UN)  # build (or rebuild) under the exclusive lock, then share it
+            built = ensure_env(request, timeout=timeout)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            if os.path.exists(os.path.join(final, MARKER)):  # not removed in between
+                env = built
+                break
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield env
 
 
 def intact(path: str) -> str | None:

@@ -11,14 +11,17 @@ instead of waiting for ever. The same executor serves ``reprokit check`` over ma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict
 
 import reprokit
@@ -69,17 +72,44 @@ def _run(tasks, ray_address, jobs, on_result) -> list[dict]:
     results: list[dict | None] = [None] * len(tasks)
     allow_all()
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-    try:
-        futures = {pool.submit(fn, *args): i for i, (fn, args, _) in enumerate(tasks)}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            report(results[futures[future]])
-    except BaseException:  # Ctrl-C/SIGTERM: queued cells never start, running processes are killed
-        stop_all()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
+    with interrupts_at_checkpoints() as interrupted:
+        try:
+            futures = {pool.submit(fn, *args): i for i, (fn, args, _) in enumerate(tasks)}
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if interrupted.is_set():
+                        break
+                    results[futures[future]] = future.result()
+                    report(results[futures[future]])
+                if interrupted.is_set():
+                    raise KeyboardInterrupt
+        except BaseException:  # Ctrl-C/SIGTERM: queued cells never start, running processes are killed
+            stop_all()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     pool.shutdown()
     return results  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def interrupts_at_checkpoints():
+    """While cells run, Ctrl-C and SIGTERM only set the event yielded; the waiting loop raises
+    KeyboardInterrupt where it holds no lock (an interrupt raised inside a ``with lock:`` of the
+    pool or the console ended in "release unlocked lock", exit 70). Outside the main thread
+    nothing changes (signals reach only the main thread)."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    old = {number: signal.signal(number, lambda signum, frame: interrupted.set())
+           for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield interrupted
+    finally:
+        for number, handler in old.items():
+            signal.signal(number, handler)
 
 
 def _on_ray(tasks, address: str, report) -> list[dict]:
@@ -118,21 +148,26 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
             remotes[fn] = ray.remote(fn)
         refs[remotes[fn].options(**options).remote(*args)] = index
     pending = list(refs)
-    try:
-        _gather(ray, tasks, refs, pending, results, report)
-    except BaseException:  # Ctrl-C/SIGTERM: the cluster's tasks of this run are cancelled
-        for ref in refs:
-            try:
-                ray.cancel(ref, force=True)
-            except Exception:  # noqa: BLE001 - already finished or gone: nothing to cancel
-                pass
-        raise
+    with interrupts_at_checkpoints() as interrupted:
+        try:
+            _gather(ray, tasks, refs, pending, results, report, interrupted)
+        except BaseException:  # Ctrl-C/SIGTERM: the cluster's tasks of this run are cancelled
+            for ref in refs:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - already finished or gone: nothing to cancel
+                    pass
+            raise
     return results  # type: ignore[return-value]
 
 
-def _gather(ray, tasks, refs, pending, results, report) -> None:
+def _gather(ray, tasks, refs, pending, results, report, interrupted) -> None:
     while pending:
-        done, pending = ray.wait(pending, num_returns=1)
+        done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        if not done:
+            continue
         try:
             result = ray.get(done[0])
         except Exception as exc:  # the task itself died (worker lost, OOM): that cell cannot run
