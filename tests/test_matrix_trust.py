@@ -242,9 +242,8 @@ def test_an_archive_repro_py_that_raises_is_an_error_not_a_reproduction(
 @pytest.fixture(scope="module")
 def ray_cluster(env_cache):
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'reprokit[matrix]'")
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False
-    )  # workers see REPROKIT_ENV_CACHE
+    # one GPU Ray is told of (the cells run on the CPU); workers see REPROKIT_ENV_CACHE
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -351,3 +350,23 @@ def test_matrix_clean_keeps_the_environment_a_running_cell_uses(packed, env_cach
     finally:
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_on_ray_a_gpu_target_asks_for_a_gpu_without_gpus(packed, tmp_path, ray_cluster):
+    """A CUDA target's cell asks Ray for a GPU of its own (Ray then sets CUDA_VISIBLE_DEVICES for
+    it); at 21297fd it asked for none without --gpus and shared the devices unaccounted."""
+    seen = tmp_path / "devices"
+    line = f"open({str(seen)!r}, 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"
+    archive = edited(packed, tmp_path, add_line(line))
+    _matrix(archive, tmp_path, ray_address="auto", target="ort:cuda", run_archive_code=True)
+    assert seen.read_text() == "0"
+
+
+def test_check_on_ray_says_the_models_need_a_shared_filesystem(tmp_path):
+    """check --ray ships paths: a worker that lacks the model says so instead of a bare 'not a
+    file' from a reprokit it started for nothing."""
+    from reprokit.matrix.executor import run_reprokit
+
+    result = run_reprokit(["check", str(tmp_path / "elsewhere.onnx"), "--json"], timeout=60)
+    assert result["exit_code"] is None and "a filesystem every node shares" in result["stderr"]

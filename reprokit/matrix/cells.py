@@ -56,6 +56,7 @@ class Cell:
     target: str | None = None  # None: the archive's recorded target
     gpu: str | None = None  # the accelerator kind a Ray cell asked for (--gpus)
     timeout: float = 600.0
+    needs_gpu: bool = False  # the engine runs on a GPU (TensorRT, CUDA): a Ray cell asks for one
 
     @property
     def label(self) -> str:

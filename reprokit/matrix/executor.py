@@ -53,6 +53,10 @@ def run_reprokit(argv: list[str], timeout: float, gpu: str | None = None, cwd: s
     """One ``python -m reprokit ARGV`` in this environment (a Ray worker's, or ours), in the
     driver's folder where this machine has it."""
     started = time.perf_counter()
+    if not os.path.isfile(argv[1]):  # paths travel, not bytes: a worker sees only its own files
+        return {"argv": argv, "gpu": gpu, "exit_code": None, "stdout": "", "seconds": 0.0, "host": os.uname().nodename,
+                "stderr": f"Error: {argv[1]} is not on {os.uname().nodename}: check --ray needs the models on a "
+                          "filesystem every node shares (the same path on each)"}
     try:
         done = run_process([sys.executable, "-m", "reprokit", *argv], timeout=timeout,
                            cwd=cwd if cwd and os.path.isdir(cwd) else None)
@@ -136,6 +140,10 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
             results[index] = _no_such_kind(fn, args, kind, offered)
             report(results[index])
             continue
+        if not kind and fn is run_cell and args[0].needs_gpu and not offered.get("GPU"):
+            results[index] = _failed(fn, args, kind, "the target runs on a GPU and no node of the cluster offers one")
+            report(results[index])
+            continue
         if fn is run_cell:  # the files once into the object store, shared by every cell
             key = id(args[1])
             if key not in shipped:
@@ -144,6 +152,8 @@ def _on_ray(tasks, address: str, report) -> list[dict]:
         options = {"num_cpus": 1, "max_retries": 0}
         if kind:
             options.update(num_gpus=1, accelerator_type=kind)
+        elif fn is run_cell and args[0].needs_gpu:  # without --gpus: any GPU, but one of its own
+            options.update(num_gpus=1)
         if fn not in remotes:  # one remote function per kind of task, exported to the cluster once
             remotes[fn] = ray.remote(fn)
         refs[remotes[fn].options(**options).remote(*args)] = index

@@ -92,7 +92,8 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
             raise UsageError(f"--bisect needs a range of releases; {spec} names {len(chosen)}",
                              hint="e.g. --versions 'onnxruntime>=1.20' --bisect")
         packed = (packed_env.get("packages") or {}).get(spec.package)
-        cells = {(r.version, g): _cell(spec, r, chosen_target if target else None, g, timeout)
+        needs_gpu = engine == "trt" or spec.package == "onnxruntime-gpu" or "cuda" in chosen_target.lower()
+        cells = {(r.version, g): _cell(spec, r, chosen_target if target else None, g, timeout, needs_gpu)
                  for r in chosen for g in (gpus or (None,))}
         rows_by: dict[tuple, dict] = {}
 
@@ -167,13 +168,13 @@ def _why_hint(rows: list[dict]) -> str:
     return ""
 
 
-def _cell(spec, release, target, gpu, timeout) -> Cell:
+def _cell(spec, release, target, gpu, timeout, needs_gpu=False) -> Cell:
     resolve_at = None
     if release.uploaded:  # companions as of a week after the release: what its users installed
         when = datetime.fromisoformat(release.uploaded.replace("Z", "+00:00")) + timedelta(days=7)
         resolve_at = when.strftime("%Y-%m-%dT%H:%M:%SZ")
     requirements = (f"{spec.package}=={release.version}", *specs.COMPANIONS[spec.engine])
-    return Cell(spec.package, release.version, requirements, resolve_at, target, gpu, timeout)
+    return Cell(spec.package, release.version, requirements, resolve_at, target, gpu, timeout, needs_gpu)
 
 
 def _releases(spec, event) -> tuple[list, bool]:
