@@ -17,11 +17,13 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
+from inspect import getsource
 
 from reprokit import __version__
-from reprokit.engine.oracle import Kind, Signature
+from reprokit.engine.oracle import Kind, Signature, normalize_message
 from reprokit.errors import InputError
 from reprokit.report.archive import files_under
+from reprokit.report.bundle import _module_source
 from reprokit.report.render import render, templates_dir
 from reprokit.report.schema import check_verdict
 from reprokit.report.verify import archive_policy, recorded_timeout, trusted_archive_spec
@@ -126,11 +128,6 @@ def standalone_reproducer(recorded: dict, archive_path: str, *, target: str | No
 
 def _embedded_sources() -> dict[str, str]:
     """The standalone modules repro.py embeds, as ``pack`` embeds them."""
-    from inspect import getsource
-
-    from reprokit.engine.oracle import normalize_message
-    from reprokit.report.bundle import _module_source
-
     return {
         "compare_source": _module_source("compare.py"),
         "emulation_source": _module_source("names.py") + "\n\n" + _module_source("emulation.py"),
