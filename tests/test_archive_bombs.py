@@ -33,8 +33,12 @@ def header_bomb(path: Path, kind: bytes) -> Path:
     folder.type = tarfile.DIRTYPE
     zeros = gzip.compress(b"\0" * CHUNK, compresslevel=9)
     with open(path, "wb") as handle:
-        handle.write(gzip.compress(folder.tobuf(tarfile.USTAR_FORMAT) + info.tobuf(tarfile.USTAR_FORMAT)))
-        for _ in range(-(-DECLARED // CHUNK) + 1):  # gzip members concatenate: one stream to tarfile
+        handle.write(
+            gzip.compress(folder.tobuf(tarfile.USTAR_FORMAT) + info.tobuf(tarfile.USTAR_FORMAT))
+        )
+        for _ in range(
+            -(-DECLARED // CHUNK) + 1
+        ):  # gzip members concatenate: one stream to tarfile
             handle.write(zeros)
     assert path.stat().st_size < 10_000_000
     return path
@@ -56,11 +60,19 @@ print(json.dumps({"grew_kb": after - before, "said": said}))
 """
 
 
-@pytest.mark.parametrize("kind,name", [(tarfile.XHDTYPE, "PAX"), (tarfile.GNUTYPE_LONGNAME, "GNU long-name"),
-                                       (tarfile.XGLTYPE, "PAX global")])
+@pytest.mark.parametrize(
+    "kind,name",
+    [
+        (tarfile.XHDTYPE, "PAX"),
+        (tarfile.GNUTYPE_LONGNAME, "GNU long-name"),
+        (tarfile.XGLTYPE, "PAX global"),
+    ],
+)
 def test_a_header_bomb_is_refused_within_100_mb(tmp_path, kind, name):
     bomb = header_bomb(tmp_path / "bomb.tar.gz", kind)
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(bomb)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(bomb)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert found["grew_kb"] < 100 * 1024, f"peak RSS grew {found['grew_kb'] / 1024:.0f} MB"
@@ -70,7 +82,9 @@ def test_a_header_bomb_is_refused_within_100_mb(tmp_path, kind, name):
 def test_verify_and_versions_refuse_the_bomb_with_exit_3(tmp_path):
     bomb = header_bomb(tmp_path / "bomb.tar.gz", tarfile.XHDTYPE)
     assert_user_error(run_cli("verify", str(bomb)), 3, contains="PAX header declares")
-    proc = run_cli("verify", str(bomb), "--versions", "onnxruntime==1.20.0", "-o", str(tmp_path / "m.tar.gz"))
+    proc = run_cli(
+        "verify", str(bomb), "--versions", "onnxruntime==1.20.0", "-o", str(tmp_path / "m.tar.gz")
+    )
     assert_user_error(proc, 3, contains="PAX header declares")
 
 

@@ -299,9 +299,24 @@ def _start(archive, env_cache, out):
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "reprokit", "verify", archive, "--versions", SPEC,
-                             "--run-archive-code", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "REPROKIT_ENV_CACHE": str(env_cache)})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reprokit",
+            "verify",
+            archive,
+            "--versions",
+            SPEC,
+            "--run-archive-code",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REPROKIT_ENV_CACHE": str(env_cache)},
+    )
 
 
 def _wait_for(path: Path, process, seconds: float = 180) -> None:
@@ -341,8 +356,13 @@ def test_matrix_clean_keeps_the_environment_a_running_cell_uses(packed, env_cach
     process = _start(archive, env_cache, tmp_path / "m.tar.gz")
     try:
         _wait_for(mark, process)
-        in_use = [p for p in env_cache.iterdir() if p.is_dir() and (p / "reprokit-env.json").exists()
-                  and "onnx" in json.loads((p / "reprokit-env.json").read_text())["packages"]]
+        in_use = [
+            p
+            for p in env_cache.iterdir()
+            if p.is_dir()
+            and (p / "reprokit-env.json").exists()
+            and "onnx" in json.loads((p / "reprokit-env.json").read_text())["packages"]
+        ]
         done = run_cli("matrix", "clean", "--json", env={"REPROKIT_ENV_CACHE": str(env_cache)})
         assert done.returncode == 0, done.stderr
         cleaned = json.loads(done.stdout)
@@ -370,3 +390,12 @@ def test_check_on_ray_says_the_models_need_a_shared_filesystem(tmp_path):
 
     result = run_reprokit(["check", str(tmp_path / "elsewhere.onnx"), "--json"], timeout=60)
     assert result["exit_code"] is None and "a filesystem every node shares" in result["stderr"]
+
+
+def test_help_states_the_boundary():
+    proc = run_cli("verify", "--help")
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0
+    assert (
+        "never the archive's repro.py" in text and "--run-archive-code" in text and "RISK" in text
+    )
