@@ -399,3 +399,43 @@ def test_help_states_the_boundary():
     assert (
         "never the archive's repro.py" in text and "--run-archive-code" in text and "RISK" in text
     )
+
+
+@pytest.mark.slow
+def test_a_burst_of_ctrl_c_while_cells_run_is_exit_130(packed, env_cache, tmp_path):
+    """Ten SIGINTs 20 ms apart while the first environment is built (a user pressing Ctrl-C
+    again): at 21297fd a second interrupt landed inside the clean-up's locks, "release unlocked
+    lock" or a traceback, exit 70."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cache = tmp_path / "envs"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reprokit",
+            "verify",
+            packed,
+            "--versions",
+            SPEC,
+            "-o",
+            str(tmp_path / "m.tar.gz"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REPROKIT_ENV_CACHE": str(cache)},
+    )
+    deadline = time.monotonic() + 120
+    while not any(p.is_dir() for p in cache.glob("*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process.poll() is None, process.communicate()
+    for _ in range(10):
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.count("Error: interrupted") == 1 and "Traceback" not in err, err

@@ -153,6 +153,8 @@ def main(argv=None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         if isinstance(exc, click.exceptions.Abort) and isinstance(exc.__context__, EOFError):
             fail(f"unexpected end of input: {exc.__context__}", "a file ended early; check it", ExitCode.INPUT)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while exiting: still 130, said once
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
