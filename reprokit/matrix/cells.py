@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -128,12 +129,21 @@ def _last_verdict_line(text: str) -> str:
 
 
 def _lay_out(top: str, payload: dict) -> None:
-    """The files (paths the driver listed from the checked archive) and the script, under ``top``."""
+    """The files (paths the driver listed from the checked archive: as bytes, or copied from the
+    driver's checked folder) and the script, under ``top``."""
     root = os.path.realpath(top)
-    for rel, data in [*payload["files"], ("repro.py", payload["script"].encode())]:
+    names = [rel for rel, _ in payload["files"]] if "files" in payload else payload["names"]
+    data = dict(payload["files"]) if "files" in payload else {}
+    for rel in [*names, "repro.py"]:
         path = os.path.realpath(os.path.join(root, *rel.split("/")))
         if os.path.commonpath([root, path]) != root:  # the driver never lists one: refuse all the same
             raise ValueError(f"{rel} leaves the cell's folder")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(data)
+        if rel == "repro.py":
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(payload["script"])
+        elif rel in data:
+            with open(path, "wb") as handle:
+                handle.write(data[rel])
+        else:
+            shutil.copyfile(os.path.join(payload["folder"], *rel.split("/")), path)

@@ -81,7 +81,7 @@ def verify_versions(archive_path: str, versions: str, *, target: str | None = No
                              "as a matrix; ask for a fresh one")
         chosen_target = target or trusted_archive_spec(recorded.get("target"), "target", archive_path)
         plan = runnable(top, recorded, archive_path, target=target, run_archive_code=run_archive_code)
-        cargo = {"script": plan.script, "files": plan.files}
+        cargo = plan.cargo(as_bytes=ray_address is not None)
         engine = chosen_target.partition(":")[0].strip().lower()
         if spec.package not in TARGET_PACKAGES.get(engine, ()):
             raise UsageError(f"--versions varies {spec.package}, but the target {chosen_target!r} does not load it",

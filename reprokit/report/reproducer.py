@@ -39,12 +39,27 @@ class Origin(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Runnable:
-    """What a cell runs: ``script`` (Python source) beside ``files`` (path in the archive's top
-    folder, bytes), and where the script came from."""
+    """What a cell runs: ``script`` (Python source) beside the checked files of ``top`` (the
+    archive's extracted top folder; its own repro.py left out), and where the script came from."""
 
     script: str
-    files: tuple[tuple[str, bytes], ...]
+    top: str
     origin: Origin
+
+    def names(self) -> list[str]:
+        """The files a cell gets, as paths in the top folder."""
+        return [rel for rel in files_under(self.top) if rel != SCRIPT]
+
+    def files(self) -> tuple[tuple[str, bytes], ...]:
+        """The files as bytes, for a cell on another machine (Ray's object store)."""
+        return tuple((rel, _read(self.top, rel)) for rel in self.names())
+
+    def cargo(self, *, as_bytes: bool) -> dict:
+        """Plain data for a cell: the files as bytes (Ray), or the folder's path and the names to
+        copy (a local cell, while the folder exists): no copy of a large model in memory."""
+        if as_bytes:
+            return {"script": self.script, "files": self.files()}
+        return {"script": self.script, "folder": self.top, "names": self.names()}
 
 
 def runnable(
@@ -73,8 +88,7 @@ def runnable(
             standalone_reproducer(recorded, archive_path, target=target),
             Origin.REPROKIT,
         )
-    files = tuple((rel, _read(top, rel)) for rel in files_under(top) if rel != SCRIPT)
-    return Runnable(script, files, origin)
+    return Runnable(script, top, origin)
 
 
 def _read(top: str, rel: str) -> bytes:
