@@ -62,6 +62,8 @@ def show(result, as_json: bool) -> None:
         out.print(f"bisect over {len(found['versions'])} releases with {found['environments']} "
                   f"environment{'s' if found['environments'] != 1 else ''}: "
                   + ("; ".join(words) if words else found.get("note", "")))
+    if payload.get("ran"):
+        err.print(f"[dim]each cell ran {payload['ran']}[/]", highlight=False)
     if result.archive:
         err.print(f"[dim]wrote {result.archive} (matrix.json, ISSUE.md answers 'the latest release')[/]")
 
