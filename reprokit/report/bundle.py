@@ -26,8 +26,8 @@ from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.session import RunOptions, check
-from reprokit.errors import InputError, NothingToReduce
-from reprokit.graph.io import inline_external_data, save_model
+from reprokit.errors import InputError, NothingToReduce, UsageError
+from reprokit.graph.io import inline_external_data, load_model, save_model
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import write_archive, write_manifest
 from reprokit.report.describe import (
@@ -67,6 +67,9 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
     """Check the model once more, then write the archive ``out_path`` (.tar.gz or .zip).
     ``audit_dir`` (a ``reprokit audit`` output folder) goes into the archive as audit/."""
     options = options or RunOptions()
+    if redact and options.reference_model:
+        raise UsageError("--redact does not work with --reference-model yet (two models to redact alike)",
+                         hint="pack without --redact")
     event = on_event or (lambda text: None)
     fmt = fmt or ("zip" if out_path.endswith(".zip") else "tar.gz")
     name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path)) or "report"
@@ -85,6 +88,9 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             result, redaction = _redacted(result, target, options, tmp, notes)
         stage = os.path.join(tmp, name)
         os.makedirs(os.path.join(stage, "logs"))
+        if options.reference_model:  # the user's converted cut, the target's model (repro.py runs it)
+            save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
+                       base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
         event("writing the bundle")
         reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event)
         if audit_dir and redact:
