@@ -267,8 +267,13 @@ class TargetModels:
         self.converted_path = converted_path
         self.fp32_path = os.path.abspath(fp32_path)
         self.twins = Twins.build(fp32, onnx.load(converted_path))
+        self.as_is: set[str] = (
+            set()
+        )  # whole converted models the target runs unmapped (a reconversion)
 
     def __call__(self, path: str) -> str:
+        if os.path.abspath(path) in self.as_is:
+            return path
         if os.path.abspath(path) == self.fp32_path:
             return self.converted_path
         mapped = os.path.splitext(path)[0] + ".target.onnx"

@@ -174,6 +174,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         json.dump(env, handle, indent=2)
     archive_name = f"{name}.{fmt}"
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
+    values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
     values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
                               expected_detail=verdict.signature.detail)
     values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link

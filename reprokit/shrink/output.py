@@ -184,6 +184,8 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
                "reference_warnings": summary.get("warnings", []), "samples": summary.get("samples")}
     if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
         context.update(audit.issue_context())
+    if summary.get("exclusion"):  # --reference-model: ISSUE.md names both models and the tested exclusion
+        context["exclusion"] = summary["exclusion"]
     if summary.get("torch"):  # --torch: the archive records the export settings
         context["torch"] = summary["torch"]
     model, options = result.minimal_path, replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
