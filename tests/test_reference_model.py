@@ -164,3 +164,14 @@ def test_autocast_patterns_select_exactly_their_nodes():
     pattern = re.search(r"--nodes_to_exclude '([^']+)'", command).group(1)
     assert [n for n in names if re.match(pattern, n)] == ["blk.0/attn[1]"]
     assert "--low_precision_type fp16 --keep_io_types" in command
+
+
+def test_layerwise_judges_each_node_alone_on_the_converted_twin(tmp_path):
+    """--layerwise's "on its own" run is a target call too: it runs the converted cuts, so the
+    MatMul is where the divergence starts (not "accumulated", as fp32 cuts under emulate:typed say)."""
+    fp32 = save(overflow_chain(), tmp_path / "fp32.onnx")
+    converted = save(occ(overflow_chain()), tmp_path / "fp16.onnx")
+    proc = run_cli("check", converted, "--reference-model", fp32, "--target", "emulate:typed", "--layerwise",
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "divergence starts at matmul: it diverges on its own" in proc.stdout
