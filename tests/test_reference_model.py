@@ -175,3 +175,19 @@ def test_layerwise_judges_each_node_alone_on_the_converted_twin(tmp_path):
                    cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "divergence starts at matmul: it diverges on its own" in proc.stdout
+
+
+def test_resume_continues_with_both_models(tmp_path):
+    """run.json keeps MODEL (the converted one) and --reference-model: --resume DIR alone judges
+    the same pair (found broken: the resumed run judged the fp32 model alone and found no bug)."""
+    fp32 = save(overflow_chain(), tmp_path / "fp32.onnx")
+    converted = save(occ(overflow_chain()), tmp_path / "fp16.onnx")
+    out = tmp_path / "out"
+    first = run_cli("shrink", converted, "--reference-model", fp32, "--target", "emulate:typed", "--no-pack",
+                    "--max-calls", "2", "-o", str(out), cwd=tmp_path)
+    assert first.returncode == 8, first.stdout + first.stderr  # stopped at its budget, nothing removed
+    again = run_cli("shrink", "--resume", str(out), "--max-calls", "0", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == converted and summary["minimal"]["node_names"] == ["matmul"]
+    assert f"--reference-model {fp32}" in summary["rerun"]

@@ -64,10 +64,10 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     user_target = target
     target = _with_timing_cache(target, state_dir)
     converted = model_path if options.reference_model else None
-    model_path = options.reference_model or model_path  # --reference-model: cuts are made of the fp32 model
+    judged = options.reference_model or model_path  # --reference-model: cuts are made of the fp32 model
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"), target_model=converted)
-    check_target_nodes(model_path, target)
-    prepared = prepare(model_path, options, state_dir, every_sample=True)
+    check_target_nodes(judged, target)
+    prepared = prepare(judged, options, state_dir, every_sample=True)
     if converted:
         twinrun.attach(oracle, prepared.model, prepared.path, converted)
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
