@@ -191,3 +191,18 @@ def test_resume_continues_with_both_models(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == converted and summary["minimal"]["node_names"] == ["matmul"]
     assert f"--reference-model {fp32}" in summary["rerun"]
+
+
+def test_a_cut_runs_the_converted_models_own_weights(tmp_path):
+    """onnxconverter-common clamps weights to ±10000: the target's cut holds the converted
+    weight as the user's model has it (fp16 1e4), not the fp32 cut's 3e4 cast anew."""
+    twins = Twins.build(overflow_chain(), occ(overflow_chain()))
+    # rk1/r[1,16] -> MatMul(rk1/W = 3e4) (named rk1/matmul) -> rk1/h[1,4]
+    cut = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["rk1/r", "rk1/W"], ["rk1/h"], name="rk1/matmul")], "cut",
+        [helper.make_tensor_value_info("rk1/r", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("rk1/h", TensorProto.FLOAT, [1, 4])],
+        [const("rk1/W", np.full((16, 4), 3e4))]), opset_imports=[helper.make_opsetid("", 17)])
+    (weight,) = map_cut(twins, cut).graph.initializer
+    assert weight.data_type == TensorProto.FLOAT16
+    assert np.all(onnx.numpy_helper.to_array(weight) == np.float16(1e4))

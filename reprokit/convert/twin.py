@@ -88,6 +88,7 @@ class Twins:
     inserted: frozenset[int]  # positions of converted nodes without a fp32 counterpart
     types: dict[str, int]  # converted tensor -> element type
     converted: object  # the converted ModelProto
+    weights: dict[str, object]  # the converted model's initializers by name
 
     @classmethod
     def build(cls, fp32, converted) -> Twins:
@@ -127,6 +128,7 @@ class Twins:
             frozenset(k for k in range(len(nodes)) if k not in matched),
             _types(converted),
             converted,
+            {t.name: t for t in converted.graph.initializer},
         )
 
     def missing(self) -> list[str]:
@@ -185,10 +187,32 @@ class _Writer:
             self.casts[key] = new
         return self.casts[key]
 
+    def weight(self, cut_name: str, weight) -> str:
+        """The converted model's own copy of a weight the cut names ``cut_name`` (a converter may
+        have clamped or rounded it: onnxconverter-common clamps to ±10000 by default)."""
+        key = (cut_name, weight.name)
+        if key not in self.chains:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(weight)
+            copy.name = self.pool.fresh(f"{cut_name}__rk_twin")
+            self.initializers[copy.name] = copy
+            self.types[copy.name] = copy.data_type
+            self.chains[key] = copy.name
+        return self.chains[key]
+
     def resolve(self, tensor: str, cut_name: str) -> str:
         """The converted model's input ``tensor`` of a twin, on the edge the cut calls
         ``cut_name``: inserted nodes on that edge are copied, anything else is the cut's value."""
         position, node = self.twins.producer.get(tensor, (None, None))
+        weight = self.twins.weights.get(tensor) if node is None else None
+        if (
+            weight is not None
+            and cut_name in self.weights
+            and list(weight.dims) == list(self.weights[cut_name].dims)
+        ):
+            return self.weight(
+                cut_name, weight
+            )  # the user's converted weight, as the converter wrote it
         if not tensor or node is None or position not in self.twins.inserted:
             return self.value(cut_name, self.twins.types.get(tensor))
         key = (cut_name, tensor)
