@@ -9,9 +9,11 @@ edge. A cut is mapped node by node: each fp32 node becomes its twin (with the tw
 — ``to`` of a Cast, a Constant's fp16 value — unless reprokit itself changed the node's
 attributes, e.g. a Reshape's shape while cropping), the inserted nodes in front of each twin
 input come along on that edge, and every tensor keeps the cut's name, so packed calls and
-renamed members map as they are. A cut input or weight the twin reads narrow is fed the
-reference activation cast to that type, by a Cast inside the mapped model: the feeds stay the
-fp32 model's. Outputs keep the twin's type. A node without a twin runs as in the fp32 cut.
+renamed members map as they are. A weight is the converted model's own (as its converter wrote
+it, clamped or rounded), unless reprokit cropped the cut's copy: then the cut's, cast. A cut
+input the twin reads narrow is fed the reference activation cast to that type, by a Cast inside
+the mapped model: the feeds stay the fp32 model's. Outputs keep the twin's type. A node without
+a twin runs as in the fp32 cut.
 
 Graph surgery only: runs no engine, judges nothing.
 """
