@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import tarfile
 
 import numpy as np
@@ -206,3 +207,45 @@ def test_a_cut_runs_the_converted_models_own_weights(tmp_path):
     (weight,) = map_cut(twins, cut).graph.initializer
     assert weight.data_type == TensorProto.FLOAT16
     assert np.all(onnx.numpy_helper.to_array(weight) == np.float16(1e4))
+
+
+def _polygraphy_parser():
+    import argparse
+
+    run_tool = pytest.importorskip("polygraphy.tools.run", reason="the test extra's polygraphy").Run()
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    run_tool.setup_parser(parser.add_subparsers())
+    return parser
+
+
+def test_pack_prints_strongly_typed_commands_on_the_converted_cut_that_polygraphy_parses(tmp_path):
+    """commands.sh of a --reference-model archive: polygraphy saves the fp32 cut's onnxruntime
+    outputs, then builds model.target.onnx strongly typed and compares against them; trtexec
+    builds model.target.onnx with --stronglyTyped. Each polygraphy line passes polygraphy's own
+    parser, and the first one runs here."""
+    fp32 = save(overflow_chain(), tmp_path / "fp32.onnx")
+    converted = save(occ(overflow_chain()), tmp_path / "fp16.onnx")
+    proc = run_cli("pack", converted, "--reference-model", fp32, "--target", "emulate:typed", "-o",
+                   str(tmp_path / "r.tar.gz"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with tarfile.open(tmp_path / "r.tar.gz") as archive:
+        archive.extractall(tmp_path / "x", filter="data")
+    folder = tmp_path / "x" / "r"
+    lines = (folder / "commands.sh").read_text().splitlines()
+    polygraphy = next(line for line in lines if line.startswith("polygraphy run"))
+    trtexec = next(line for line in lines if line.startswith("trtexec"))
+    save_run, trt_run = polygraphy.split(" && ")
+    assert "model.onnx --onnxrt" in save_run and "--save-outputs reference_outputs.json" in save_run
+    assert "model.target.onnx --trt --strongly-typed" in trt_run and "--load-outputs reference_outputs.json" in trt_run
+    assert "--fp16" not in polygraphy and "--onnx=model.target.onnx --stronglyTyped" in trtexec
+    parser = _polygraphy_parser()
+    for command in (save_run, trt_run):
+        parser.parse_args(shlex.split(command)[1:])
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(sys.executable).parent / "polygraphy"
+    done = subprocess.run([str(tool), *shlex.split(save_run)[1:]], cwd=folder, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and (folder / "reference_outputs.json").exists(), done.stdout + done.stderr

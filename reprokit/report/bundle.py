@@ -40,6 +40,7 @@ from reprokit.report.describe import (
 )
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
+from reprokit.report.twincommands import reference_run, target_run, twin_commands
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
@@ -175,6 +176,8 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     archive_name = f"{name}.{fmt}"
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
     values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
+    if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
+        values.update(twin_commands(spec, verdict, bins))
     values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
                               expected_detail=verdict.signature.detail)
     values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link
@@ -379,8 +382,12 @@ def _write_logs(stage, result, spec, values, event) -> None:
         "polygraphy_run_onnxrt.log": ["run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json"],
     }
 
+    saved = os.path.join(os.path.dirname(stage), "twin_reference_outputs.json")  # beside the archive's folder
+    if values.get("twin"):  # the fp32 cut's outputs, which the converted cut's TensorRT run compares against
+        runs["polygraphy_run_onnxrt.log"] = reference_run(saved)
     if spec.engine == "trt" and backend_class("trt").probe().available:
-        runs["polygraphy_run_trt_vs_onnxrt.log"] = shlex.split(values["polygraphy_command"])[1:]
+        runs["polygraphy_run_trt_vs_onnxrt.log"] = (target_run(spec, result.verdict, saved) if values.get("twin")
+                                                    else shlex.split(values["polygraphy_command"])[1:])
     for file, args in runs.items():
         with open(os.path.join(logs, file), "w") as handle:
             if tool is None:
