@@ -249,3 +249,12 @@ def test_pack_prints_strongly_typed_commands_on_the_converted_cut_that_polygraph
     done = subprocess.run([str(tool), *shlex.split(save_run)[1:]], cwd=folder, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and (folder / "reference_outputs.json").exists(), done.stdout + done.stderr
+
+
+def test_a_converted_model_with_fp16_inputs_is_fed_the_fp32_feeds_cast(tmp_path):
+    """Converted without keep_io_types (fp16 graph inputs): the target runs the mapped model,
+    whose Casts take the fp32 model's feeds (the file itself would refuse float32 feeds)."""
+    fp32 = save(overflow_chain(), tmp_path / "fp32.onnx")
+    converted = save(float16.convert_float_to_float16(overflow_chain(), keep_io_types=False), tmp_path / "fp16.onnx")
+    proc = run_cli("check", converted, "--reference-model", fp32, "--target", "emulate:typed", cwd=tmp_path)
+    assert proc.returncode == 1 and "nonfinite" in proc.stdout, proc.stdout + proc.stderr

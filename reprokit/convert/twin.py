@@ -287,12 +287,19 @@ def map_cut(twins: Twins, cut) -> onnx.ModelProto:
 
 class TargetModels:
     """The oracle's ``target_model``: a cut's file -> the file of its converted twin, written
-    beside it (``NAME.target.onnx``); the fp32 model's own file -> the user's converted file."""
+    beside it (``NAME.target.onnx``); the fp32 model's own file -> the user's converted file,
+    when it reads the same inputs (else its mapped copy, which casts the fp32 feeds)."""
 
     def __init__(self, fp32, fp32_path: str, converted_path: str):
         self.converted_path = converted_path
         self.fp32_path = os.path.abspath(fp32_path)
-        self.twins = Twins.build(fp32, onnx.load(converted_path))
+        converted = onnx.load(converted_path)
+        self.twins = Twins.build(fp32, converted)
+
+        def inputs(model):
+            return [(v.name, v.type.tensor_type.elem_type) for v in model.graph.input]
+
+        self.same_inputs = inputs(fp32) == inputs(converted)
         self.as_is: set[str] = (
             set()
         )  # whole converted models the target runs unmapped (a reconversion)
@@ -300,7 +307,7 @@ class TargetModels:
     def __call__(self, path: str) -> str:
         if os.path.abspath(path) in self.as_is:
             return path
-        if os.path.abspath(path) == self.fp32_path:
+        if os.path.abspath(path) == self.fp32_path and self.same_inputs:
             return self.converted_path
         mapped = os.path.splitext(path)[0] + ".target.onnx"
         onnx.save(map_cut(self.twins, onnx.load(path)), mapped)
