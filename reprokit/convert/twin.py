@@ -288,7 +288,8 @@ def map_cut(twins: Twins, cut) -> onnx.ModelProto:
 class TargetModels:
     """The oracle's ``target_model``: a cut's file -> the file of its converted twin, written
     beside it (``NAME.target.onnx``); the fp32 model's own file -> the user's converted file,
-    when it reads the same inputs (else its mapped copy, which casts the fp32 feeds)."""
+    when it reads the same inputs and gives every fp32 output (else its mapped copy, which casts
+    the fp32 feeds and names every output)."""
 
     def __init__(self, fp32, fp32_path: str, converted_path: str):
         self.converted_path = converted_path
@@ -299,7 +300,10 @@ class TargetModels:
         def inputs(model):
             return [(v.name, v.type.tensor_type.elem_type) for v in model.graph.input]
 
-        self.same_inputs = inputs(fp32) == inputs(converted)
+        outputs = {v.name for v in converted.graph.output}
+        self.same_inputs = inputs(fp32) == inputs(converted) and all(
+            v.name in outputs for v in fp32.graph.output
+        )
         self.as_is: set[str] = (
             set()
         )  # whole converted models the target runs unmapped (a reconversion)

@@ -69,7 +69,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     check_target_nodes(judged, target)
     prepared = prepare(judged, options, state_dir, every_sample=True)
     if converted:
-        twinrun.attach(oracle, prepared.model, prepared.path, converted)
+        prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
                     search)
     # Every model file of this run lives in models/; external weights stay where they are and
