@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import REPO, assert_user_error, run_cli
-from models import const, make, save, vi
+from models import cancellation, const, make, save, vi
 from onnx import TensorProto, helper
 
 from reprokit.convert import convert_float_model
@@ -258,3 +258,14 @@ def test_a_converted_model_with_fp16_inputs_is_fed_the_fp32_feeds_cast(tmp_path)
     converted = save(float16.convert_float_to_float16(overflow_chain(), keep_io_types=False), tmp_path / "fp16.onnx")
     proc = run_cli("check", converted, "--reference-model", fp32, "--target", "emulate:typed", cwd=tmp_path)
     assert proc.returncode == 1 and "nonfinite" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_bf16_conversion_is_judged_in_bf16(tmp_path):
+    """A model converted to bf16 (reprokit's converter): emulate:typed rounds its bf16 tensors
+    and the tolerance is bf16's; x + 1e4 - 1e4 loses x (bf16 spacing at 1e4 is 64)."""
+    fp32 = save(cancellation(), tmp_path / "fp32.onnx")
+    converted = save(convert_float_model(cancellation(), "bf16"), tmp_path / "bf16.onnx")
+    proc = run_cli("check", converted, "--reference-model", fp32, "--target", "emulate:typed", "--json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = json.loads(proc.stdout)["verdict"]
+    assert verdict["precision"] == "bf16" and verdict["signature"]["kind"] == "mismatch"
