@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from reprokit.engine import session
+from reprokit.engine import session, twinrun
 from reprokit.engine.layerwise import divergence_start
 from reprokit.engine.session import (
     CheckResult,
@@ -48,11 +48,11 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     with ``layerwise``, also where the divergence starts, as audit and shrink say it."""
     result = session.check(model, target, options=options, layerwise=layerwise, workdir=workdir)
     if result.layerwise is not None:
-        result.layerwise.start = _divergence_start(target, options or RunOptions(), result)
+        result.layerwise.start = _divergence_start(target, options or RunOptions(), result, model)
     return result
 
 
-def _divergence_start(target: str, options: RunOptions, result: CheckResult) -> dict:
+def _divergence_start(target: str, options: RunOptions, result: CheckResult, model_path) -> dict:
     """Each node alone (one packed call, fed with the marked run's reference tensors) tells a node
     that diverges on its own from an error that only accumulates."""
     report, verdict, prepared = result.layerwise, result.verdict, result.prepared
@@ -60,8 +60,11 @@ def _divergence_start(target: str, options: RunOptions, result: CheckResult) -> 
         return divergence_start(report, None)
     model = prepared.model
     with tempfile.TemporaryDirectory(prefix="reprokit-start-") as work:
-        oracle = make_oracle(target, options, os.path.join(work, "calls"))
+        converted = os.fspath(model_path) if options.reference_model else None  # the target's model
+        oracle = make_oracle(target, options, os.path.join(work, "calls"), target_model=converted)
         oracle.weights_dir = prepared.base_dir
+        if converted:
+            twinrun.attach(oracle, model, prepared.path, converted)
         found = isolated_attribution(model, dict(report.reference), prepared.feeds.arrays, oracle, verdict.signature,
                                      os.path.join(work, "isolated"), lambda i: node_label(model.graph.node[i], i))
     return {**divergence_start(report, found["diverging_nodes"]), "judged_alone": found["nodes_judged_alone"]}

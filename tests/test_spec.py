@@ -58,15 +58,15 @@ def test_unknown_engine():
 def test_unknown_option_lists_the_valid_ones():
     err = usage_error("emulate:fp17")
     assert err.message == "unknown option 'fp17' for engine 'emulate'"
-    assert err.hint == "options of emulate: bf16, fp16, fp32-nodes"
+    assert err.hint == "options of emulate: bf16, fp16, fp32-nodes, typed"
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
         ("", "empty target spec"),
-        ("emulate", "emulate needs exactly one precision: emulate:fp16 or emulate:bf16"),
-        ("emulate:fp16,bf16", "emulate needs exactly one precision: emulate:fp16 or emulate:bf16"),
+        ("emulate", "emulate needs exactly one precision: emulate:fp16, emulate:bf16 or emulate:typed"),
+        ("emulate:fp16,bf16", "emulate needs exactly one precision: emulate:fp16, emulate:bf16 or emulate:typed"),
         ("emulate:fp16=1", "option 'fp16' of 'emulate' takes no value"),
         (
             "emulate:fp16,fp32-nodes",

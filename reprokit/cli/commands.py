@@ -204,6 +204,10 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
     """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
     reads = files_read(model, kw)
     options = make_run_options(kw)
+    if options.reference_model:
+        raise UsageError("audit does not take --reference-model yet",
+                         hint="reprokit shrink CONVERTED.onnx --reference-model FP32.onnx finds the node and the "
+                              "AutoCast exclusion that fixes it")
     claim_folder(out_dir, AUDIT_FILES + ("engine.log",) + torch_files(kw), reads, force=force)
     writing(out_dir)
     engine_log(out_dir)

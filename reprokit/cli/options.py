@@ -31,6 +31,10 @@ def run_options(func):
     """Options shared by every command that runs engines on a model."""
     options = [
         click.option("--reference", default="ort", show_default=True, help="Reference target spec."),
+        click.option("--reference-model", default=None, metavar="FP32.onnx",
+                     help="MODEL is your converted (fp16/mixed, explicit-precision) model and FP32.onnx its fp32 "
+                          "original: the reference runs FP32.onnx, the target runs MODEL's cuts as written "
+                          "(check, shrink)."),
         click.option("--inputs", "inputs", default=None, metavar="PATH",
                      help="Feeds: .npz (NAME@N members: sample N), polygraphy JSON (a list: several samples), an "
                           "ONNX test_data_set folder, or a folder of test_data_set_N folders."),
@@ -74,7 +78,7 @@ CHECK_FILES = ("inputs.npz", "reference_outputs.npz", "target_outputs.npz", "ver
 AUDIT_FILES = ("audit.json", "audit.md", "audit.html", "layerwise.png", "overlay-*.json")
 
 
-SHRINK_FILES = ("minimal.onnx", "minimal.onnx.data", "inputs.npz", "reference_outputs.npz", "summary.json",
+SHRINK_FILES = ("minimal.onnx", "minimal.onnx.data", "minimal.target.onnx", "inputs.npz", "reference_outputs.npz", "summary.json",
                 "engine.log")
 
 
@@ -87,7 +91,7 @@ def torch_files(kw: dict) -> tuple:
 
 def files_read(model: str | None, kw: dict) -> list[str]:
     """Every file the command reads: the model, its external data, --inputs, the --torch script."""
-    paths = [model, kw.get("inputs"), (kw.get("torch_entry") or "").rpartition(":")[0] or None]
+    paths = [model, kw.get("inputs"), kw.get("reference_model"), (kw.get("torch_entry") or "").rpartition(":")[0] or None]
     if model and os.path.isfile(model):
         try:
             folder = os.path.dirname(os.path.abspath(model))
@@ -177,7 +181,7 @@ def make_run_options(kw: dict):
         fail_regex=tuple(kw.pop("fail_regex")), fail_codes=tuple(kw.pop("fail_code")),
         ignore_fail_codes=tuple(kw.pop("ignore_fail_code")), inputs=kw.pop("inputs"), sample=kw.pop("sample"),
         seed=kw.pop("seed"), input_shapes=parse_shape_args(kw.pop("input_shapes")),
-        val_ranges=parse_val_ranges(kw.pop("val_range")),
+        val_ranges=parse_val_ranges(kw.pop("val_range")), reference_model=kw.pop("reference_model"),
     )
 
 

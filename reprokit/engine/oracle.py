@@ -156,6 +156,9 @@ class Oracle:
         self.target_env = target_env
         self.build_only = False  # shrink sets it while hunting a build error
         self.weights_dir: str | None = None  # external data of the models judged, if any
+        # --reference-model: the file the target runs for a model the reference runs (the
+        # user's converted twin of that cut: reprokit.convert.twin); None: the same file
+        self.target_model = None
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="reprokit-")
         self.workdir = workdir or self._tmp.name
         os.makedirs(self.workdir, exist_ok=True)
@@ -210,6 +213,8 @@ class Oracle:
 
     def run_target(self, model_path: str, feeds: dict, output_names=None) -> WorkerResult:
         job = self._job_dir("target")
+        if self.target_model is not None:
+            model_path = self.target_model(model_path)
         result = run_in_worker(
             self.target, model_path, self._feeds_file(job, feeds), job, output_names=output_names,
             timeout=self.timeout, policy=self.policy.to_json() if self.policy else None, env=self.target_env,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.engine import twinrun
 from reprokit.engine.backends import backend_class
 from reprokit.engine.feedfiles import load_feeds, load_samples
 from reprokit.engine.folding import fold_prepared
@@ -61,6 +62,9 @@ class RunOptions:
     seed: int = 0
     input_shapes: dict = field(default_factory=dict)
     val_ranges: dict = field(default_factory=dict)
+    # --reference-model: the user's fp32 model, the reference; MODEL is then its converted twin,
+    # which the target runs (reprokit.engine.twinrun)
+    reference_model: str | None = None
 
     def policy(self) -> CheckPolicy:
         """When a cmd target's run counts as a failure (polygraphy's --check rules)."""
@@ -100,8 +104,10 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
     return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
 
 
-def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None) -> Oracle:
-    """Parse both specs (usage errors surface here, before any work) and build the oracle."""
+def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None,
+                target_model: str | None = None) -> Oracle:
+    """Parse both specs (usage errors surface here, before any work) and build the oracle.
+    ``target_model``: with --reference-model, the converted model the target runs."""
     target_spec = parse_target(target)
     reference_spec = parse_target(options.reference)
     if reference_spec.engine == "cmd":
@@ -118,6 +124,9 @@ def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=No
                              hint="Python re syntax, e.g. --fail-regex 'Error Code \\d+'") from exc
     backend = backend_class(target_spec.engine)(target_spec)
     precision = backend.precision()
+    if options.reference_model and target_model:
+        twinrun.check_target(target_spec)
+        precision = twinrun.target_precision(target_model)
     criterion = Criterion.for_precision(precision, options.metric, options.tolerance,
                                         options.atol, options.rtol)
     return Oracle(str(reference_spec), str(target_spec), criterion, precision=precision,
@@ -190,10 +199,14 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     if workdir is None:
         own_tmp = tempfile.TemporaryDirectory(prefix="reprokit-check-")
         workdir = own_tmp.name
-    oracle = make_oracle(target, options, os.path.join(workdir, "calls"))
+    converted = os.fspath(model) if options.reference_model else None
+    model = options.reference_model or model  # --reference-model: the reference's model is the one judged
+    oracle = make_oracle(target, options, os.path.join(workdir, "calls"), target_model=converted)
     check_target_nodes(os.fspath(model), target)
     prepared = prepare(os.fspath(model), options, workdir, every_sample=True)
     oracle.weights_dir = prepared.base_dir
+    if converted:
+        prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
     runs = []
     for feeds in prepared.samples or [prepared.feeds]:  # a multi-sample --inputs: each sample judged
         reference = oracle.run_reference(prepared.path, feeds.arrays)

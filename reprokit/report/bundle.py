@@ -26,8 +26,8 @@ from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.session import RunOptions, check
-from reprokit.errors import InputError, NothingToReduce
-from reprokit.graph.io import inline_external_data, save_model
+from reprokit.errors import InputError, NothingToReduce, UsageError
+from reprokit.graph.io import inline_external_data, load_model, save_model
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import write_archive, write_manifest
 from reprokit.report.describe import (
@@ -40,6 +40,7 @@ from reprokit.report.describe import (
 )
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
+from reprokit.report.twincommands import reference_run, target_run, twin_commands
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
@@ -67,6 +68,9 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
     """Check the model once more, then write the archive ``out_path`` (.tar.gz or .zip).
     ``audit_dir`` (a ``reprokit audit`` output folder) goes into the archive as audit/."""
     options = options or RunOptions()
+    if redact and options.reference_model:
+        raise UsageError("--redact does not work with --reference-model yet (two models to redact alike)",
+                         hint="pack without --redact")
     event = on_event or (lambda text: None)
     fmt = fmt or ("zip" if out_path.endswith(".zip") else "tar.gz")
     name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path)) or "report"
@@ -85,6 +89,9 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             result, redaction = _redacted(result, target, options, tmp, notes)
         stage = os.path.join(tmp, name)
         os.makedirs(os.path.join(stage, "logs"))
+        if options.reference_model:  # the user's converted cut, the target's model (repro.py runs it)
+            save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
+                       base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
         event("writing the bundle")
         reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event)
         if audit_dir and redact:
@@ -168,6 +175,9 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         json.dump(env, handle, indent=2)
     archive_name = f"{name}.{fmt}"
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
+    values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
+    if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
+        values.update(twin_commands(spec, verdict, bins))
     values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
                               expected_detail=verdict.signature.detail)
     values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link
@@ -372,8 +382,12 @@ def _write_logs(stage, result, spec, values, event) -> None:
         "polygraphy_run_onnxrt.log": ["run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json"],
     }
 
+    saved = os.path.join(os.path.dirname(stage), "twin_reference_outputs.json")  # beside the archive's folder
+    if values.get("twin"):  # the fp32 cut's outputs, which the converted cut's TensorRT run compares against
+        runs["polygraphy_run_onnxrt.log"] = reference_run(saved)
     if spec.engine == "trt" and backend_class("trt").probe().available:
-        runs["polygraphy_run_trt_vs_onnxrt.log"] = shlex.split(values["polygraphy_command"])[1:]
+        runs["polygraphy_run_trt_vs_onnxrt.log"] = (target_run(spec, result.verdict, saved) if values.get("twin")
+                                                    else shlex.split(values["polygraphy_command"])[1:])
     for file, args in runs.items():
         with open(os.path.join(logs, file), "w") as handle:
             if tool is None:

@@ -29,6 +29,8 @@ def engine_label(spec, env) -> str:
         package = build.get("package") or ""
         suffix = f" ({package})" if package and package != "onnxruntime" else ""
         return f"ONNX Runtime {version}".strip() + suffix
+    if spec.engine == "emulate" and spec.has("typed"):
+        return "reprokit's storage emulator of the model's own fp16/bf16 tensors"
     if spec.engine == "emulate":
         return f"reprokit's {'fp16' if spec.has('fp16') else 'bf16'} storage emulator"
     return _ENGINE_NAMES[spec.engine]
@@ -109,7 +111,12 @@ def describe(verdict, spec, model, context) -> str:
     if verdict.precision == "fp16" and big > FP16_MAX:
         parts.append(f"The reference values reach {big:.4g}, beyond the fp16 maximum {FP16_MAX:g}: "
                      "stored in fp16 they overflow to inf.")
-    if spec.engine == "emulate":
+    if spec.engine == "emulate" and spec.has("typed"):
+        parts.append("Found with reprokit's storage emulator on the model as typed (the tensors it declares fp16/bf16 "
+                     "stored narrow, the rest fp32, arithmetic in fp32, as TensorRT's FP16 kernels do) on a machine "
+                     "without a GPU; `commands.sh` has the TensorRT command that builds the converted model strongly "
+                     "typed on a GPU.")
+    elif spec.engine == "emulate":
         parts.append("Found with reprokit's storage emulator (every tensor stored in fp16/bf16, arithmetic in "
                      "fp32, as TensorRT's FP16 kernels do) on a machine without a GPU; `commands.sh` has the "
                      "TensorRT command that checks the same thing on a GPU.")

@@ -181,7 +181,11 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
                              timeout=timeout, fail_regex=policy.regexes, fail_codes=policy.fail_codes,
                              ignore_fail_codes=policy.ignore_codes,
                              inputs=os.path.join(top, "inputs.npz"))
-        result = check(os.path.join(top, "model.onnx"), chosen, options=options, workdir=os.path.join(tmp, "check"))
+        model = os.path.join(top, "model.onnx")
+        twin = os.path.join(top, "model.target.onnx")  # --reference-model: the converted cut, the target's
+        if os.path.exists(twin):
+            model, options.reference_model = twin, model
+        result = check(model, chosen, options=options, workdir=os.path.join(tmp, "check"))
         verdict = result.verdict
         reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
         return VerifyResult(recorded, verdict, reproduces, chosen)

@@ -22,6 +22,7 @@ from reprokit.graph.io import save_model
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import flaky_tally
 from reprokit.shrink.evaluator import causal_test, run_replay_alone
+from reprokit.shrink.exclusion import offer_exclusion
 from reprokit.shrink.passes.shapes import (
     MIN_ELEMENTS,
     Shapes,
@@ -138,6 +139,8 @@ def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, ver
     writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
                  reference=reference, note=note)
     notes = run.prepared.notes + ([note] if note else [])
+    if run.options.reference_model:  # the user's fix is an AutoCast exclusion: found and tested here
+        notes += offer_exclusion(run, writer, nodes)
     return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"), verdict, notes,
                         writer.clock)
 

@@ -13,6 +13,9 @@ def fp32_nodes_support(target: str) -> tuple[bool, str]:
     precision are said so, never offered an ``fp32-nodes=`` they would refuse."""
     spec = parse_target(target)
     narrow = [p for p in ("fp16", "bf16", "int8", "fp8") if spec.has(p)]
+    if spec.engine == "emulate" and spec.has("typed"):
+        return False, ("emulate:typed runs the model's own precision: convert it again with the nodes excluded "
+                       "(AutoCast --nodes_to_exclude)")
     if spec.engine == "emulate":
         return True, "the emulator leaves the named nodes' outputs unrounded"
     if spec.engine == "ort":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from reprokit.engine import twinrun
 from reprokit.engine.session import RunOptions
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import external_locations, load_model, save_model, staged_data
@@ -175,7 +176,6 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
                 redact: bool = False, on_event=None, audit=None):
     """Pack the minimal model of a finished shrink into OUT/report.<fmt>, with shrink's context.
     ``audit`` (a reprokit.audit.AuditResult of the original model) adds audit/ and the sweep."""
-    from dataclasses import replace
 
     summary = result.summary
     context = {"original_nodes": summary["original"]["nodes"], "minimal_nodes": summary["minimal"]["nodes"],
@@ -184,11 +184,17 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
                "reference_warnings": summary.get("warnings", []), "samples": summary.get("samples")}
     if audit is not None:  # ISSUE.md's "what we tried" (sweep rows) and the smallest workaround
         context.update(audit.issue_context())
+    if summary.get("exclusion"):  # --reference-model: ISSUE.md names both models and the tested exclusion
+        context["exclusion"] = summary["exclusion"]
     if summary.get("torch"):  # --torch: the archive records the export settings
         context["torch"] = summary["torch"]
-    packed = pack(result.minimal_path, target, os.path.join(result.out_dir, f"report.{fmt}"),
-                  options=replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"), sample=None,
-                                  input_shapes={}, val_ranges={}),
+    model, options = result.minimal_path, replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
+                                                  sample=None, input_shapes={}, val_ranges={})
+    if options.reference_model:  # the converted cut is the target's model; minimal.onnx its reference
+        model = twinrun.write_target_cut(options.reference_model, summary["model"], result.minimal_path,
+                                         os.path.join(result.out_dir, "minimal.target.onnx"))
+        options = replace(options, reference_model=result.minimal_path)
+    packed = pack(model, target, os.path.join(result.out_dir, f"report.{fmt}"), options=options,
                   fmt=fmt, redact=redact, context=context, on_event=on_event,
                   audit_dir=audit.out_dir if audit is not None else None)
     return _record_report(result.out_dir, summary, packed, result.clock)

@@ -60,6 +60,8 @@ def option_args(options: RunOptions) -> list[str]:
             parts += [flag, repr(float(value))]
     if options.timeout != defaults.timeout:
         parts += ["--timeout", repr(float(options.timeout))]
+    if options.reference_model:  # MODEL is the converted model, this its fp32 original
+        parts += ["--reference-model", options.reference_model]
     parts += options.policy().argv()
     return parts
 
@@ -168,6 +170,8 @@ def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resum
         "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
         "search": dict(search or {}),
     }
+    if options.reference_model:  # the fp32 twin is the reference's model: the same file, or another run
+        fingerprint["reference_model"] = file_digest(options.reference_model)
     path = os.path.join(state_dir, "run.json")
     if resume and os.path.exists(path):
         with open(path) as handle:
@@ -183,7 +187,8 @@ def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resum
     from dataclasses import replace
 
     resume_with = {"model": os.path.abspath(model_path), "target": target,
-                   "args": option_args(replace(options, inputs=absolute or None)) + list(run_args)}
+                   "args": option_args(replace(options, inputs=absolute or None, reference_model=options.reference_model
+                                               and os.path.abspath(options.reference_model))) + list(run_args)}
     _atomic_json(path, {**fingerprint, "resume": resume_with})
 
 

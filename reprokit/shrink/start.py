@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from reprokit.engine import twinrun
 from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import InputError
@@ -62,9 +63,13 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     os.makedirs(state_dir, exist_ok=True)
     user_target = target
     target = _with_timing_cache(target, state_dir)
-    oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
-    check_target_nodes(model_path, target)
-    prepared = prepare(model_path, options, state_dir, every_sample=True)
+    converted = model_path if options.reference_model else None
+    judged = options.reference_model or model_path  # --reference-model: cuts are made of the fp32 model
+    oracle = make_oracle(target, options, os.path.join(state_dir, "calls"), target_model=converted)
+    check_target_nodes(judged, target)
+    prepared = prepare(judged, options, state_dir, every_sample=True)
+    if converted:
+        prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
                     search)
     # Every model file of this run lives in models/; external weights stay where they are and

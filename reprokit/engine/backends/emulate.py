@@ -28,6 +28,7 @@ from reprokit.standalone.emulation import (
     emulate_model,
     lift_changes,
     round_through,
+    widen_declared,
 )
 
 
@@ -37,6 +38,8 @@ class EmulateBackend(Backend):
     OPTIONS = {
         "fp16": OptionDoc("round every float tensor through IEEE fp16 (max 65504)"),
         "bf16": OptionDoc("round every float tensor through bfloat16 (8-bit mantissa)"),
+        "typed": OptionDoc("run an explicit-precision model (fp16/bf16 Casts in the file, as AutoCast writes it) "
+                           "as typed: only the tensors the file declares fp16/bf16 are rounded"),
         "fp32-nodes": OptionDoc(
             "keep these nodes' outputs in fp32, names separated by ';' (fp32-nodes=a;b)", "str"
         ),
@@ -48,15 +51,19 @@ class EmulateBackend(Backend):
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:
-        chosen = [p for p in NARROW if spec.has(p)]
+        chosen = [p for p in (*NARROW, "typed") if spec.has(p)]
         if len(chosen) != 1:
             raise UsageError(
-                "emulate needs exactly one precision: emulate:fp16 or emulate:bf16",
-                hint="e.g. --target emulate:fp16",
+                "emulate needs exactly one precision: emulate:fp16, emulate:bf16 or emulate:typed",
+                hint="e.g. --target emulate:fp16 (emulate:typed runs a model that is already fp16 as written)",
             )
+        if spec.has("typed") and spec.has("fp32-nodes"):
+            raise UsageError("emulate:typed takes no fp32-nodes=: the model's own Casts say what stays fp32",
+                             hint="convert the model again with those nodes excluded (AutoCast --nodes_to_exclude)")
 
     def narrow(self) -> str:
-        return "fp16" if self.spec.has("fp16") else "bf16"
+        """fp16 or bf16 (emulate:typed: fp16, the tolerance's precision unless the run says otherwise)."""
+        return "bf16" if self.spec.has("bf16") else "fp16"
 
     def precision(self) -> str:
         return self.narrow()
@@ -68,6 +75,8 @@ class EmulateBackend(Backend):
     def run(self, model_path, feeds, output_names):
         import onnx
 
+        if self.spec.has("typed"):
+            return self._run_typed(model_path, feeds, output_names)
         keep = frozenset(filter(None, str(self.spec.get("fp32-nodes", "")).split(";")))
         source = onnx.load(model_path, load_external_data=False)
         if keep:  # fp32-nodes may name an unnamed node by its label, OP_INDEX in this file
@@ -94,6 +103,27 @@ class EmulateBackend(Backend):
             rounded = {k: _rounded(v, self.narrow()) if isinstance(v, (list, tuple)) else v for k, v in feeds.items()}
             outputs = run_session(session, rounded, output_names)
         return RunResult(outputs=outputs, meta={"storage": self.narrow(), "fp32_nodes": sorted(keep)})
+
+    def _run_typed(self, model_path, feeds, output_names):
+        """The model as its file types it: fp16/bf16 tensors stored narrow, the rest float32."""
+        import onnx
+
+        weights = self.weights_dir or os.path.dirname(os.path.abspath(model_path))
+        try:
+            wide, narrow, keep = widen_declared(onnx.load(model_path, load_external_data=False))
+            model = emulate_model(wide, narrow, keep) if narrow else wide
+        except CannotEmulate as exc:
+            raise EngineUnavailable(f"emulate:typed cannot run this model: {exc}",
+                                    hint="run it on its engine (ort, trt:strongly-typed)") from exc
+        with tempfile.TemporaryDirectory(prefix="reprokit-emulate-") as tmp:
+            path = os.path.join(tmp, "typed.onnx")
+            onnx.save(model, path)
+            del model, wide
+            session = make_session(path, weights_dir=weights)
+            widened = {k: np.asarray(v, np.float32) if getattr(v, "dtype", None) in (np.float16,) else v
+                       for k, v in feeds.items()}
+            outputs = run_session(session, widened, output_names)
+        return RunResult(outputs=outputs, meta={"storage": narrow or "fp32", "typed": True})
 
 
 def _rounded(value, narrow: str):
