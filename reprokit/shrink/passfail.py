@@ -55,7 +55,7 @@ def calibrate_packs(reducer, event) -> None:
     call on the original alone decides: failing, packs are off and that call was the replay;
     passing, the original is flaky (confirm.RideAlong.check: exit 6 with the tally)."""
     reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
-    why, built, seconds, seen = calibrate(reducer, Extraction(probe_model(), dict(PROBE_FEEDS), ["y"]))
+    why, built, seconds, seen = calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]))
     reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
     ride = reducer.ride_along if reducer.packing == "group" else None
     if ride is not None and why is None:
