@@ -8,9 +8,10 @@ parse the ONNX file into a strongly typed network, then build a serialized engin
 capability ``--cc`` (an ahead-of-time build: TensorRT-RTX refuses to run on the H100's 9.0 but
 builds for 8.9 there), timing ``build_serialized_network`` alone:
 
-- ``cold``: each build with no timing cache given (TensorRT makes a private one), twice;
-- ``shared``: one timing cache object per case, given to every build in manifest order (what a
-  shrink run's calls share), once.
+- ``cold``: each build with no timing cache given (TensorRT makes a private one): twice, once
+  for the calls of a captured run (``run_*``, ``polygraphy_*``);
+- ``shared`` (captured runs only): one timing cache object per run, given to every build in the
+  order the run made them (what a shrink run's calls share), once.
 
 One JSON line per file: nodes, members, layers (network layers after parsing), distinct layer
 configurations (type, input shapes and types), parse and build seconds, engine bytes.
@@ -153,10 +154,13 @@ def main() -> int:
         for folder in ordered:
             rows = json.load(open(os.path.join(args.cases, folder, "manifest.json")))
             probe = builder.create_builder_config()
+            run = folder.startswith(("run_", "polygraphy_"))  # a run's calls, in its order
             cache = (
-                probe.create_timing_cache(b"") if hasattr(probe, "create_timing_cache") else None
+                probe.create_timing_cache(b"")
+                if run and hasattr(probe, "create_timing_cache")
+                else None
             )
-            repeats = 1 if folder.startswith("run_") else 2
+            repeats = 1 if run else 2
             for row in rows:
                 if time.monotonic() - t0 > args.deadline_s:
                     sink.write(

@@ -47,6 +47,19 @@ def fit(rows: list[dict], columns: list[str]) -> tuple[np.ndarray, float, float]
 FITS = {"nodes": ["nodes"], "layers": ["layers"], "full": ["layers", "distinct_layers", "io"]}
 
 
+def estimator(path: str) -> tuple[float, float]:
+    """(seconds a call costs at least, seconds per ONNX node built) for estimating a run's build
+    seconds from what both tools report, calls and nodes built: ``a·calls + b·nodes``. ``a`` is
+    the median build of one node alone (the floor every call pays), ``b`` the least-squares slope
+    through that floor over every file of more than one node."""
+    _, rows = load(path)
+    floor = float(np.median([r["build_s"] for r in rows if r["kind"] == "single"]))
+    big = [r for r in rows if r["kind"] != "single"]
+    nodes = np.array([float(r["nodes"]) for r in big])
+    extra = np.array([r["build_s"] - floor for r in big])
+    return floor, float(np.sum(extra * nodes) / np.sum(nodes * nodes))
+
+
 def coefficients(path: str) -> dict:
     """{fit name: (coefficients, r2, median relative error)} for the raw lines at ``path``."""
     _, rows = load(path)
@@ -91,22 +104,40 @@ def markdown(path: str) -> str:
             tool = "reprokit" if r["kind"] == "run" else "polygraphy"
             case = r["case"].split("_", 1)[1]
             entry = runs.setdefault(case, {}).setdefault(
-                tool, {"calls": 0, "nodes": 0, "cold": 0.0, "shared": 0.0}
+                tool,
+                {"calls": 0, "nodes": 0, "cold": 0.0, "shared": 0.0, "distinct": 0, "layers": 0},
             )
+            entry["distinct"] += r["distinct_layers"]
+            entry["layers"] += r["layers"]
             entry["calls"] += 1
             entry["nodes"] += r["nodes"]
             entry["cold"] += r["build_s"]
             entry["shared"] += r.get("shared_s", r["build_s"])
     out += [
         "",
-        "| run | tool | calls | nodes built | build s (cold) | build s (shared cache) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | tool | calls | nodes built | layers built | Σ distinct layer configs | build s (cold) "
+        "| build s (one shared cache) | estimated s (a·calls + b·nodes) |",
+        "|" + " --- |" * 9,
     ]
+    a, b = estimator(path)
     for case, tools in runs.items():
         for tool, e in tools.items():
             out.append(
-                f"| {case} | {tool} | {e['calls']} | {e['nodes']} | {e['cold']:.2f} | {e['shared']:.2f} |"
+                f"| {case} | {tool} | {e['calls']} | {e['nodes']} | {e['layers']} | {e['distinct']} | "
+                f"{e['cold']:.2f} | {e['shared']:.2f} | {a * e['calls'] + b * e['nodes']:.2f} |"
             )
+        if len(tools) == 2:
+            rk, pg = tools["reprokit"], tools["polygraphy"]
+            est = (a * rk["calls"] + b * rk["nodes"]) / (a * pg["calls"] + b * pg["nodes"])
+            cells = [
+                f"{rk[k] / pg[k]:.2f}×"
+                for k in ("calls", "nodes", "layers", "distinct", "cold", "shared")
+            ]
+            out.append(f"| {case} | **reprokit/polygraphy** | {' | '.join(cells)} | {est:.2f}× |")
+    out += [
+        "",
+        f"Estimator (bench_shrink.py): a = {a:.4f} s per call, b = {b * 1000:.2f} ms per node built.",
+    ]
     return "\n".join(out)
 
 

@@ -5,7 +5,8 @@
 #   1) carry [".gpu-carry-h39a"], command "bash .gpu-carry-h39a/gpu-buildcost.sh stage"
 #   2) carry [".gpu-carry-h39b"], command "bash .gpu-carry-h39b/gpu-buildcost.sh stage"
 #   3) carry [".gpu-carry-h39c"], command "bash .gpu-carry-h39c/gpu-buildcost.sh run"
-# Each carry folder holds this script, parts of the TensorRT-RTX libs wheel and of cases.tar.xz.
+# Each carry folder holds this script, bench/trt_buildcost.py, parts of the TensorRT-RTX libs wheel
+# (split -b 48M) and of the cases archives (casesX.tar.xz split into casesX.part.*).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 stage=/tmp/h39
@@ -21,7 +22,9 @@ name=$(cut -d' ' -f3 libs.sha256)
 cat libs.part.* > "$name"
 sha256sum -c libs.sha256 || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$stage/site" "$name" tensorrt_rtx_cu13_bindings-*.whl || exit 1
-cat cases.part.* | xz -d | tar -x -C "$stage" || exit 1
+for prefix in $(ls cases*.part.* | sed 's/\.part\..*//' | sort -u); do
+  cat "$prefix".part.* | xz -d | tar -x -C "$stage" || exit 1
+done
 export PYTHONPATH="$stage/site"
 cudart=$(python3 - <<'PY'
 import glob, os, site
