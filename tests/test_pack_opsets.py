@@ -225,3 +225,36 @@ def test_a_trt_runs_summary_names_the_one_timing_cache_every_build_shares(tmp_pa
     mine = timing_cache_note("trt:timing-cache=/data/cache.bin")
     assert mine["path"] == "/data/cache.bin"
     assert timing_cache_note("emulate:fp16") is None
+
+
+# A runner that feeds exactly one input (as many a deployment script does), its engine reprokit's
+# fp16 emulator: a pack, which has one input per member cut, is refused with the runner's words.
+ONE_INPUT_CHECK = """
+import sys
+import numpy as np
+import onnx
+from reprokit.engine.backends import create_backend
+from reprokit.spec import parse_target
+model, inputs, outputs = sys.argv[1:4]
+if len(onnx.load(model, load_external_data=False).graph.input) != 1:
+    print("my runner feeds one input, this model has more")
+    sys.exit(3)
+with np.load(inputs) as data:
+    feeds = {k: data[k] for k in data.files}
+np.savez(outputs, **create_backend(parse_target("emulate:fp16")).run(model, feeds, None).outputs)
+"""
+
+
+@needs_torch
+def test_a_check_that_refuses_packs_says_why_in_the_summary(torch_export, tmp_path):
+    script = tmp_path / "check.py"
+    script.write_text(ONE_INPUT_CHECK)
+    target = f"cmd:precision=fp16:{PY} {script} {{model}} {{inputs}} {{outputs}}"
+    out = tmp_path / "out"
+    proc = run_cli("shrink", torch_export.model_path, "--inputs", torch_export.inputs_path, "--target", target,
+            "-o", str(out), "--json", "--max-calls", "12", timeout=600)
+    assert (out / "summary.json").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    packs = summary["no_slippage"]["packs"]
+    assert packs.startswith("one candidate per call"), packs
+    assert "my runner feeds one input, this model has more" in packs

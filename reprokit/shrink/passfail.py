@@ -10,6 +10,7 @@ import os
 import time
 
 from reprokit.engine.bug import shows_bug, why_not
+from reprokit.engine.messages import quote_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
 from reprokit.graph.pack import build_pack
@@ -105,7 +106,11 @@ def _calibration_verdict(reducer, best, pack, seen) -> str | None:
     result = seen
     try:
         if result.status != "ok":
-            return f"the check failed on a pack as a whole ({result.status}): it cannot judge members one by one"
+            # its own words: a check that refuses a pack says why (a runner that feeds one input,
+            # an opset its converter does not know), and the user can mend the check
+            said = quote_message(result.message, 200)
+            return (f"the check failed on a pack as a whole ({result.status}{': ' + said if said else ''}): "
+                    "it cannot judge members one by one")
         member = pack.members[1]
         outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
                    if packed in result.outputs}
