@@ -212,7 +212,9 @@ def test_a_numeric_cmd_check_that_runs_a_torch_export_reduces_the_planted_overfl
 
 
 @pytest.mark.parametrize("rtx", [False, True])
-def test_a_trt_runs_summary_names_the_one_timing_cache_every_build_shares(tmp_path, monkeypatch, rtx):
+def test_a_trt_runs_summary_names_the_one_timing_cache_every_build_shares(
+    tmp_path, monkeypatch, rtx
+):
     from reprokit.shrink.output import timing_cache_note
     from reprokit.shrink.runstate import _with_timing_cache
 
@@ -251,10 +253,67 @@ def test_a_check_that_refuses_packs_says_why_in_the_summary(torch_export, tmp_pa
     script.write_text(ONE_INPUT_CHECK)
     target = f"cmd:precision=fp16:{PY} {script} {{model}} {{inputs}} {{outputs}}"
     out = tmp_path / "out"
-    proc = run_cli("shrink", torch_export.model_path, "--inputs", torch_export.inputs_path, "--target", target,
-            "-o", str(out), "--json", "--max-calls", "12", timeout=600)
+    proc = run_cli(
+        "shrink",
+        torch_export.model_path,
+        "--inputs",
+        torch_export.inputs_path,
+        "--target",
+        target,
+        "-o",
+        str(out),
+        "--json",
+        "--max-calls",
+        "12",
+        timeout=600,
+    )
     assert (out / "summary.json").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     packs = summary["no_slippage"]["packs"]
     assert packs.startswith("one candidate per call"), packs
     assert "my runner feeds one input, this model has more" in packs
+
+
+@needs_torch
+@pytest.mark.parametrize("engine", ["emulate:fp16", "cmd"])
+def test_every_model_a_run_builds_is_valid_and_runs_on_the_reference_engine(
+    torch_export, tmp_path, monkeypatch, engine
+):
+    """Every model a target call of a run is given (survey packs, pairs, windows, the calibration
+    pack, the probe, the final model): onnx's full check passes under the opsets it declares, and
+    onnxruntime (the reference engine) runs it on the call's own feeds."""
+    import onnxruntime as ort
+
+    from reprokit.api import RunOptions
+    from reprokit.engine.oracle import Oracle
+    from reprokit.shrink.steps import shrink
+
+    seen = []
+    real = Oracle.run_target
+
+    def checked(self, model_path, feeds, output_names=None):
+        model = onnx.load(model_path)
+        onnx.checker.check_model(model, full_check=True)
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        wanted = {i.name for i in session.get_inputs()}
+        session.run(None, {k: np.asarray(v) for k, v in feeds.items() if k in wanted})
+        seen.append(len(model.graph.node))
+        return real(self, model_path, feeds, output_names)
+
+    monkeypatch.setattr(Oracle, "run_target", checked)
+    target = engine
+    if engine == "cmd":
+        script = tmp_path / "check.py"
+        script.write_text(EMULATING_CHECK.format(log=str(tmp_path / "calls.log")))
+        target = f"cmd:precision=fp16:{PY} {script} {{model}} {{inputs}} {{outputs}}"
+    result = shrink(
+        torch_export.model_path,
+        target,
+        str(tmp_path / "out"),
+        options=RunOptions(inputs=torch_export.inputs_path),
+        shrink_shapes=False,
+    )
+    assert result.summary["minimal"]["ops"] == ["Mul"]
+    assert max(seen) > result.summary["original"]["nodes"]  # packs were among them
