@@ -117,6 +117,16 @@ def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):
             why = f"{verdict.criterion.describe()}; worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}"
         else:  # nothing compared: a check command that passed and wrote no outputs
             why = "the check passed" if str(run.target).startswith("cmd:") else verdict.criterion.describe()
+        if replays:  # it was replayed above and passed again: twice is not never
+            cmd = str(run.target).startswith("cmd:")
+            said = ("the check passed on the original twice: it does not fail, or fails only sometimes"
+                    if cmd else f"the original model agreed twice under {run.target}: it does not diverge, "
+                    "or diverges only sometimes")
+            raise NothingToReduce(
+                said + ("" if why == "the check passed" else f" ({why})"),
+                hint="nothing to reduce if it never fails; one that fails only sometimes must fail every time "
+                     "first (fixed tactics, a timing cache, a fixed seed), then shrink again; rerun the check "
+                     f"by hand: {rerun}")
         raise NothingToReduce(
             f"the original model does not diverge under {run.target} ({why})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")

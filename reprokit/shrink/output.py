@@ -11,12 +11,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from reprokit.engine.backends.trt_setup import rtx_requested
 from reprokit.engine.session import RunOptions
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import external_locations, load_model, save_model, staged_data
 from reprokit.report.bundle import pack
 from reprokit.shrink.clock import StepClock, retime, timed_steps
 from reprokit.shrink.runstate import _atomic_json, _atomic_npz, rerun_command
+from reprokit.spec import parse_target
 
 
 def _resources(stats, wall: float) -> dict:
@@ -176,9 +178,6 @@ def timing_cache_note(target: str) -> dict | None:
     """What summary.json says of a TensorRT run's timing cache (None for other engines): every
     build of the run, in every worker, loads and saves the one file (``runstate._with_timing_cache``
     adds the run's own where the user named none), so a layer configuration is timed once per run."""
-    from reprokit.engine.backends.trt_setup import rtx_requested
-    from reprokit.spec import parse_target
-
     spec = parse_target(target)
     if spec.engine != "trt":
         return None
