@@ -435,22 +435,15 @@ def render(payload: dict) -> str:
     return "\n".join(lines)
 
 
-# TensorRT-RTX build seconds measured on the H100 (bench/trt_buildcost.py): a·calls + b·nodes built
-BUILDCOST = os.path.join(RESULTS, "buildcost", "rtx_h100.jsonl")
-
-
 def build_estimate(row: dict) -> float | None:
-    """Estimated TensorRT-RTX build seconds of one tool's run: a·calls + b·nodes built, the fit
-    of bench/trt_buildcost_fit.py (its accuracy on measured runs: docs/benchmark.md)."""
+    """Estimated TensorRT build seconds of one tool's run: a·calls + b·nodes built, the TensorRT-RTX
+    fit reprokit itself packs by (reprokit/shrink/buildcost.py; bench/trt_buildcost_fit.py derives
+    it from bench/results/buildcost/rtx_h100.jsonl; its accuracy on measured runs: docs/benchmark.md)."""
+    from reprokit.shrink.buildcost import TENSORRT
+
     if row.get("calls") is None or row.get("nodes_built") is None:
         return None
-    if "fit" not in _GENERATED:
-        sys.path.insert(0, BENCH)
-        import trt_buildcost_fit
-
-        _GENERATED["fit"] = trt_buildcost_fit.estimator(BUILDCOST)
-    a, b = _GENERATED["fit"]
-    return a * row["calls"] + b * row["nodes_built"]
+    return TENSORRT.seconds(row["calls"], row["nodes_built"])
 
 
 def table(results: list[dict]) -> str:
