@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # TensorRT-RTX build-cost measurement on the GPU machine (bench/trt_buildcost.py), three device
 # calls right after each other (one transfer carries at most 64 MiB; a warm machine keeps /tmp):
-#   here:  python bench/trt_buildcost_prepare.py /tmp/h39cases, then pack it (see docs/benchmark.md)
+#   here:  bash scripts/gpu-buildcost-prepare.sh (the ONNX files, the wheel, three carry folders)
 #   1) carry [".gpu-carry-h39a"], command "bash .gpu-carry-h39a/gpu-buildcost.sh stage"
 #   2) carry [".gpu-carry-h39b"], command "bash .gpu-carry-h39b/gpu-buildcost.sh stage"
 #   3) carry [".gpu-carry-h39c"], command "bash .gpu-carry-h39c/gpu-buildcost.sh run"
 # Each carry folder holds this script, bench/trt_buildcost.py, parts of the TensorRT-RTX libs wheel
-# (split -b 48M) and of the cases archives (casesX.tar.xz split into casesX.part.*).
+# (split -b 48M) and of the cases archives (casesX.tar.xz split into casesX.part.*). The carry
+# folders are git-ignored (.gpu-carry*/): copy them into the checkout the device tool sends.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 stage=/tmp/h39
