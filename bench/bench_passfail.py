@@ -235,7 +235,13 @@ def main(argv=None) -> int:
     parser.add_argument("--flaky-runs", type=int, default=10, help="runs of each tool on the flaky check (0: skip)")
     parser.add_argument("--flaky-only", action="store_true", help="only the flaky check (--flaky-runs runs)")
     parser.add_argument("--flaky-tools", default="reprokit,polygraphy", help="tools run on the flaky check")
+    parser.add_argument("--render", metavar="JSON", help="only print the table of an earlier results JSON")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as handle:
+            payload = json.load(handle)
+        print(render(payload["scenarios"], payload.get("wall_s"), payload.get("flaky")))
+        return 0
     if args.flaky_only:
         return _flaky_only(args)
     root = tempfile.mkdtemp(prefix="bench-passfail-")
@@ -267,7 +273,7 @@ def main(argv=None) -> int:
     with open(os.path.join(BENCH, "results", stem + ".md"), "w") as handle:
         handle.write(text + "\n")
     with open(os.path.join(BENCH, "results", stem + ".json"), "w") as handle:
-        json.dump({"scenarios": results, "flaky": flaky}, handle, indent=1)
+        json.dump({"scenarios": results, "flaky": flaky, "wall_s": time.monotonic() - started}, handle, indent=1)
     return 0
 
 
@@ -318,10 +324,18 @@ def _expected(expect) -> str:
     return ", ".join(n.replace("onnx_graphsurgeon_node_", "node ") for n in expect)
 
 
-def render(results: list[dict], wall: float, flaky: dict | None = None) -> str:
+def _built_s(row: dict) -> float:
+    """Estimated TensorRT build seconds of a run (reprokit/shrink/buildcost.py: a·calls + b·nodes built)."""
+    from reprokit.shrink.buildcost import TENSORRT
+
+    return TENSORRT.seconds(row["calls"], row["nodes_built"])
+
+
+def render(results: list[dict], wall: float | None, flaky: dict | None = None) -> str:
     header = ["scenario", "expected", "reprokit calls", "reprokit --replays 0 calls", "polygraphy calls",
               "reprokit wall s", "reprokit --replays 0 wall s", "polygraphy wall s",
-              "reprokit nodes built", "polygraphy nodes built", "reprokit result", "reprokit --replays 0 result",
+              "reprokit nodes built", "polygraphy nodes built", "reprokit est. TensorRT build s",
+              "polygraphy est. TensorRT build s", "reprokit result", "reprokit --replays 0 result",
               "polygraphy result", "reprokit 1-minimal"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for res in results:
@@ -329,21 +343,25 @@ def render(results: list[dict], wall: float, flaky: dict | None = None) -> str:
         lines.append("| " + " | ".join([res["name"], _expected(res["expect"]), str(rk["calls"]), str(r0["calls"]),
                                         str(pg["calls"]), f"{rk['wall_s']:.1f}", f"{r0['wall_s']:.1f}",
                                         f"{pg['wall_s']:.1f}", str(rk["nodes_built"]), str(pg["nodes_built"]),
-                                        _cell(rk, res["expect"]), _cell(r0, res["expect"]), _cell(pg, res["expect"]),
+                                        f"{_built_s(rk):.2f}", f"{_built_s(pg):.2f}", _cell(rk, res["expect"]), _cell(r0, res["expect"]), _cell(pg, res["expect"]),
                                         "yes" if rk.get("one_minimal") else "no"]) + " |")
     tools = ("reprokit", "reprokit_replays0", "polygraphy")
     calls = {t: sum(r[t]["calls"] for r in results) for t in tools}
     walls = {t: sum(r[t]["wall_s"] for r in results) for t in tools}
     built = {t: sum(r[t]["nodes_built"] for r in results) for t in ("reprokit", "polygraphy")}
+    est = {t: sum(_built_s(r[t]) for r in results) for t in ("reprokit", "polygraphy")}
     pg_calls, pg_wall = max(1, calls["polygraphy"]), max(1e-9, walls["polygraphy"])
     lines.append(f"| **total** | | {calls['reprokit']} | {calls['reprokit_replays0']} | {calls['polygraphy']} | "
                  f"{walls['reprokit']:.0f} | {walls['reprokit_replays0']:.0f} | {walls['polygraphy']:.0f} | "
-                 f"{built['reprokit']} | {built['polygraphy']} | "
+                 f"{built['reprokit']} | {built['polygraphy']} | {est['reprokit']:.1f} | {est['polygraphy']:.1f} | "
                  f"calls {calls['reprokit'] / pg_calls:.2f}× ({calls['reprokit_replays0'] / pg_calls:.2f}× with "
                  f"--replays 0), wall {walls['reprokit'] / pg_wall:.2f}× ({walls['reprokit_replays0'] / pg_wall:.2f}×), "
-                 f"nodes built {built['reprokit'] / max(1, built['polygraphy']):.2f}× | | | |")
-    lines += ["", f"Check calls and nodes built counted by bench/count_check.py for both tools; wall: each tool's "
-                  f"whole command, start-up included; {wall:.0f} s in all."]
+                 f"nodes built {built['reprokit'] / max(1, built['polygraphy']):.2f}×, est. TensorRT build "
+                 f"{est['reprokit'] / max(1e-9, est['polygraphy']):.2f}× | | | |")
+    lines += ["", "Check calls and nodes built counted by bench/count_check.py for both tools; wall: each tool's "
+                  "whole command, start-up included" + (f"; {wall:.0f} s in all." if wall is not None else ".")
+              + " Estimated TensorRT build seconds: 0.0135 s a call + 3.07 ms a node built (TensorRT-RTX on the "
+                "H100, docs/benchmark.md)."]
     if flaky:
         lines += ["", *_flaky_lines(flaky)]
     return "\n".join(lines)

@@ -400,7 +400,8 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}×"
 
 
-HEADER = ["model", "nodes", "target", "tool", "target calls", "nodes built", "wall time (s)", "peak memory (MiB)",
+HEADER = ["model", "nodes", "target", "tool", "target calls", "nodes built", "est. TensorRT build (s)",
+          "wall time (s)", "peak memory (MiB)",
           "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept", "1-minimal"]
 
 
@@ -434,6 +435,17 @@ def render(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def build_estimate(row: dict) -> float | None:
+    """Estimated TensorRT build seconds of one tool's run: a·calls + b·nodes built, the TensorRT-RTX
+    fit reprokit itself packs by (reprokit/shrink/buildcost.py; bench/trt_buildcost_fit.py derives
+    it from bench/results/buildcost/rtx_h100.jsonl; its accuracy on measured runs: docs/benchmark.md)."""
+    from reprokit.shrink.buildcost import TENSORRT
+
+    if row.get("calls") is None or row.get("nodes_built") is None:
+        return None
+    return TENSORRT.seconds(row["calls"], row["nodes_built"])
+
+
 def table(results: list[dict]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for res in results:
@@ -450,16 +462,18 @@ def table(results: list[dict]) -> str:
             nodes = f"{res['file_nodes']} → {r['start_nodes']}" if r.get("start_nodes") else str(res["file_nodes"])
             if r.get("error"):
                 cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r.get("nodes_built")),
-                         fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
+                         fmt(build_estimate(r)), fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
                          r["error"].replace("|", "/"), "", "", ""]
             elif r.get("status") == "accumulated":
-                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), fmt(r["wall_s"]),
+                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")),
+                         fmt(build_estimate(r)), fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), "accumulated: attribution",
                          f"fp32-nodes={r['attribution']['fp32_nodes'][:60]}…", "—", "—"]
             else:
                 kept = ("yes" if r["kept"] else "no") + f" ({r['judged']['kind']})"
                 one = {True: "yes", False: "no"}.get(r.get("one_minimal"), "—")
-                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), fmt(r["wall_s"]),
+                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")),
+                         fmt(build_estimate(r)), fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), fmt(r["minimal_nodes"]),
                          ops_text(r["minimal_ops"]), kept, one]
             lines.append("| " + " | ".join(cells) + " |")
@@ -469,6 +483,7 @@ def table(results: list[dict]) -> str:
             res["name"], "", "", "**reprokit/polygraphy**",
             ratio(rk.get("calls"), pg.get("calls")) if pg_ok else "—",
             ratio(rk.get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
+            ratio(build_estimate(rk), build_estimate(pg)) if pg_ok else "—",
             ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok else "—",
             "", "", "", "", "", ""]) + " |")
     both = [r for r in results if not r.get("error") and not r["reprokit"].get("error")
@@ -480,10 +495,13 @@ def table(results: list[dict]) -> str:
         pg_wall = sum(r["polygraphy"]["wall_s"] for r in both)
         rk_built = sum(r["reprokit"].get("nodes_built") or 0 for r in both)
         pg_built = sum(r["polygraphy"].get("nodes_built") or 0 for r in both)
+        rk_est = sum(build_estimate(r["reprokit"]) or 0 for r in both)
+        pg_est = sum(build_estimate(r["polygraphy"]) or 0 for r in both)
         lines.append("| " + " | ".join([
             f"**total, {len(both)} models where both finished**", "", "", "**reprokit/polygraphy**",
             f"{rk_calls}/{pg_calls} = {ratio(rk_calls, pg_calls)}",
             f"{rk_built}/{pg_built} = {ratio(rk_built, pg_built)}",
+            f"{rk_est:.1f}/{pg_est:.1f} = {ratio(rk_est, pg_est)}",
             f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
     return "\n".join(lines)
 

@@ -19,7 +19,9 @@ Used as polygraphy's ``debug reduce --check`` command (MODEL is the candidate it
 Prints ``DIVERGES nonfinite`` / ``DIVERGES mismatch`` / ``AGREES`` and exits 1 when the model
 diverges, 0 when not. Other outcomes print a line that matches neither and exit with 2 (usage or
 missing data), 3 (the target refused the model) or 5 (the reference itself is not finite).
-Every invocation appends one line to the file named by $BENCH_CALL_LOG, if set.
+Every invocation appends one line to the file named by $BENCH_CALL_LOG, if set, and copies the
+model it was given into the folder $BENCH_CAPTURE_DIR, if set (callNNN.onnx, for
+bench/trt_buildcost_prepare.py: polygraphy's builds timed on a TensorRT builder).
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ def main(argv=None) -> int:
         nodes = len(_onnx.load(args.model, load_external_data=False).graph.node)
         with open(log, "a") as handle:
             handle.write(f"{time.time():.3f} {os.path.abspath(args.model)} {nodes}\n")
+    capture = os.environ.get("BENCH_CAPTURE_DIR")
+    if capture:
+        import shutil
+
+        os.makedirs(capture, exist_ok=True)
+        shutil.copyfile(args.model, os.path.join(capture, f"call{len(os.listdir(capture)):03d}.onnx"))
 
     import numpy as np
     import onnx

@@ -68,7 +68,8 @@ def test_a_check_command_that_passes_the_original_says_so(tmp_path):
     _relu(tmp_path)
     proc = run_cli("shrink", "relu.onnx", "--target", f"cmd:{PY} -c pass", "-o", "out", cwd=tmp_path)
     error, _ = assert_user_error(proc, 6)
-    assert error == f"Error: the original model does not diverge under cmd:{PY} -c pass (the check passed)", error
+    # it is run twice (the original's replay): passing both, it may still fail only sometimes
+    assert error == "Error: the check passed on the original twice: it does not fail, or fails only sometimes", error
 
 
 def test_piped_tables_are_not_padded_to_the_console_width():

@@ -109,6 +109,19 @@ def test_a_check_that_always_fails_is_refused_with_exit_4(tmp_path):
     assert _calls(log) == 6, _calls(log)
 
 
+def test_a_check_that_passed_the_original_twice_is_not_said_to_never_fail(tmp_path):
+    """A check failing every other call that happens to pass the original twice (the first run
+    and its replay) may still fail: the message says so and how to go on, never "does not diverge"."""
+    path = sm.save(chain(), tmp_path / "m.onnx")
+    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="PPF")
+    proc = run_cli("shrink", path, "--target", target, "-o", str(tmp_path / "out"))
+    assert proc.returncode == 6, proc.stderr[-2000:]
+    assert "the check passed on the original twice: it does not fail, or fails only sometimes" in proc.stderr
+    assert "does not diverge" not in proc.stderr
+    assert "fails only sometimes must fail every time first" in proc.stderr and "reprokit check" in proc.stderr
+    assert _calls(log) == 2, _calls(log)
+
+
 @pytest.mark.parametrize("sequence, code, where", [
     # confirm F, the calibration pack P: the original alone decides, P → flaky original
     ("FPP", 6, "unchanged model"),

@@ -73,7 +73,6 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
     import onnx
     from onnx import helper
 
-    first = extractions[0].model
     graph = onnx.GraphProto(name="reprokit_pack")
     feeds: dict[str, np.ndarray] = {}
     members: list[Member] = []
@@ -134,10 +133,34 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
             graph.output.append(copy)
             outputs[copy.name] = value.name
         members.append(Member(outputs, len(sub.node)))
-    model = helper.make_model(graph, opset_imports=list(first.opset_import), ir_version=first.ir_version,
-                              producer_name="reprokit")
-    model.functions.extend(first.functions)
+    opsets, ir_version, functions = declared([ext.model for ext in extractions])
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version, producer_name="reprokit")
+    model.functions.extend(functions)
     return Pack(model, feeds, members)
+
+
+def declared(models: list) -> tuple[list, int, list]:
+    """What a model holding every one of ``models`` must declare: each domain any of them
+    imports (at the highest version declared: members cut from one model agree, and a probe
+    declares the model's own, :func:`reprokit.shrink.confirm.probe_model`), the highest IR
+    version, every local function once. The first member alone is not enough: a pack that
+    starts with a probe written at another opset would read the model's nodes under that
+    opset's schemas (torch-exported ``Reshape`` at opset 13 instead of 17: an invalid model)."""
+    from onnx import helper
+
+    versions: dict[str, int] = {}
+    for model in models:
+        for entry in model.opset_import:
+            domain = entry.domain or ""
+            versions[domain] = max(versions.get(domain, 0), entry.version)
+    seen, functions = set(), []
+    for model in models:
+        for function in model.functions:
+            if (function.domain, function.name) not in seen:
+                seen.add((function.domain, function.name))
+                functions.append(function)
+    opsets = [helper.make_opsetid(domain, version) for domain, version in versions.items()]
+    return opsets, max(model.ir_version for model in models), functions
 
 
 def _names(graph) -> set[str]:

@@ -117,6 +117,16 @@ def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):
             why = f"{verdict.criterion.describe()}; worst {worst.name}: {verdict.criterion.metric.value} {worst.error:.3g}"
         else:  # nothing compared: a check command that passed and wrote no outputs
             why = "the check passed" if str(run.target).startswith("cmd:") else verdict.criterion.describe()
+        if replays:  # it was replayed above and passed again: twice is not never
+            cmd = str(run.target).startswith("cmd:")
+            said = ("the check passed on the original twice: it does not fail, or fails only sometimes"
+                    if cmd else f"the original model agreed twice under {run.target}: it does not diverge, "
+                    "or diverges only sometimes")
+            raise NothingToReduce(
+                said + ("" if why == "the check passed" else f" ({why})"),
+                hint="nothing to reduce if it never fails; one that fails only sometimes must fail every time "
+                     "first (fixed tactics, a timing cache, a fixed seed), then shrink again; rerun the check "
+                     f"by hand: {rerun}")
         raise NothingToReduce(
             f"the original model does not diverge under {run.target} ({why})",
             hint=f"nothing to reduce; rerun the check by hand: {rerun}")
@@ -147,15 +157,27 @@ _BROKEN_CHECK = re.compile(
     r"cannot open shared object|error while loading shared libraries|is not recognized as")
 
 
-def probe_model():
-    """x[1] → Identity → y: a model without anyone's bug; a check must pass it."""
+def probe_model(like=None):
+    """x[1] → Identity → y: a model without anyone's bug; a check must pass it. Written under
+    the opsets and IR version of ``like`` (the user's model) where given: a check that runs the
+    model with the user's own tools then sees the versions it was written for, and a pack that
+    holds the probe beside the model's nodes declares the model's opsets (graph.pack.declared).
+    Identity has the same meaning in every opset."""
     from onnx import TensorProto, helper
 
+    opsets = [helper.make_opsetid("", 13)]
+    ir_version = 8
+    if like is not None:
+        default = next((o.version for o in like.opset_import if o.domain in ("", "ai.onnx")), None)
+        opsets = [helper.make_opsetid(o.domain, o.version) for o in like.opset_import]
+        if default is None:  # a model of custom domains only: the probe's own op needs one
+            opsets.append(helper.make_opsetid("", 13))
+        ir_version = like.ir_version
     return helper.make_model(helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"], name="reprokit_probe")], "reprokit_probe",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]),
-        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        opset_imports=opsets, ir_version=ir_version)
 
 
 PROBE_FEEDS = {"x": np.ones((1,), np.float32)}
@@ -174,7 +196,7 @@ def refuse_model_blind_check(run, verdict) -> None:
     there stops the run with the check's own words (exit 4) before the result is accepted."""
     if not probe_pending(run):
         return
-    path = save_model(probe_model(), os.path.join(run.models_dir, "probe.onnx"))
+    path = save_model(probe_model(run.model), os.path.join(run.models_dir, "probe.onnx"))
     seen = run.oracle.run_again(path, PROBE_FEEDS, {"y": PROBE_FEEDS["x"]})
     if not shows_bug(verdict.signature, seen):
         return

@@ -13,6 +13,7 @@ import numpy as np
 
 from reprokit.graph.io import tensor_proto_bytes
 from reprokit.graph.pack import feed_key
+from reprokit.shrink.buildcost import RIDER_CHANCE, for_target
 
 
 @dataclass(eq=False)  # a dict key by identity: two shape tries may share a node set
@@ -104,6 +105,7 @@ def ride_along(reducer, groups: list[list[Member]], *kinds) -> None:
     """Speculative members (shape crops a later step will ask about, producer→consumer pairs the
     survey may need next) fill the room the packs have left under the limits, first pack first
     (a pack split by the memory bound leaves room in each): they never cost a call of their own.
+    On TensorRT they cost their build: only those the build-cost estimate says pay ride.
     Each of ``kinds`` (an iterable, maybe a generator: drawn only while members fit) starts again
     at the first pack; the packs' room is measured once for all of them."""
     def cost(member) -> tuple[tuple[int, dict], int]:
@@ -111,6 +113,9 @@ def ride_along(reducer, groups: list[list[Member]], *kinds) -> None:
         own, feeds = member_cost(reducer, member)
         return (own + count * RIDER_NODE_BYTES, feeds), count
 
+    # on an engine that builds what it runs (TensorRT), a rider costs its build whether or not it
+    # is asked about: it rides only where the estimate says that pays (shrink/buildcost.py)
+    builds = for_target(str(reducer.oracle.target))
     rooms = []
     for group in groups:
         rooms.append(Room())
@@ -120,6 +125,8 @@ def ride_along(reducer, groups: list[list[Member]], *kinds) -> None:
         at = 0
         for member in extra:
             weight, count = cost(member)
+            if builds is not None and not builds.rider_pays(count, RIDER_CHANCE):
+                continue
             while at < len(groups) and (rooms[at].bytes + rooms[at].weight(weight) > reducer.pack_bytes
                                         or rooms[at].nodes + count > reducer.pack_nodes):
                 at += 1

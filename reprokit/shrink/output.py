@@ -12,12 +12,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from reprokit.engine import twinrun
+from reprokit.engine.backends.trt_setup import rtx_requested
 from reprokit.engine.session import RunOptions
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import external_locations, load_model, save_model, staged_data
 from reprokit.report.bundle import pack
 from reprokit.shrink.clock import StepClock, retime, timed_steps
 from reprokit.shrink.runstate import _atomic_json, _atomic_npz, rerun_command
+from reprokit.spec import parse_target
 
 
 def _resources(stats, wall: float) -> dict:
@@ -139,7 +141,8 @@ class _BestWriter:
                       "cached": stats.cached + sum(s.cached for s in reducer.stats.values()),
                       "target_seconds": round(stats.target_seconds, 3),
                       "seconds_per_target_call": round(stats.target_seconds / max(1, stats.target), 3),
-                      "build_seconds": [round(b, 3) for b in stats.build_seconds]},
+                      "build_seconds": [round(b, 3) for b in stats.build_seconds],
+                      "timing_cache": timing_cache_note(reducer.oracle.target)},
             # Build work: nodes in the models the target built, over every call (packs count
             # all their members), the number to set beside polygraphy's.
             "build_work": {"nodes_built": built, "per_call": round(built / max(1, stats.target), 1),
@@ -170,6 +173,22 @@ class _BestWriter:
         if final_verdict is not None:
             summary["verdict"] = final_verdict.to_json()
         return summary
+
+
+def timing_cache_note(target: str) -> dict | None:
+    """What summary.json says of a TensorRT run's timing cache (None for other engines): every
+    build of the run, in every worker, loads and saves the one file (``runstate._with_timing_cache``
+    adds the run's own where the user named none), so a layer configuration is timed once per run."""
+    spec = parse_target(target)
+    if spec.engine != "trt":
+        return None
+    note = {"path": spec.get("timing-cache"),
+            "shared": "every TensorRT build of this run loaded and saved this one timing cache: "
+                      "a layer configuration timed in one call is not timed again in a later one"}
+    if rtx_requested():  # measured in docs/benchmark.md: TensorRT-RTX builds the same with or without it
+        note["shared"] += ("; TensorRT-RTX ignores timing caches (no-ops since 1.2: its kernels are "
+                           "chosen when the engine runs), so there it saves nothing")
+    return note
 
 
 def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz",

@@ -10,6 +10,7 @@ import os
 import time
 
 from reprokit.engine.bug import shows_bug, why_not
+from reprokit.engine.messages import quote_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
 from reprokit.graph.pack import build_pack
@@ -55,7 +56,7 @@ def calibrate_packs(reducer, event) -> None:
     call on the original alone decides: failing, packs are off and that call was the replay;
     passing, the original is flaky (confirm.RideAlong.check: exit 6 with the tally)."""
     reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
-    why, built, seconds, seen = calibrate(reducer, Extraction(probe_model(), dict(PROBE_FEEDS), ["y"]))
+    why, built, seconds, seen = calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]))
     reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
     ride = reducer.ride_along if reducer.packing == "group" else None
     if ride is not None and why is None:
@@ -105,7 +106,11 @@ def _calibration_verdict(reducer, best, pack, seen) -> str | None:
     result = seen
     try:
         if result.status != "ok":
-            return f"the check failed on a pack as a whole ({result.status}): it cannot judge members one by one"
+            # its own words: a check that refuses a pack says why (a runner that feeds one input,
+            # an opset its converter does not know), and the user can mend the check
+            said = quote_message(result.message, 200)
+            return (f"the check failed on a pack as a whole ({result.status}{': ' + said if said else ''}): "
+                    "it cannot judge members one by one")
         member = pack.members[1]
         outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
                    if packed in result.outputs}
