@@ -151,7 +151,12 @@ def draw(shapes: dict[str, tuple[int, ...]], sigma: float, seed: int, *, image: 
 def quantize(fp32_path: str, qdq_path: str, recipe: Recipe, *, nodes_to_exclude: list[str] | None = None,
              calibration_sigma: float = CALIBRATION_SIGMA) -> None:
     """``quantize_static`` in QDQ format on CALIBRATION_SAMPLES feeds at ``calibration_sigma``."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     shapes = _static_inputs(fp32_path)
     samples = [draw(shapes, calibration_sigma, SEED + 100 + i, image=recipe.image) for i in range(CALIBRATION_SAMPLES)]

@@ -185,3 +185,36 @@ def save_external(model: onnx.ModelProto, path, location: str = "weights.bin") -
         size_threshold=0,
     )
     return path
+
+
+def qdq_conv_chain(x_range: float = 0.5, blocks: int = 2, inner: float = 16.0) -> onnx.ModelProto:
+    """A QDQ model as onnxruntime's quantize_static writes one (int8 activations, int8 per-channel
+    weights), its input scale calibrated for |x| <= ``x_range``: uniform [0,1) feeds clip there."""
+    # x[1,4,6,6] -> Q -> DQ -> Conv(DQ(Wq)) -> Q -> DQ -> Relu -> ... (``blocks`` times) -> Q -> DQ -> y
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+
+    def qdq(tensor: str, scale: float, tag: str) -> str:
+        inits.extend([const(f"{tag}_scale", scale),
+                      numpy_helper.from_array(np.array(0, np.int8), f"{tag}_zero")])
+        nodes.append(helper.make_node("QuantizeLinear", [tensor, f"{tag}_scale", f"{tag}_zero"], [f"{tag}_q"],
+                                      name=f"{tag}_QuantizeLinear"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{tag}_q", f"{tag}_scale", f"{tag}_zero"],
+                                      [f"{tag}_dq"], name=f"{tag}_DequantizeLinear"))
+        return f"{tag}_dq"
+
+    current = qdq("x", x_range / 127, "x")
+    for b in range(blocks):
+        w = rng.uniform(-1, 1, size=(4, 4, 3, 3)).astype(np.float32)
+        w_scale = np.abs(w).reshape(4, -1).max(axis=1) / 127
+        inits.extend([numpy_helper.from_array(np.round(w / w_scale[:, None, None, None]).astype(np.int8), f"w{b}_q"),
+                      numpy_helper.from_array(w_scale.astype(np.float32), f"w{b}_scale"),
+                      numpy_helper.from_array(np.zeros(4, np.int8), f"w{b}_zero")])
+        nodes.append(helper.make_node("DequantizeLinear", [f"w{b}_q", f"w{b}_scale", f"w{b}_zero"], [f"w{b}"],
+                                      name=f"w{b}_DequantizeLinear", axis=0))
+        nodes.append(helper.make_node("Conv", [current, f"w{b}"], [f"conv{b}"], name=f"conv{b}", pads=[1, 1, 1, 1]))
+        current = qdq(f"conv{b}", inner / 127, f"conv{b}")
+        nodes.append(helper.make_node("Relu", [current], [f"relu{b}"], name=f"relu{b}"))
+        current = qdq(f"relu{b}", inner / 127, f"relu{b}")
+    nodes.append(helper.make_node("Identity", [current], ["y"], name="out"))
+    return make(nodes, [vi("x", [1, 4, 6, 6])], [vi("y", [1, 4, 6, 6])], inits)
