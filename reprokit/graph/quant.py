@@ -21,16 +21,38 @@ import numpy as np
 Q, DQ, DYNQ = "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"
 # ops that compute on integers (QOperator format, dynamic quantization) and their scale slots
 INTEGER_OPS = {
-    "QLinearConv": (1, 4, 6), "QLinearMatMul": (1, 4, 6), "QLinearAdd": (1, 4, 6), "QLinearMul": (1, 4, 6),
-    "QLinearSigmoid": (1, 3), "QLinearLeakyRelu": (1, 3), "QLinearAveragePool": (1, 3),
-    "QLinearGlobalAveragePool": (1, 3), "QLinearConcat": (), "QGemm": (1, 4, 7),
-    "MatMulInteger": (), "ConvInteger": (), "DynamicQuantizeMatMul": (), "MatMulIntegerToFloat": (),
+    "QLinearConv": (1, 4, 6),
+    "QLinearMatMul": (1, 4, 6),
+    "QLinearAdd": (1, 4, 6),
+    "QLinearMul": (1, 4, 6),
+    "QLinearSigmoid": (1, 3),
+    "QLinearLeakyRelu": (1, 3),
+    "QLinearAveragePool": (1, 3),
+    "QLinearGlobalAveragePool": (1, 3),
+    "QLinearConcat": (),
+    "QGemm": (1, 4, 7),
+    "MatMulInteger": (),
+    "ConvInteger": (),
+    "DynamicQuantizeMatMul": (),
+    "MatMulIntegerToFloat": (),
     "DynamicQuantizeLSTM": (),
 }
 QUANT_OPS = {Q, DQ, DYNQ, *INTEGER_OPS}
 # ops through which a dequantized value keeps its grid (the step still bounds one rounding)
-_GRID_KEEPING = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Relu", "MaxPool",
-                 "Slice", "Gather", "Concat", "Split"}
+_GRID_KEEPING = {
+    "Reshape",
+    "Transpose",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Relu",
+    "MaxPool",
+    "Slice",
+    "Gather",
+    "Concat",
+    "Split",
+}
 
 
 def holds_quantized(model) -> dict[str, int]:
@@ -140,7 +162,11 @@ def tensor_steps(model, index) -> dict[str, float]:
 def downstream(model, index) -> frozenset[str]:
     """Tensors computed from a quantized value (an integer op's or a DequantizeLinear's output,
     or anything after them): where an fp32 tolerance judges expected int8 rounding."""
-    seeds = [i for i, node in enumerate(model.graph.node) if node.op_type in QUANT_OPS and node.op_type != Q]
+    seeds = [
+        i
+        for i, node in enumerate(model.graph.node)
+        if node.op_type in QUANT_OPS and node.op_type != Q
+    ]
     reached: set[int] = set()
     for seed in seeds:
         if seed not in reached:
@@ -156,11 +182,9 @@ def fp32_twin(model):
     import onnx
     from onnx import numpy_helper
 
-    from reprokit.graph.index import GraphIndex
-
     twin = onnx.ModelProto.FromString(model.SerializeToString())
     graph = twin.graph
-    index = GraphIndex.build(twin)
+    index = _Lookup.of(twin)
     for node in graph.node:
         if node.op_type in INTEGER_OPS or node.op_type == DYNQ:
             raise ValueError(f"{node.op_type} {node.name!r} computes on integers: no fp32 twin")
@@ -179,15 +203,23 @@ def fp32_twin(model):
         if value is None:
             continue
         scale = _constant_value(twin, index, node.input[1])
-        zero = _constant_value(twin, index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        zero = (
+            _constant_value(twin, index, node.input[2])
+            if len(node.input) > 2 and node.input[2]
+            else None
+        )
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        new_inits.append(numpy_helper.from_array(_dequantize(value, scale, zero, axis), node.output[0]))
+        new_inits.append(
+            numpy_helper.from_array(_dequantize(value, scale, zero, axis), node.output[0])
+        )
         dropped.add(i)
     for node in graph.node:
         node.input[:] = [_resolve(alias, name) for name in node.input]
     for out in graph.output:
         if out.name in alias:  # an output made by a dropped DQ: an Identity keeps its name
-            graph.node.append(onnx.helper.make_node("Identity", [_resolve(alias, out.name)], [out.name]))
+            graph.node.append(
+                onnx.helper.make_node("Identity", [_resolve(alias, out.name)], [out.name])
+            )
     keep = [n for i, n in enumerate(graph.node) if i not in dropped]
     still_read = {name for n in keep for name in n.input} | {o.name for o in graph.output}
     keep = [n for n in keep if n.op_type != Q or any(o in still_read for o in n.output)]
@@ -195,11 +227,29 @@ def fp32_twin(model):
     graph.node.extend(keep)
     graph.initializer.extend(new_inits)
     read = {name for n in graph.node for name in n.input}
-    kept_inits = [t for t in graph.initializer if t.name in read or t.name in {o.name for o in graph.output}]
+    kept_inits = [
+        t for t in graph.initializer if t.name in read or t.name in {o.name for o in graph.output}
+    ]
     del graph.initializer[:]
     graph.initializer.extend(kept_inits)
     del graph.value_info[:]
     return twin
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """The two facts _constant_value reads (GraphIndex would import this module back)."""
+
+    initializers: dict
+    producer: dict
+
+    @classmethod
+    def of(cls, model) -> _Lookup:
+        graph = model.graph
+        return cls(
+            {t.name: t for t in graph.initializer},
+            {o: i for i, node in enumerate(graph.node) for o in node.output if o},
+        )
 
 
 def _resolve(alias: dict[str, str], name: str) -> str:
@@ -241,8 +291,14 @@ class Clipping:
         return max(over, under, 1.0) if (self.hi > 0 or self.lo < 0) else float("inf")
 
 
-_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535),
-           "int4": (-8, 7), "uint4": (0, 15)}
+_RANGES = {
+    "int8": (-128, 127),
+    "uint8": (0, 255),
+    "int16": (-32768, 32767),
+    "uint16": (0, 65535),
+    "int4": (-8, 7),
+    "uint4": (0, 15),
+}
 
 
 def clipping(model, index, values) -> list[Clipping]:
@@ -255,13 +311,20 @@ def clipping(model, index, values) -> list[Clipping]:
         if node.op_type != Q or node.input[0] not in values or len(node.input) < 2:
             continue
         scale = _constant_value(model, index, node.input[1])
-        zero = _constant_value(model, index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        zero = (
+            _constant_value(model, index, node.input[2])
+            if len(node.input) > 2 and node.input[2]
+            else None
+        )
         if scale is None:
             continue
         kind = "uint8"
         if zero is not None:
-            kind = helper.tensor_dtype_to_np_dtype(index.initializers[node.input[2]].data_type).name \
-                if node.input[2] in index.initializers else np.asarray(zero).dtype.name
+            kind = (
+                helper.tensor_dtype_to_np_dtype(index.initializers[node.input[2]].data_type).name
+                if node.input[2] in index.initializers
+                else np.asarray(zero).dtype.name
+            )
         qmin, qmax = _RANGES.get(kind, (-128, 127))
         x = np.asarray(values[node.input[0]], np.float32)
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
@@ -275,8 +338,22 @@ def clipping(model, index, values) -> list[Clipping]:
         outside = (x < lo - s / 2) | (x > hi + s / 2)
         share = float(np.mean(outside)) if x.size else 0.0
         if share > 0:
-            readers = tuple(model.graph.node[r].name for dq in index.consumers.get(node.output[0], ())
-                            for out in index.node_outputs[dq] for r in index.consumers.get(out, ()))
-            found.append(Clipping(node.name, node.input[0], share, float(np.min(lo)), float(np.max(hi)),
-                                  float(np.min(x)), float(np.max(x)), readers))
+            readers = tuple(
+                model.graph.node[r].name
+                for dq in index.consumers.get(node.output[0], ())
+                for out in index.node_outputs[dq]
+                for r in index.consumers.get(out, ())
+            )
+            found.append(
+                Clipping(
+                    node.name,
+                    node.input[0],
+                    share,
+                    float(np.min(lo)),
+                    float(np.max(hi)),
+                    float(np.min(x)),
+                    float(np.max(x)),
+                    readers,
+                )
+            )
     return sorted(found, key=lambda c: -c.clipped)
