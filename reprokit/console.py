@@ -74,6 +74,14 @@ def print_check(result, model_path: str, top: int = 10) -> None:
         out.print(f"  trt mode   {mode}")
     out.print(f"  feeds      {feeds.source}: {shapes}")
     out.print(f"  criterion  {verdict.criterion.describe()} per output")
+    if verdict.quantized:
+        out.print(f"  quantized  {escape(verdict.quantized)}")
+    attribution = getattr(result, "quantized", None)
+    if attribution is not None:
+        out.print(f"  cause      {escape(attribution.sentence())}")
+        for name, value in attribution.quantization.items():
+            out.print(f"             fake-quant vs fp32 twin: {escape(name)} rel-l2 {value:.3g}"
+                      f" (tolerance {attribution.tolerance:g})")
     for note in result.prepared.notes:
         out.print(f"  [yellow]note[/]       {note}")
     for warning in verdict.warnings:
@@ -97,8 +105,9 @@ def print_check(result, model_path: str, top: int = 10) -> None:
         out.print("  engine message: " + escape(lines[0]))
         for line in lines[1:]:
             out.print("                  " + escape(line))
-    if verdict.outputs:
-        out.print(error_table(verdict.outputs, verdict.criterion.metric.value))
+    if verdict.outputs:  # a quantized model's outputs it quantizes read in steps (engine/quantized.py)
+        metric = verdict.criterion.metric.value + (" | steps" if verdict.quantized else "")
+        out.print(error_table(verdict.outputs, metric))
     if result.layerwise is not None:
         print_layerwise(result.layerwise, top)
 

@@ -126,6 +126,8 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
             "layerwise": result.layerwise.to_json(top) if result.layerwise else None,
             "torch": columns.to_json() if columns else None,
         }
+        if result.quantized is not None:  # a quantized model: whose divergence (docs/quantized.md)
+            payload["quantized"] = result.quantized.to_json()
         if result.samples:  # a multi-sample --inputs: each sample's verdict (exit 1 if any diverges)
             payload["samples"] = [s.to_json() for s in result.samples]
         click.echo(json.dumps(payload, indent=2))

@@ -45,6 +45,11 @@ def run_options(func):
                      default="rel-l2", show_default=True, help="Error metric per output."),
         click.option("--tol", type=click.FloatRange(min=0), default=None,
                      help="Bound on the metric (default: by target precision, see README)."),
+        click.option("--quant-reference", type=click.Choice(["fake-quant", "fp32"]), default="fake-quant",
+                     show_default=True,
+                     help="Quantized (Q/DQ) models: compare the target with the model's Q/DQ semantics run in "
+                          "fp32 (fake-quant: the engine's error) or with its fp32 twin, Q/DQ dropped (fp32: the "
+                          "quantization's error too). docs/quantized.md"),
         click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for allclose."),
         click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for allclose."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
@@ -177,7 +182,7 @@ def make_run_options(kw: dict):
         fail_regex=tuple(kw.pop("fail_regex")), fail_codes=tuple(kw.pop("fail_code")),
         ignore_fail_codes=tuple(kw.pop("ignore_fail_code")), inputs=kw.pop("inputs"), sample=kw.pop("sample"),
         seed=kw.pop("seed"), input_shapes=parse_shape_args(kw.pop("input_shapes")),
-        val_ranges=parse_val_ranges(kw.pop("val_range")),
+        val_ranges=parse_val_ranges(kw.pop("val_range")), quant_reference=kw.pop("quant_reference", "fake-quant"),
     )
 
 
