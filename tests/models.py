@@ -218,3 +218,18 @@ def qdq_conv_chain(x_range: float = 0.5, blocks: int = 2, inner: float = 16.0) -
         current = qdq(f"relu{b}", inner / 127, f"relu{b}")
     nodes.append(helper.make_node("Identity", [current], ["y"], name="out"))
     return make(nodes, [vi("x", [1, 4, 6, 6])], [vi("y", [1, 4, 6, 6])], inits)
+
+
+def qdq_small_scale() -> onnx.ModelProto:
+    """One Q/DQ pair whose scale (1e-4/127) is an fp16 subnormal: rounded to fp16 it moves by 1.5%."""
+    # x[1,64] -> QuantizeLinear(s = 1e-4/127, int8) -> DequantizeLinear -> y[1,64]
+    scale, zero = const("s", 1e-4 / 127), numpy_helper.from_array(np.array(0, np.int8), "z")
+    return make(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quantize"),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequantize"),
+        ],
+        [vi("x", [1, 64])],
+        [vi("y", [1, 64])],
+        [scale, zero],
+    )

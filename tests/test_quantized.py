@@ -189,3 +189,16 @@ def test_a_dynamically_quantized_model_is_not_judged_at_the_fp32_tolerance(tmp_p
     assert "DynamicQuantizeLinear" in result.verdict.quantized
     strict = check(model, "openvino:f32", options=RunOptions(inputs=inputs, tolerance=1e-4))
     assert strict.verdict.diverges and not strict.verdict.quantized
+
+
+def test_fp16_emulation_keeps_quantization_scales_in_fp32(tmp_path):
+    """TensorRT keeps Q/DQ scales in fp32 at any precision; the emulator rounded them to fp16 and
+    a subnormal scale (1e-4/127) moved by 1.5%: a Q/DQ pair alone diverged by 2 steps."""
+    from reprokit.api import RunOptions, check
+
+    path = models.save(models.qdq_small_scale(), tmp_path / "scale.onnx")
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.random.default_rng(0).uniform(0, 1e-4, (1, 64)).astype(np.float32))
+    result = check(path, "emulate:fp16", options=RunOptions(inputs=str(inputs)))
+    assert not result.verdict.diverges, result.verdict.outputs
+    assert result.verdict.outputs[0].error <= 1  # in steps: the DequantizeLinear's fp16 output only
