@@ -9,8 +9,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine import quantized
+from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import InputError
 from reprokit.graph.index import GraphIndex
