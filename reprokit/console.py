@@ -300,6 +300,29 @@ def print_env(info: dict) -> None:
     out.print(table)
 
 
+def _print_calibration(calib: dict | None) -> None:
+    """A quantized model's calibration diagnosis (audit/calibration.py), where there is one."""
+    if not calib:
+        return
+    if calib["note"] and not calib["clipping"]:
+        out.print(f"  calibration {escape(calib['note'])}")
+        return
+    clips = calib["clipping"]
+    out.print(f"  calibration fake-quant vs fp32 twin rel-l2 {fmt(calib['error'])} (tolerance {calib['tolerance']:g}); "
+              f"{len(clips)} QuantizeLinear clip  [dim](reference runs only)[/]")
+    for row in clips[:5]:
+        without = "" if row["error_without"] is None else f"; left out: {fmt(row['error_without'])}"
+        out.print(f"    {escape(row['node'])}: {100 * row['clipped']:.1f}% clipped, range "
+                  f"[{fmt(row['range'][0])}, {fmt(row['range'][1])}], seen [{fmt(row['seen'][0])}, "
+                  f"{fmt(row['seen'][1])}]{without}")
+    if calib["cause"]:
+        out.print(f"  cause      {escape(', '.join(calib['cause']))} (causal: left unquantized, the error is "
+                  f"{fmt(calib['error_fixed'])})")
+        out.print(f"  fix        {escape(calib['printed_fix'])}")
+        if calib["widened_error"] is not None:
+            out.print(f"             or widen the calibration range there (tested: rel-l2 {fmt(calib['widened_error'])})")
+
+
 def print_audit(result) -> None:
     """``reprokit audit``: the verdict, first range finding, first divergence, sweep, explain."""
     a = result.payload
@@ -319,6 +342,7 @@ def print_audit(result) -> None:
         out.print(f"  ranges     {found}  [dim](no engine call)[/]")
         for row in sorted(result.ranges.weights, key=lambda w: not w.severe)[:3]:
             out.print(f"  weights    {escape(row.tensor)}: {escape(row.message)}")
+    _print_calibration(a.get("calibration"))
     lw = result.layerwise
     if lw.first:
         row = lw.first[0]
