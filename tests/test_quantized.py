@@ -146,6 +146,7 @@ def test_check_says_the_divergence_is_the_quantizations_when_calibration_under_c
     assert "quantized ops" in result.verdict.quantized
     assert result.quantized.cause == "quantization"
     assert result.quantized.quantization["y"] > 0.1
+    assert "ops ran in int8 on openvino:f32" in result.quantized.kernels  # OpenVINO's runtime model says so
     # the same engine judged against the fp32 twin: the quantization's error now counts
     against = check(path, "openvino:f32", options=RunOptions(quant_reference="fp32"))
     assert against.verdict.diverges

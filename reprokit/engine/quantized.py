@@ -117,6 +117,9 @@ class Attribution:
     quantization_exceeds: bool
     tolerance: float  # the rel-l2 the quantization error is judged at
     twin_note: str = ""  # why no twin ran, where none did
+    kernels: str = (
+        ""  # what the target says of its integer kernels (OpenVINO: how many ops ran in i8/u8)
+    )
 
     @property
     def cause(self) -> str:
@@ -150,6 +153,8 @@ class Attribution:
             )
         if self.twin_note:
             text += f" ({self.twin_note})"
+        if self.kernels:
+            text += f"; {self.kernels}"
         return text
 
     def to_json(self) -> dict:
@@ -161,6 +166,7 @@ class Attribution:
             "quantization_exceeds": self.quantization_exceeds,
             "quantization_tolerance": self.tolerance,
             "twin_note": self.twin_note,
+            "kernels": self.kernels,
         }
 
 
@@ -185,7 +191,32 @@ def attribute(
                     compare_arrays(name, twin_outputs[name], ref, criterion).rel_l2
                 )
     exceeds = any(value > tolerance for value in quantization.values())
-    return Attribution(engine, engine_exceeds, quantization, exceeds, tolerance, twin_note)
+    return Attribution(
+        engine,
+        engine_exceeds,
+        quantization,
+        exceeds,
+        tolerance,
+        twin_note,
+        _kernels(verdict.target, verdict.target_meta),
+    )
+
+
+def _kernels(target: str, meta: dict) -> str:
+    """What the target's run says of integer kernels: the comparison tests int8 only where they ran."""
+    if "int8_ops" in meta:
+        if not meta["int8_ops"]:
+            return (
+                f"no int8 kernel ran: {target} computed every op in float, so this compares fake-quant "
+                "with fake-quant"
+            )
+        return f"{meta['int8_ops']} ops ran in int8 on {target}"
+    if target.startswith("ort"):
+        return (
+            f"{target} does not report which kernels ran: onnxruntime fuses Q/DQ into int8 kernels "
+            "only where its CPU build has them"
+        )
+    return ""
 
 
 def judge_with(oracle, model, options) -> QuantPolicy | None:
