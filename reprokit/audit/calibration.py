@@ -100,31 +100,9 @@ def _rel_l2(a: dict, b: dict) -> float:
 
 
 def without_pairs(model, names: set[str]):
-    """``model`` with the Q/DQ pairs of the QuantizeLinear nodes ``names`` left out: their
-    DequantizeLinear readers read the unquantized tensor (what nodes_to_exclude makes)."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    alias: dict[str, str] = {}
-    dropped = set()
-    index = GraphIndex.build(model)
-    for i, node in enumerate(model.graph.node):
-        if node.op_type == quant.Q and node.name in names:
-            for reader in index.consumers.get(node.output[0], ()):
-                if model.graph.node[reader].op_type == quant.DQ:
-                    alias[model.graph.node[reader].output[0]] = node.input[0]
-                    dropped.add(reader)
-            dropped.add(i)
-    outputs = {o.name for o in model.graph.output}
-    keep = []
-    for i, node in enumerate(model.graph.node):
-        if i in dropped:
-            continue
-        node.input[:] = [alias.get(t, t) for t in node.input]
-        keep.append(node)
-    for name in outputs & set(alias):
-        keep.append(onnx.helper.make_node("Identity", [alias[name]], [name]))
-    del model.graph.node[:]
-    model.graph.node.extend(keep)
-    return model
+    """``model`` with the Q/DQ pairs of the QuantizeLinear nodes ``names`` left out (a pair that
+    took a Relu/Clip's place becomes that clamp again): what nodes_to_exclude makes."""
+    return quant.fp32_twin(model, only=set(names))
 
 
 def widened(model, clips: list[quant.Clipping]):

@@ -174,30 +174,69 @@ def downstream(model, index) -> frozenset[str]:
     return frozenset(t for i in reached for t in index.node_outputs[i])
 
 
-def fp32_twin(model):
+def fused_activation(model, node) -> str | None:
+    """ "Relu" or "Clip" when the QuantizeLinear ``node`` took the place of that activation:
+    onnxruntime's quantizer removes a Relu/Clip whose range the Q/DQ pair's saturation holds, and
+    names the Q after the removed output (``<tensor>_QuantizeLinear`` reading another tensor).
+    Its clipping below the range (Relu) or on both sides (Clip) is the model's, not calibration's."""
+    if node.op_type != Q or not node.name.endswith("_QuantizeLinear"):
+        return None
+    tensor = node.name[: -len("_QuantizeLinear")]
+    if tensor == node.input[0] or any(tensor in n.output for n in model.graph.node):
+        return None
+    lowered = tensor.lower()
+    return "Clip" if "clip" in lowered else ("Relu" if "relu" in lowered else None)
+
+
+def fp32_twin(model, only: set[str] | None = None):
     """A copy of ``model`` without its activation Q/DQ pairs (each DequantizeLinear(Quantize(x))
-    read as x) and with its quantized weights dequantized into float initializers: the model the
-    quantization was made from, up to the weights' own rounding. Integer ops (QLinear*,
-    MatMulInteger, DynamicQuantize*) have no such twin: ValueError names the first."""
+    read as x; a pair that took the place of a Relu/Clip becomes that clamp again) and with its
+    quantized weights dequantized into float initializers: the model the quantization was made
+    from, up to the weights' own rounding. ``only``: drop just the pairs of these QuantizeLinear
+    nodes (the weights stay quantized). Integer ops (QLinear*, MatMulInteger, DynamicQuantize*)
+    have no such twin: ValueError names the first."""
     import onnx
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
 
     twin = onnx.ModelProto.FromString(model.SerializeToString())
     graph = twin.graph
     index = _Lookup.of(twin)
-    for node in graph.node:
-        if node.op_type in INTEGER_OPS or node.op_type == DYNQ:
-            raise ValueError(f"{node.op_type} {node.name!r} computes on integers: no fp32 twin")
+    if only is None:
+        for node in graph.node:
+            if node.op_type in INTEGER_OPS or node.op_type == DYNQ:
+                raise ValueError(f"{node.op_type} {node.name!r} computes on integers: no fp32 twin")
     alias: dict[str, str] = {}
     dropped: set[int] = set()
+    replaced: dict[int, object] = {}
     new_inits = []
     for i, node in enumerate(graph.node):
         if node.op_type != DQ:
             continue
         source = index.producer.get(node.input[0])
         if source is not None and graph.node[source].op_type == Q:
-            alias[node.output[0]] = graph.node[source].input[0]
-            dropped.add(i)
+            q = graph.node[source]
+            if only is not None and q.name not in only:
+                continue
+            fused = fused_activation(twin, q)
+            if fused == "Relu":
+                replaced[i] = helper.make_node(
+                    "Relu", [q.input[0]], [node.output[0]], name=f"{q.name}__rk_relu"
+                )
+            elif fused == "Clip":
+                lo, hi = q_range(twin, index, q)
+                bounds = [f"{q.name}__rk_lo", f"{q.name}__rk_hi"]
+                new_inits += [
+                    numpy_helper.from_array(np.array(np.min(lo), np.float32), bounds[0]),
+                    numpy_helper.from_array(np.array(np.max(hi), np.float32), bounds[1]),
+                ]
+                replaced[i] = helper.make_node(
+                    "Clip", [q.input[0], *bounds], [node.output[0]], name=f"{q.name}__rk_clip"
+                )
+            else:
+                alias[node.output[0]] = q.input[0]
+                dropped.add(i)
+            continue
+        if only is not None:
             continue
         value = _constant_value(twin, index, node.input[0])
         if value is None:
@@ -213,27 +252,63 @@ def fp32_twin(model):
             numpy_helper.from_array(_dequantize(value, scale, zero, axis), node.output[0])
         )
         dropped.add(i)
-    for node in graph.node:
+    nodes = [replaced.get(i, node) for i, node in enumerate(graph.node)]
+    for node in nodes:
         node.input[:] = [_resolve(alias, name) for name in node.input]
+    keep = [n for i, n in enumerate(nodes) if i not in dropped]
     for out in graph.output:
         if out.name in alias:  # an output made by a dropped DQ: an Identity keeps its name
-            graph.node.append(
-                onnx.helper.make_node("Identity", [_resolve(alias, out.name)], [out.name])
-            )
-    keep = [n for i, n in enumerate(graph.node) if i not in dropped]
+            keep.append(helper.make_node("Identity", [_resolve(alias, out.name)], [out.name]))
     still_read = {name for n in keep for name in n.input} | {o.name for o in graph.output}
     keep = [n for n in keep if n.op_type != Q or any(o in still_read for o in n.output)]
     del graph.node[:]
     graph.node.extend(keep)
     graph.initializer.extend(new_inits)
-    read = {name for n in graph.node for name in n.input}
-    kept_inits = [
-        t for t in graph.initializer if t.name in read or t.name in {o.name for o in graph.output}
-    ]
+    read = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+    kept_inits = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept_inits)
     del graph.value_info[:]
     return twin
+
+
+_RANGES = {
+    "int8": (-128, 127),
+    "uint8": (0, 255),
+    "int16": (-32768, 32767),
+    "uint16": (0, 65535),
+    "int4": (-8, 7),
+    "uint4": (0, 15),
+}
+
+
+def q_range(model, index, node, rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The float range [lo, hi] a QuantizeLinear represents (per channel: arrays shaped to
+    broadcast against an input of ``rank`` dims along its axis)."""
+    from onnx import helper
+
+    scale = np.asarray(_constant_value(model, index, node.input[1]), np.float32)
+    zero = (
+        _constant_value(model, index, node.input[2])
+        if len(node.input) > 2 and node.input[2]
+        else None
+    )
+    kind = "uint8"
+    if zero is not None:
+        init = index.initializers.get(node.input[2])
+        kind = (
+            helper.tensor_dtype_to_np_dtype(init.data_type).name
+            if init is not None
+            else np.asarray(zero).dtype.name
+        )
+    qmin, qmax = _RANGES.get(kind, (-128, 127))
+    z = np.zeros_like(scale) if zero is None else np.asarray(zero).astype(np.float32)
+    if scale.ndim == 1 and scale.size > 1 and rank:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        shape = [1] * rank
+        shape[axis % rank] = scale.size
+        scale, z = scale.reshape(shape), z.reshape(shape)
+    return (qmin - z) * scale, (qmax - z) * scale
 
 
 @dataclass(frozen=True)
@@ -291,51 +366,25 @@ class Clipping:
         return max(over, under, 1.0) if (self.hi > 0 or self.lo < 0) else float("inf")
 
 
-_RANGES = {
-    "int8": (-128, 127),
-    "uint8": (0, 255),
-    "int16": (-32768, 32767),
-    "uint16": (0, 65535),
-    "int4": (-8, 7),
-    "uint4": (0, 15),
-}
-
-
 def clipping(model, index, values) -> list[Clipping]:
     """Every QuantizeLinear whose input (``values``: tensor → array, e.g. the reference
-    capture) holds values outside its representable range, most clipped first."""
-    from onnx import helper
-
+    capture) holds values outside its representable range, most clipped first. A pair that took
+    the place of a Relu counts only the values above its range; one that took a Clip's, none."""
     found = []
     for node in model.graph.node:
         if node.op_type != Q or node.input[0] not in values or len(node.input) < 2:
             continue
-        scale = _constant_value(model, index, node.input[1])
-        zero = (
-            _constant_value(model, index, node.input[2])
-            if len(node.input) > 2 and node.input[2]
-            else None
-        )
-        if scale is None:
+        if _constant_value(model, index, node.input[1]) is None:
             continue
-        kind = "uint8"
-        if zero is not None:
-            kind = (
-                helper.tensor_dtype_to_np_dtype(index.initializers[node.input[2]].data_type).name
-                if node.input[2] in index.initializers
-                else np.asarray(zero).dtype.name
-            )
-        qmin, qmax = _RANGES.get(kind, (-128, 127))
+        fused = fused_activation(model, node)
+        if fused == "Clip":
+            continue
         x = np.asarray(values[node.input[0]], np.float32)
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        s = np.asarray(scale, np.float32)
-        z = np.zeros_like(s) if zero is None else np.asarray(zero).astype(np.float32)
-        if s.ndim == 1 and s.size > 1:
-            shape = [1] * x.ndim
-            shape[axis % x.ndim] = s.size
-            s, z = s.reshape(shape), z.reshape(shape)
-        lo, hi = (qmin - z) * s, (qmax - z) * s
-        outside = (x < lo - s / 2) | (x > hi + s / 2)
+        lo, hi = q_range(model, index, node, x.ndim)
+        half = (hi - lo) / 255 / 2  # half a step: rounding, not clipping
+        outside = x > hi + half
+        if fused != "Relu":
+            outside |= x < lo - half
         share = float(np.mean(outside)) if x.size else 0.0
         if share > 0:
             readers = tuple(
@@ -344,6 +393,9 @@ def clipping(model, index, values) -> list[Clipping]:
                 for out in index.node_outputs[dq]
                 for r in index.consumers.get(out, ())
             )
+            seen_min = (
+                max(float(np.min(x)), float(np.min(lo))) if fused == "Relu" else float(np.min(x))
+            )
             found.append(
                 Clipping(
                     node.name,
@@ -351,7 +403,7 @@ def clipping(model, index, values) -> list[Clipping]:
                     share,
                     float(np.min(lo)),
                     float(np.max(hi)),
-                    float(np.min(x)),
+                    seen_min,
                     float(np.max(x)),
                     readers,
                 )
