@@ -251,3 +251,42 @@ def conv_relu_conv(channels: int = 4) -> onnx.ModelProto:
         [vi("y", [1, channels, 8, 8])],
         [const("W1", w1), const("W2", w2)],
     )
+
+
+def qdq_zero_bias_add(n: int = 16) -> onnx.ModelProto:
+    """quantize_static's pattern for a Linear layer whose bias is all zeros (a fresh init), every op
+    quantized (uint8 activations): the bias is quantized as an activation, scale 1, zero point 0."""
+    # x[1,4,n] -> Q/DQ -> MatMul(DQ(Wq)) -> Q/DQ -> Add(DQ(Q(bias = 0))) -> Q/DQ -> Relu -> Q/DQ -> y
+    rng = np.random.default_rng(5)
+    w = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    w_scale = np.float32(np.abs(w).max() / 127)
+    inits = [
+        numpy_helper.from_array(np.round(w / w_scale).astype(np.int8), "w_q"),
+        const("w_scale", w_scale),
+        numpy_helper.from_array(np.array(0, np.int8), "w_zero"),
+        const("bias", np.zeros(n)),
+        const("bias_scale", 1.0),
+        numpy_helper.from_array(np.array(0, np.uint8), "bias_zero"),
+    ]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"], name="w_DequantizeLinear"),
+             helper.make_node("QuantizeLinear", ["bias", "bias_scale", "bias_zero"], ["bias_q"], name="bias_QuantizeLinear"),
+             helper.make_node("DequantizeLinear", ["bias_q", "bias_scale", "bias_zero"], ["bias_dq"],
+                              name="bias_DequantizeLinear")]
+
+    def qdq(tensor: str, scale: float, zero: int) -> str:
+        inits.extend([const(f"{tensor}_scale", scale), numpy_helper.from_array(np.array(zero, np.uint8), f"{tensor}_zero")])
+        nodes.append(helper.make_node("QuantizeLinear", [tensor, f"{tensor}_scale", f"{tensor}_zero"], [f"{tensor}_q"],
+                                      name=f"{tensor}_QuantizeLinear"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{tensor}_q", f"{tensor}_scale", f"{tensor}_zero"],
+                                      [f"{tensor}_dq"], name=f"{tensor}_DequantizeLinear"))
+        return f"{tensor}_dq"
+
+    x = qdq("x", 2.0 / 255, 0)
+    nodes.append(helper.make_node("MatMul", [x, "w"], ["mm"], name="matmul"))
+    mm = qdq("mm", 8.0 / 255, 128)
+    nodes.append(helper.make_node("Add", ["bias_dq", mm], ["add"], name="add"))
+    add = qdq("add", 8.0 / 255, 128)
+    nodes.append(helper.make_node("Relu", [add], ["relu"], name="relu"))
+    relu = qdq("relu", 4.0 / 255, 0)
+    nodes.append(helper.make_node("Identity", [relu], ["y"], name="out"))
+    return make(nodes, [vi("x", [1, 4, n])], [vi("y", [1, 4, n])], inits)

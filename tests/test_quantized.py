@@ -146,7 +146,9 @@ def test_check_says_the_divergence_is_the_quantizations_when_calibration_under_c
     assert "quantized ops" in result.verdict.quantized
     assert result.quantized.cause == "quantization"
     assert result.quantized.quantization["y"] > 0.1
-    assert "ops ran in int8 on openvino:f32" in result.quantized.kernels  # OpenVINO's runtime model says so
+    assert (
+        "ops ran in int8 on openvino:f32" in result.quantized.kernels
+    )  # OpenVINO's runtime model says so
     # the same engine judged against the fp32 twin: the quantization's error now counts
     against = check(path, "openvino:f32", options=RunOptions(quant_reference="fp32"))
     assert against.verdict.diverges
@@ -231,7 +233,9 @@ def test_audit_names_the_clipping_quantize_node_that_causes_it_and_the_printed_f
     inputs = tmp_path / "inputs.npz"
     x = (np.random.default_rng(0).standard_normal((1, 4, 8, 8)) * 1.5).astype(np.float32)
     np.savez(inputs, x=x)
-    result = audit(qdq, "ort", None, options=RunOptions(inputs=str(inputs)), sweep=False, explain_inputs=False)
+    result = audit(
+        qdq, "ort", None, options=RunOptions(inputs=str(inputs)), sweep=False, explain_inputs=False
+    )
     calib = result.payload["calibration"]
     assert calib["error"] > calib["tolerance"]
     assert calib["clipping"][0]["clipped"] > 0.1  # measured: most clipped first
@@ -246,3 +250,41 @@ def test_audit_names_the_clipping_quantize_node_that_causes_it_and_the_printed_f
         return np.linalg.norm(got - truth) / np.linalg.norm(truth)
 
     assert rel(qdq) > calib["tolerance"] >= rel(fixed)
+
+
+def test_shrink_keeps_qdq_units_whole_and_the_minimal_reproduces_under_verify(tmp_path, cli):
+    """OpenVINO 2026.4 cannot compile an Add whose bias is a quantized all-zero constant (quantize_static
+    with every op quantized, a fresh Linear bias): shrink reduces the 17-node model to the Add with
+    its Q/DQ units — never a QuantizeLinear without its DequantizeLinear — and the archive
+    reproduces under `reprokit verify` (exit 1)."""
+    pytest.importorskip("openvino", reason="openvino is not installed")
+    path = models.save(models.qdq_zero_bias_add(), tmp_path / "zero_bias.onnx")
+    out = tmp_path / "out"
+    shrunk = cli("shrink", path, "--target", "openvino:f32", "-o", str(out), timeout=600)
+    assert shrunk.returncode == 0, shrunk.stderr[-2000:]
+    minimal = onnx.load(str(out / "minimal.onnx"))
+    # the Add with exactly its Q/DQ units: the survey judged each op with its units (the old code,
+    # judging nodes alone, ended at 8 nodes, MatMul included, 1-minimality not proven)
+    assert {n.name for n in minimal.graph.node} == {
+        "bias_QuantizeLinear",
+        "bias_DequantizeLinear",
+        "mm_QuantizeLinear",
+        "mm_DequantizeLinear",
+        "add",
+        "add_QuantizeLinear",
+        "add_DequantizeLinear",
+    }
+    index = GraphIndex.build(minimal)
+    for i, node in enumerate(minimal.graph.node):
+        if node.op_type == "QuantizeLinear":  # every Q keeps its DQ, every activation DQ its Q
+            assert any(
+                minimal.graph.node[r].op_type == "DequantizeLinear"
+                for r in index.consumers[node.output[0]]
+            )
+    inputs = {i.name for i in minimal.graph.input}
+    assert not inputs & {
+        n.output[0] for n in onnx.load(path).graph.node if n.op_type == "QuantizeLinear"
+    }
+    verified = cli("verify", str(out / "report.tar.gz"), timeout=300)
+    assert verified.returncode == 1, verified.stdout[-2000:]
+    assert "REPRODUCES" in verified.stdout

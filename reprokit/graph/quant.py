@@ -176,16 +176,25 @@ def downstream(model, index) -> frozenset[str]:
 
 def fused_activation(model, node) -> str | None:
     """ "Relu" or "Clip" when the QuantizeLinear ``node`` took the place of that activation:
-    onnxruntime's quantizer removes a Relu/Clip whose range the Q/DQ pair's saturation holds, and
-    names the Q after the removed output (``<tensor>_QuantizeLinear`` reading another tensor).
-    Its clipping below the range (Relu) or on both sides (Clip) is the model's, not calibration's."""
-    if node.op_type != Q or not node.name.endswith("_QuantizeLinear"):
+    onnxruntime's quantizer removes a Relu/Clip whose range the Q/DQ pair's saturation holds and
+    gives the activation's output name to what fed it (a Conv writes ``…/Clip_output_0``), or
+    names the Q after the removed output. Its clipping below the range (Relu) or on both sides
+    (Clip) is the model's, not calibration's."""
+    if node.op_type != Q:
         return None
-    tensor = node.name[: -len("_QuantizeLinear")]
-    if tensor == node.input[0] or any(tensor in n.output for n in model.graph.node):
+    producer = next((n.op_type for n in model.graph.node if node.input[0] in n.output), None)
+    if producer in ("Relu", "Clip"):
         return None
-    lowered = tensor.lower()
-    return "Clip" if "clip" in lowered else ("Relu" if "relu" in lowered else None)
+    names = [node.input[0]]
+    if node.name.endswith("_QuantizeLinear"):
+        names.append(node.name[: -len("_QuantizeLinear")])
+    for name in names:
+        last = name.rsplit("/", 1)[-1].lower()
+        if "clip" in last:
+            return "Clip"
+        if "relu" in last:
+            return "Relu"
+    return None
 
 
 def fp32_twin(model, only: set[str] | None = None):
@@ -223,14 +232,17 @@ def fp32_twin(model, only: set[str] | None = None):
                     "Relu", [q.input[0]], [node.output[0]], name=f"{q.name}__rk_relu"
                 )
             elif fused == "Clip":
-                lo, hi = q_range(twin, index, q)
-                bounds = [f"{q.name}__rk_lo", f"{q.name}__rk_hi"]
+                bounds = _clip_bounds(twin, q)
+                if bounds is None:  # the removed Clip's bounds are gone: the pair's own range
+                    lo, hi = q_range(twin, index, q)
+                    bounds = (float(np.min(lo)), float(np.max(hi)))
+                names = [f"{q.name}__rk_lo", f"{q.name}__rk_hi"]
                 new_inits += [
-                    numpy_helper.from_array(np.array(np.min(lo), np.float32), bounds[0]),
-                    numpy_helper.from_array(np.array(np.max(hi), np.float32), bounds[1]),
+                    numpy_helper.from_array(np.array(b, np.float32), n)
+                    for b, n in zip(bounds, names)
                 ]
                 replaced[i] = helper.make_node(
-                    "Clip", [q.input[0], *bounds], [node.output[0]], name=f"{q.name}__rk_clip"
+                    "Clip", [q.input[0], *names], [node.output[0]], name=f"{q.name}__rk_clip"
                 )
             else:
                 alias[node.output[0]] = q.input[0]
@@ -270,6 +282,28 @@ def fp32_twin(model, only: set[str] | None = None):
     graph.initializer.extend(kept_inits)
     del graph.value_info[:]
     return twin
+
+
+def _clip_bounds(model, q) -> tuple[float, float] | None:
+    """The bounds of the Clip onnxruntime's quantizer removed in front of ``q``: it leaves the
+    Clip's min/max behind, unread, as scalar initializers or Constant nodes in the Clip's scope
+    (``…/activation/``); None when there are not exactly two."""
+    from onnx import numpy_helper
+
+    scope = q.input[0].rsplit("/", 1)[0] + "/"
+    read = {name for n in model.graph.node for name in n.input}
+    tensors = [
+        t for t in model.graph.initializer if t.name.startswith(scope) and t.name not in read
+    ]
+    for node in model.graph.node:
+        if (
+            node.op_type == "Constant"
+            and node.output[0].startswith(scope)
+            and node.output[0] not in read
+        ):
+            tensors += [a.t for a in node.attribute if a.name == "value"]
+    found = [float(numpy_helper.to_array(t)) for t in tensors if not t.dims and t.data_type == 1]
+    return (min(found), max(found)) if len(found) == 2 else None
 
 
 _RANGES = {
@@ -377,14 +411,18 @@ def clipping(model, index, values) -> list[Clipping]:
         if _constant_value(model, index, node.input[1]) is None:
             continue
         fused = fused_activation(model, node)
-        if fused == "Clip":
-            continue
         x = np.asarray(values[node.input[0]], np.float32)
+        # a pair in a removed activation's place: what the activation itself clamps is the model's
+        if fused == "Clip":
+            bounds = _clip_bounds(model, node)
+            if bounds is None:
+                continue  # the Clip's own bounds are gone: its clipping cannot be told from calibration's
+            x = np.clip(x, *bounds)
+        elif fused == "Relu":
+            x = np.maximum(x, 0)
         lo, hi = q_range(model, index, node, x.ndim)
         half = (hi - lo) / 255 / 2  # half a step: rounding, not clipping
-        outside = x > hi + half
-        if fused != "Relu":
-            outside |= x < lo - half
+        outside = (x > hi + half) | (x < lo - half)
         share = float(np.mean(outside)) if x.size else 0.0
         if share > 0:
             readers = tuple(
@@ -393,9 +431,7 @@ def clipping(model, index, values) -> list[Clipping]:
                 for out in index.node_outputs[dq]
                 for r in index.consumers.get(out, ())
             )
-            seen_min = (
-                max(float(np.min(x)), float(np.min(lo))) if fused == "Relu" else float(np.min(x))
-            )
+            seen_min = float(np.min(x))
             found.append(
                 Clipping(
                     node.name,
