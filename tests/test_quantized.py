@@ -275,7 +275,7 @@ def test_shrink_keeps_qdq_units_whole_and_the_minimal_reproduces_under_verify(tm
         "add_DequantizeLinear",
     }
     index = GraphIndex.build(minimal)
-    for i, node in enumerate(minimal.graph.node):
+    for node in minimal.graph.node:
         if node.op_type == "QuantizeLinear":  # every Q keeps its DQ, every activation DQ its Q
             assert any(
                 minimal.graph.node[r].op_type == "DequantizeLinear"
