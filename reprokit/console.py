@@ -316,9 +316,12 @@ def _print_calibration(calib: dict | None) -> None:
                   f"[{fmt(row['range'][0])}, {fmt(row['range'][1])}], seen [{fmt(row['seen'][0])}, "
                   f"{fmt(row['seen'][1])}]{without}")
     if calib["cause"]:
-        out.print(f"  cause      {escape(', '.join(calib['cause']))} (causal: left unquantized, the error is "
-                  f"{fmt(calib['error_fixed'])})")
-        out.print(f"  fix        {escape(calib['printed_fix'])}")
+        enough = calib["error_fixed"] is not None and calib["error_fixed"] <= calib["tolerance"]
+        partial = "" if enough else (f"; not within {calib['tolerance']:g}: a partial cause, the rest is rounding "
+                                     "or clipping beyond the nodes tried")
+        out.print(f"  cause      {escape(', '.join(calib['cause']))} (causal: left unquantized, the error goes "
+                  f"{fmt(calib['error'])} → {fmt(calib['error_fixed'])}{partial})")
+        out.print(f"  {'fix' if enough else 'helps':<10} {escape(calib['printed_fix'])}")
         if calib["widened_error"] is not None:
             out.print(f"             or widen the calibration range there (tested: rel-l2 {fmt(calib['widened_error'])})")
 

@@ -240,6 +240,7 @@ def test_audit_names_the_clipping_quantize_node_that_causes_it_and_the_printed_f
     assert calib["error"] > calib["tolerance"]
     assert calib["clipping"][0]["clipped"] > 0.1  # measured: most clipped first
     assert calib["cause"] and calib["error_fixed"] <= calib["tolerance"]
+    assert calib["fix_within_tolerance"]
     assert calib["printed_fix"].endswith(f"nodes_to_exclude={calib['nodes_to_exclude']!r})")
     # tested as printed: quantize_static again with those nodes excluded
     fixed = _quantize(fp32, str(tmp_path / "fixed.onnx"), calib["nodes_to_exclude"])

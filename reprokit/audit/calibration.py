@@ -79,6 +79,8 @@ class Diagnosis:
             "tolerance": self.tolerance,
             "cause": list(self.cause),
             "error_fixed": self.error_fixed,
+            "fix_within_tolerance": self.error_fixed is not None
+            and self.error_fixed <= self.tolerance,
             "nodes_to_exclude": list(self.exclude),
             "printed_fix": self.printed_fix,
             "widened_error": self.widened_error,
