@@ -289,3 +289,43 @@ def test_shrink_keeps_qdq_units_whole_and_the_minimal_reproduces_under_verify(tm
     verified = cli("verify", str(out / "report.tar.gz"), timeout=300)
     assert verified.returncode == 1, verified.stdout[-2000:]
     assert "REPRODUCES" in verified.stdout
+
+
+def test_an_int8_activation_at_a_cut_is_fed_as_data_never_frozen_into_the_model(tmp_path):
+    """QOperator format (QLinearConv chains): the int8 tensor between two QLinearConv nodes is an
+    activation; cut there, it must stay a graph input fed with the captured value (small integer
+    cuts — shapes, indices — are frozen in as constants; an engine would fold a frozen activation)."""
+    import sys
+
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
+    import make_quantized
+
+    fp32 = models.save(models.conv_relu_conv(), tmp_path / "fp32.onnx")
+    qop = str(tmp_path / "qop.onnx")
+    samples = iter([make_quantized.draw({"x": (1, 4, 8, 8)}, 0.5, 100 + k) for k in range(4)])
+
+    class Reader:
+        def get_next(self):
+            return next(samples, None)
+
+    quantize_static(
+        fp32,
+        qop,
+        Reader(),
+        quant_format=QuantFormat.QOperator,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+    model = onnx.load(qop)
+    index = GraphIndex.build(model)
+    convs = [i for i, n in enumerate(model.graph.node) if n.op_type == "QLinearConv"]
+    assert len(convs) == 2
+    feeds = {"x": make_quantized.draw({"x": (1, 4, 8, 8)}, 1.5, 0)["x"]}
+    store = _capture(model, feeds)
+    sub = extract(model, index, {convs[1]}, store, feeds=feeds)
+    cut = model.graph.node[convs[1]].input[0]
+    assert cut in sub.feeds and sub.feeds[cut].dtype == np.uint8
+    assert cut not in {t.name for t in sub.model.graph.initializer}
+    np.testing.assert_array_equal(_run(sub.model, sub.feeds)[sub.outputs[0]], store[sub.outputs[0]])

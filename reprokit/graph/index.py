@@ -169,6 +169,7 @@ class GraphIndex:
     # node -> its Q/DQ unit (graph/quant.py): the nodes every candidate keeps together or not at all
     units: dict = field(default_factory=dict)
     regions: dict = field(default_factory=dict)  # node -> it with the Q/DQ units around it (quant.regions)
+    quantized: frozenset = frozenset()  # integer activations quantizing ops make (quant.integer_activations)
 
     @classmethod
     def build(cls, model) -> GraphIndex:
@@ -189,7 +190,11 @@ class GraphIndex:
                     tuple(o.name for o in graph.output), inferred_value_info(model), frozenset(constants),
                     declared, _readers(node_inputs))
         found = quant.units(model, built)
-        return dataclasses.replace(built, units=found, regions=quant.regions(model, built, found)) if found else built
+        integers = quant.integer_activations(model)
+        if not found and not integers:
+            return built
+        return dataclasses.replace(built, units=found, regions=quant.regions(model, built, found),
+                                   quantized=integers)
 
     def region(self, index: int) -> frozenset:
         """The smallest candidate that holds node ``index``: itself, or in a quantized model

@@ -64,6 +64,21 @@ def holds_quantized(model) -> dict[str, int]:
     return counts
 
 
+def integer_activations(model) -> frozenset[str]:
+    """The integer tensors quantizing ops compute (a QuantizeLinear's, a QLinear op's output):
+    activations, never shapes or indices — a cut there is fed as data, never frozen in."""
+    return frozenset(
+        node.output[0]
+        for node in model.graph.node
+        if node.output
+        and (
+            node.op_type in (Q, DYNQ)
+            or node.op_type.startswith("QLinear")
+            or node.op_type == "QGemm"
+        )
+    )
+
+
 def units(model, index) -> dict[int, frozenset[int]]:
     """node index → the unit it belongs to (nodes in no unit are absent). Each Q (DynamicQuantize)
     node with every DequantizeLinear (integer op) that reads its integer output; units that share
