@@ -205,8 +205,9 @@ def print_attribution(result) -> None:
     out.print(f"  judged     {found['nodes_judged_alone']} nodes alone (fed with reference inputs); "
               f"{found['diverging_alone']} exceed the tolerance {found['tolerance']:g} alone")
     if found.get("quantized"):  # docs/quantized.md: one step is a rounding flip
-        out.print("  quantized  each op was judged with its Q/DQ units, in quantization steps (the error column): "
-                  "none differs by more than a step alone — int8 rounding that accumulates, not one op's bug")
+        tail = (": none differs by more than a step alone — int8 rounding that accumulates, not one op's bug"
+                if not found["diverging_alone"] else "")
+        out.print("  quantized  each op was judged with its Q/DQ units, in quantization steps (the error column)" + tail)
     out.print(f"  calls      target {s['calls']['target']}, reference {s['calls']['reference']}; {s['wall_s']:.1f} s")
     table = Table(title="largest isolated errors (each node alone)", show_edge=False)
     for column in ("node", "op", "error", "kind"):
