@@ -328,6 +328,9 @@ def _print_calibration(calib: dict | None) -> None:
         out.print(f"  {'fix' if enough else 'helps':<10} {escape(calib['printed_fix'])}")
         if calib["widened_error"] is not None:
             out.print(f"             or widen the calibration range there (tested: rel-l2 {fmt(calib['widened_error'])})")
+    if calib.get("all_widened_error") is not None:
+        out.print(f"  recalibrate every clipping pair widened to the range the inputs reach (calibration data that "
+                  f"covers them): rel-l2 {fmt(calib['all_widened_error'])} (tested)")
 
 
 def print_audit(result) -> None:

@@ -63,6 +63,9 @@ class Diagnosis:
         float | None
     )  # the error with the cause's scales widened to what the inputs reach (tested)
     note: str = ""
+    # the error with EVERY clipping pair's scale widened to what the inputs reach: a calibration
+    # set that covers the inputs (tested; None where nothing clips or the error is within tolerance)
+    all_widened_error: float | None = None
 
     @property
     def printed_fix(self) -> str:
@@ -84,6 +87,7 @@ class Diagnosis:
             "nodes_to_exclude": list(self.exclude),
             "printed_fix": self.printed_fix,
             "widened_error": self.widened_error,
+            "all_widened_error": self.all_widened_error,
             "note": self.note,
             "clipping": [s.to_json() for s in self.suspects],
         }
@@ -185,11 +189,23 @@ def diagnose(
     widened_error = None
     if chosen:
         widened_error = _rel_l2(reference(widened(model, chosen), "widened"), truth)
+    all_widened = None
+    if base > tolerance and clips:
+        event(f"calibration: every clipping pair widened ({len(clips)})")
+        all_widened = _rel_l2(reference(widened(model, clips), "all-widened"), truth)
     note = (
         ""
         if base > tolerance
         else f"fake-quant is within {tolerance:g} of the fp32 twin: calibration holds"
     )
     return Diagnosis(
-        base, tolerance, tuple(suspects), tuple(cause), error_fixed, exclude, widened_error, note
+        base,
+        tolerance,
+        tuple(suspects),
+        tuple(cause),
+        error_fixed,
+        exclude,
+        widened_error,
+        note,
+        all_widened,
     )
