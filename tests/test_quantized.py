@@ -329,3 +329,20 @@ def test_an_int8_activation_at_a_cut_is_fed_as_data_never_frozen_into_the_model(
     assert cut in sub.feeds and sub.feeds[cut].dtype == np.uint8
     assert cut not in {t.name for t in sub.model.graph.initializer}
     np.testing.assert_array_equal(_run(sub.model, sub.feeds)[sub.outputs[0]], store[sub.outputs[0]])
+
+
+@pytest.mark.parametrize("command", ["shrink", "audit"])
+def test_quant_reference_fp32_outside_check_is_a_usage_error_before_any_work(
+    tmp_path, cli, command
+):
+    """Only check compares with the fp32 twin: shrink and audit refuse the option (exit 2) instead of
+    silently judging against fake-quant, and write nothing."""
+    path = models.save(models.qdq_conv_chain(), tmp_path / "qdq.onnx")
+    out = tmp_path / "out"
+    done = cli(command, path, "--target", "ort", "-o", str(out), "--quant-reference", "fp32")
+    assert done.returncode == 2
+    assert (
+        done.stderr.startswith("Error: --quant-reference fp32 is for check")
+        and "Hint:" in done.stderr
+    )
+    assert not out.exists()

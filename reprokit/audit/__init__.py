@@ -135,7 +135,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         check_target_nodes(model_path, target)
         prepared = prepare(model_path, options, work)
         oracle.weights_dir = prepared.base_dir
-        quantized.judge_with(oracle, prepared.model, options)  # a quantized model: judged in steps
+        quantized.judge_with(oracle, prepared.model, options, command="audit")  # a quantized model: judged in steps
         notes = list(prepared.notes)
         feeds = prepared.feeds.arrays
         # Every target call of the verdict and the sweep runs the model as given (the user's

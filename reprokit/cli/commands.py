@@ -166,7 +166,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw)
         claim_folder(stem + ".audit", AUDIT_FILES, reads, force=force)
     if kw.get("torch_entry"):
         claim_folder(stem + ".torch", TORCH_FILES, reads, force=force)
-    options = make_run_options(kw)
+    options = make_run_options(kw, "pack")
     on_event = Ticker(quiet=as_json)
     context = audit_dir = None
     model, exported = from_torch(model, kw, options, stem + ".torch")
@@ -205,7 +205,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw)
 def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, force, **kw):
     """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
     reads = files_read(model, kw)
-    options = make_run_options(kw)
+    options = make_run_options(kw, "audit")
     claim_folder(out_dir, AUDIT_FILES + ("engine.log",) + torch_files(kw), reads, force=force)
     writing(out_dir)
     engine_log(out_dir)

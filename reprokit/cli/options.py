@@ -175,7 +175,11 @@ def parse_max_calls(text: str) -> int | None:
     return int(text) or None
 
 
-def make_run_options(kw: dict):
+def make_run_options(kw: dict, command: str = ""):
+    if command and command != "check" and kw.get("quant_reference") == "fp32":
+        # only check compares with the fp32 twin: refused before any work, never silently ignored
+        raise UsageError(f"--quant-reference fp32 is for check: {command} compares with fake-quant, the model's "
+                         "own Q/DQ semantics", hint="drop --quant-reference (docs/quantized.md)")
     return RunOptions(
         reference=kw.pop("reference"), metric=kw.pop("metric"), tolerance=kw.pop("tol"),
         atol=kw.pop("atol"), rtol=kw.pop("rtol"), timeout=kw.pop("timeout"),

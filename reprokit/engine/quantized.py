@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.errors import UsageError
 from reprokit.graph import quant
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import save_model
@@ -219,9 +220,13 @@ def _kernels(target: str, meta: dict) -> str:
     return ""
 
 
-def judge_with(oracle, model, options) -> QuantPolicy | None:
+def judge_with(oracle, model, options, *, command: str = "check") -> QuantPolicy | None:
     """Set ``oracle``'s per-tensor judgement for ``model`` (None: not quantized, or the user's
-    own tolerance holds)."""
+    own tolerance holds). Only ``check`` compares with the fp32 twin: elsewhere
+    ``--quant-reference fp32`` is a usage error, never silently ignored."""
+    if command != "check" and options.quant_reference == QuantReference.FP32.value:
+        raise UsageError(f"--quant-reference fp32 is for check: {command} compares with fake-quant, the "
+                         "model's own Q/DQ semantics", hint="drop --quant-reference (docs/quantized.md)")
     given = options.tolerance is not None or options.atol is not None or options.rtol is not None
     try:
         policy = policy_for(model, GraphIndex.build(model), tolerance_given=given)
