@@ -205,19 +205,17 @@ def attribute(
 
 def _kernels(target: str, meta: dict) -> str:
     """What the target's run says of integer kernels: the comparison tests int8 only where they ran."""
-    if "int8_ops" in meta:
-        if not meta["int8_ops"]:
-            return (
-                f"no int8 kernel ran: {target} computed every op in float, so this compares fake-quant "
-                "with fake-quant"
-            )
-        return f"{meta['int8_ops']} ops ran in int8 on {target}"
-    if target.startswith("ort"):
+    count = meta.get("int8_ops")
+    if count is None:
+        return ""
+    if count < 0:
+        return f"{target} did not say which kernels ran"
+    if count == 0:
         return (
-            f"{target} does not report which kernels ran: onnxruntime fuses Q/DQ into int8 kernels "
-            "only where its CPU build has them"
+            f"no int8 kernel ran: {target} computed every op in float, so this compares fake-quant "
+            "with fake-quant"
         )
-    return ""
+    return f"{count} ops ran in int8 on {target}"
 
 
 def judge_with(oracle, model, options, *, command: str = "check") -> QuantPolicy | None:
@@ -225,8 +223,11 @@ def judge_with(oracle, model, options, *, command: str = "check") -> QuantPolicy
     own tolerance holds). Only ``check`` compares with the fp32 twin: elsewhere
     ``--quant-reference fp32`` is a usage error, never silently ignored."""
     if command != "check" and options.quant_reference == QuantReference.FP32.value:
-        raise UsageError(f"--quant-reference fp32 is for check: {command} compares with fake-quant, the "
-                         "model's own Q/DQ semantics", hint="drop --quant-reference (docs/quantized.md)")
+        raise UsageError(
+            f"--quant-reference fp32 is for check: {command} compares with fake-quant, the "
+            "model's own Q/DQ semantics",
+            hint="drop --quant-reference (docs/quantized.md)",
+        )
     given = options.tolerance is not None or options.atol is not None or options.rtol is not None
     try:
         policy = policy_for(model, GraphIndex.build(model), tolerance_given=given)
