@@ -347,3 +347,31 @@ def test_quant_reference_fp32_outside_check_is_a_usage_error_before_any_work(
         and "Hint:" in done.stderr
     )
     assert not out.exists()
+
+
+def test_the_fp32_twin_of_a_quantized_mobilenetv2_puts_back_the_relu6_the_quantizer_removed(
+    tmp_path,
+):
+    """quantize_static removes MobileNetV2's Clip(0, 6) (ReLU6) and lets the Q/DQ pair's saturation
+    stand for it; a twin that only drops the pair loses ReLU6 (it was 3.7e6 off the float model).
+    The twin puts the Clip back with the bounds the quantizer left behind: it is then the float
+    model up to the weights' rounding."""
+    pytest.importorskip(
+        "transformers", reason="transformers is not installed (samples/make_quantized.py needs it)"
+    )
+    pytest.importorskip("torch", reason="torch is not installed")
+    import sys
+
+    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
+    import make_quantized
+
+    fp32 = str(tmp_path / "mobilenetv2.fp32.onnx")
+    make_quantized.make_mobilenetv2(fp32)
+    qdq = str(tmp_path / "mobilenetv2.qdq.onnx")
+    make_quantized.quantize(fp32, qdq, make_quantized.RECIPES["mobilenetv2"])
+    model = onnx.load(qdq)
+    assert sum(quant.fused_activation(model, n) == "Clip" for n in model.graph.node) > 10
+    feeds = make_quantized.draw({"pixel_values": (1, 3, 64, 64)}, 1.5, 0)
+    truth = _run(onnx.load(fp32), feeds)["logits"]
+    twin = _run(quant.fp32_twin(model), feeds)["logits"]
+    assert np.linalg.norm(twin - truth) / np.linalg.norm(truth) < 0.1
