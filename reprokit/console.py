@@ -74,6 +74,14 @@ def print_check(result, model_path: str, top: int = 10) -> None:
         out.print(f"  trt mode   {mode}")
     out.print(f"  feeds      {feeds.source}: {shapes}")
     out.print(f"  criterion  {verdict.criterion.describe()} per output")
+    if verdict.quantized:
+        out.print(f"  quantized  {escape(verdict.quantized)}")
+    attribution = getattr(result, "quantized", None)
+    if attribution is not None:
+        out.print(f"  cause      {escape(attribution.sentence())}")
+        for name, value in attribution.quantization.items():
+            out.print(f"             fake-quant vs fp32 twin: {escape(name)} rel-l2 {value:.3g}"
+                      f" (tolerance {attribution.tolerance:g})")
     for note in result.prepared.notes:
         out.print(f"  [yellow]note[/]       {note}")
     for warning in verdict.warnings:
@@ -97,8 +105,9 @@ def print_check(result, model_path: str, top: int = 10) -> None:
         out.print("  engine message: " + escape(lines[0]))
         for line in lines[1:]:
             out.print("                  " + escape(line))
-    if verdict.outputs:
-        out.print(error_table(verdict.outputs, verdict.criterion.metric.value))
+    if verdict.outputs:  # a quantized model's outputs it quantizes read in steps (engine/quantized.py)
+        metric = verdict.criterion.metric.value + (" | steps" if verdict.quantized else "")
+        out.print(error_table(verdict.outputs, metric))
     if result.layerwise is not None:
         print_layerwise(result.layerwise, top)
 
@@ -195,6 +204,10 @@ def print_attribution(result) -> None:
               f"region shows {s['signature']['kind']} on its own")
     out.print(f"  judged     {found['nodes_judged_alone']} nodes alone (fed with reference inputs); "
               f"{found['diverging_alone']} exceed the tolerance {found['tolerance']:g} alone")
+    if found.get("quantized"):  # docs/quantized.md: one step is a rounding flip
+        tail = (": none differs by more than a step alone — int8 rounding that accumulates, not one op's bug"
+                if not found["diverging_alone"] else "")
+        out.print("  quantized  each op was judged with its Q/DQ units, in quantization steps (the error column)" + tail)
     out.print(f"  calls      target {s['calls']['target']}, reference {s['calls']['reference']}; {s['wall_s']:.1f} s")
     table = Table(title="largest isolated errors (each node alone)", show_edge=False)
     for column in ("node", "op", "error", "kind"):
@@ -291,6 +304,35 @@ def print_env(info: dict) -> None:
     out.print(table)
 
 
+def _print_calibration(calib: dict | None) -> None:
+    """A quantized model's calibration diagnosis (audit/calibration.py), where there is one."""
+    if not calib:
+        return
+    if calib["note"] and not calib["clipping"]:
+        out.print(f"  calibration {escape(calib['note'])}")
+        return
+    clips = calib["clipping"]
+    out.print(f"  calibration fake-quant vs fp32 twin rel-l2 {fmt(calib['error'])} (tolerance {calib['tolerance']:g}); "
+              f"{len(clips)} QuantizeLinear clip  [dim](reference runs only)[/]")
+    for row in clips[:5]:
+        without = "" if row["error_without"] is None else f"; left out: {fmt(row['error_without'])}"
+        out.print(f"    {escape(row['node'])}: {100 * row['clipped']:.1f}% clipped, range "
+                  f"[{fmt(row['range'][0])}, {fmt(row['range'][1])}], seen [{fmt(row['seen'][0])}, "
+                  f"{fmt(row['seen'][1])}]{without}")
+    if calib["cause"]:
+        enough = calib["error_fixed"] is not None and calib["error_fixed"] <= calib["tolerance"]
+        partial = "" if enough else (f"; not within {calib['tolerance']:g}: a partial cause, the rest is rounding "
+                                     "or clipping beyond the nodes tried")
+        out.print(f"  cause      {escape(', '.join(calib['cause']))} (causal: left unquantized, the error goes "
+                  f"{fmt(calib['error'])} → {fmt(calib['error_fixed'])}{partial})")
+        out.print(f"  {'fix' if enough else 'helps':<10} {escape(calib['printed_fix'])}")
+        if calib["widened_error"] is not None:
+            out.print(f"             or widen the calibration range there (tested: rel-l2 {fmt(calib['widened_error'])})")
+    if calib.get("all_widened_error") is not None:
+        out.print(f"  recalibrate every clipping pair widened to the range the inputs reach (calibration data that "
+                  f"covers them): rel-l2 {fmt(calib['all_widened_error'])} (tested)")
+
+
 def print_audit(result) -> None:
     """``reprokit audit``: the verdict, first range finding, first divergence, sweep, explain."""
     a = result.payload
@@ -310,6 +352,7 @@ def print_audit(result) -> None:
         out.print(f"  ranges     {found}  [dim](no engine call)[/]")
         for row in sorted(result.ranges.weights, key=lambda w: not w.severe)[:3]:
             out.print(f"  weights    {escape(row.tensor)}: {escape(row.message)}")
+    _print_calibration(a.get("calibration"))
     lw = result.layerwise
     if lw.first:
         row = lw.first[0]

@@ -185,3 +185,108 @@ def save_external(model: onnx.ModelProto, path, location: str = "weights.bin") -
         size_threshold=0,
     )
     return path
+
+
+def qdq_conv_chain(x_range: float = 0.5, blocks: int = 2, inner: float = 16.0) -> onnx.ModelProto:
+    """A QDQ model as onnxruntime's quantize_static writes one (int8 activations, int8 per-channel
+    weights), its input scale calibrated for |x| <= ``x_range``: uniform [0,1) feeds clip there."""
+    # x[1,4,6,6] -> Q -> DQ -> Conv(DQ(Wq)) -> Q -> DQ -> Relu -> ... (``blocks`` times) -> Q -> DQ -> y
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+
+    def qdq(tensor: str, scale: float, tag: str) -> str:
+        inits.extend([const(f"{tag}_scale", scale),
+                      numpy_helper.from_array(np.array(0, np.int8), f"{tag}_zero")])
+        nodes.append(helper.make_node("QuantizeLinear", [tensor, f"{tag}_scale", f"{tag}_zero"], [f"{tag}_q"],
+                                      name=f"{tag}_QuantizeLinear"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{tag}_q", f"{tag}_scale", f"{tag}_zero"],
+                                      [f"{tag}_dq"], name=f"{tag}_DequantizeLinear"))
+        return f"{tag}_dq"
+
+    current = qdq("x", x_range / 127, "x")
+    for b in range(blocks):
+        w = rng.uniform(-1, 1, size=(4, 4, 3, 3)).astype(np.float32)
+        w_scale = np.abs(w).reshape(4, -1).max(axis=1) / 127
+        inits.extend([numpy_helper.from_array(np.round(w / w_scale[:, None, None, None]).astype(np.int8), f"w{b}_q"),
+                      numpy_helper.from_array(w_scale.astype(np.float32), f"w{b}_scale"),
+                      numpy_helper.from_array(np.zeros(4, np.int8), f"w{b}_zero")])
+        nodes.append(helper.make_node("DequantizeLinear", [f"w{b}_q", f"w{b}_scale", f"w{b}_zero"], [f"w{b}"],
+                                      name=f"w{b}_DequantizeLinear", axis=0))
+        nodes.append(helper.make_node("Conv", [current, f"w{b}"], [f"conv{b}"], name=f"conv{b}", pads=[1, 1, 1, 1]))
+        current = qdq(f"conv{b}", inner / 127, f"conv{b}")
+        nodes.append(helper.make_node("Relu", [current], [f"relu{b}"], name=f"relu{b}"))
+        current = qdq(f"relu{b}", inner / 127, f"relu{b}")
+    nodes.append(helper.make_node("Identity", [current], ["y"], name="out"))
+    return make(nodes, [vi("x", [1, 4, 6, 6])], [vi("y", [1, 4, 6, 6])], inits)
+
+
+def qdq_small_scale() -> onnx.ModelProto:
+    """One Q/DQ pair whose scale (1e-4/127) is an fp16 subnormal: rounded to fp16 it moves by 1.5%."""
+    # x[1,64] -> QuantizeLinear(s = 1e-4/127, int8) -> DequantizeLinear -> y[1,64]
+    scale, zero = const("s", 1e-4 / 127), numpy_helper.from_array(np.array(0, np.int8), "z")
+    return make(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quantize"),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequantize"),
+        ],
+        [vi("x", [1, 64])],
+        [vi("y", [1, 64])],
+        [scale, zero],
+    )
+
+
+def conv_relu_conv(channels: int = 4) -> onnx.ModelProto:
+    """A float CNN for quantize_static to quantize (the tests calibrate it themselves)."""
+    # x[1,4,8,8] -> Conv(W1) -> c1 -> Relu -> r1 -> Conv(W2) -> y[1,4,8,8]
+    rng = np.random.default_rng(3)
+    w1 = rng.uniform(-0.5, 0.5, (channels, channels, 3, 3))
+    w2 = rng.uniform(-0.5, 0.5, (channels, channels, 3, 3))
+    return make(
+        [
+            helper.make_node("Conv", ["x", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+            helper.make_node("Conv", ["r1", "W2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+        ],
+        [vi("x", [1, channels, 8, 8])],
+        [vi("y", [1, channels, 8, 8])],
+        [const("W1", w1), const("W2", w2)],
+    )
+
+
+def qdq_zero_bias_add(n: int = 16) -> onnx.ModelProto:
+    """quantize_static's pattern for a Linear layer whose bias is all zeros (a fresh init), every op
+    quantized (uint8 activations): the bias is quantized as an activation, scale 1, zero point 0."""
+    # x[1,4,n] -> Q/DQ -> MatMul(DQ(Wq)) -> Q/DQ -> Add(DQ(Q(bias = 0))) -> Q/DQ -> Relu -> Q/DQ -> y
+    rng = np.random.default_rng(5)
+    w = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    w_scale = np.float32(np.abs(w).max() / 127)
+    inits = [
+        numpy_helper.from_array(np.round(w / w_scale).astype(np.int8), "w_q"),
+        const("w_scale", w_scale),
+        numpy_helper.from_array(np.array(0, np.int8), "w_zero"),
+        const("bias", np.zeros(n)),
+        const("bias_scale", 1.0),
+        numpy_helper.from_array(np.array(0, np.uint8), "bias_zero"),
+    ]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"], name="w_DequantizeLinear"),
+             helper.make_node("QuantizeLinear", ["bias", "bias_scale", "bias_zero"], ["bias_q"], name="bias_QuantizeLinear"),
+             helper.make_node("DequantizeLinear", ["bias_q", "bias_scale", "bias_zero"], ["bias_dq"],
+                              name="bias_DequantizeLinear")]
+
+    def qdq(tensor: str, scale: float, zero: int) -> str:
+        inits.extend([const(f"{tensor}_scale", scale), numpy_helper.from_array(np.array(zero, np.uint8), f"{tensor}_zero")])
+        nodes.append(helper.make_node("QuantizeLinear", [tensor, f"{tensor}_scale", f"{tensor}_zero"], [f"{tensor}_q"],
+                                      name=f"{tensor}_QuantizeLinear"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{tensor}_q", f"{tensor}_scale", f"{tensor}_zero"],
+                                      [f"{tensor}_dq"], name=f"{tensor}_DequantizeLinear"))
+        return f"{tensor}_dq"
+
+    x = qdq("x", 2.0 / 255, 0)
+    nodes.append(helper.make_node("MatMul", [x, "w"], ["mm"], name="matmul"))
+    mm = qdq("mm", 8.0 / 255, 128)
+    nodes.append(helper.make_node("Add", ["bias_dq", mm], ["add"], name="add"))
+    add = qdq("add", 8.0 / 255, 128)
+    nodes.append(helper.make_node("Relu", [add], ["relu"], name="relu"))
+    relu = qdq("relu", 4.0 / 255, 0)
+    nodes.append(helper.make_node("Identity", [relu], ["y"], name="out"))
+    return make(nodes, [vi("x", [1, 4, n])], [vi("y", [1, 4, n])], inits)

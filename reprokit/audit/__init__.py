@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.audit import calibration
 from reprokit.audit.calls import Ledger
 from reprokit.audit.layernorm import fuse_layernorms
 from reprokit.audit.output import write_outputs
@@ -33,6 +34,7 @@ from reprokit.audit.sweep import (
     run_setting,
     workaround,
 )
+from reprokit.engine import quantized
 from reprokit.engine.folding import (
     SKIPPED,
     disagreement,
@@ -133,6 +135,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         check_target_nodes(model_path, target)
         prepared = prepare(model_path, options, work)
         oracle.weights_dir = prepared.base_dir
+        quantized.judge_with(oracle, prepared.model, options, command="audit")  # a quantized model: judged in steps
         notes = list(prepared.notes)
         feeds = prepared.feeds.arrays
         # Every target call of the verdict and the sweep runs the model as given (the user's
@@ -187,6 +190,8 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         payload = _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
                            rows, explained, kept_nodes, ledger, started, sweep)
         payload["isolated"] = isolated
+        diagnosis = calibration.diagnose(oracle, prepared.model, feeds, os.path.join(work, "calibration"), event)
+        payload["calibration"] = diagnosis.to_json() if diagnosis is not None else None
         payload["precision"] = tested.to_json() if tested is not None else None
         payload["divergence_start"] = divergence_start(layer, isolated["diverging_nodes"] if isolated else None)
         files = {}

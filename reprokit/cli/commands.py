@@ -126,6 +126,8 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
             "layerwise": result.layerwise.to_json(top) if result.layerwise else None,
             "torch": columns.to_json() if columns else None,
         }
+        if result.quantized is not None:  # a quantized model: whose divergence (docs/quantized.md)
+            payload["quantized"] = result.quantized.to_json()
         if result.samples:  # a multi-sample --inputs: each sample's verdict (exit 1 if any diverges)
             payload["samples"] = [s.to_json() for s in result.samples]
         click.echo(json.dumps(payload, indent=2))
@@ -164,7 +166,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw)
         claim_folder(stem + ".audit", AUDIT_FILES, reads, force=force)
     if kw.get("torch_entry"):
         claim_folder(stem + ".torch", TORCH_FILES, reads, force=force)
-    options = make_run_options(kw)
+    options = make_run_options(kw, "pack")
     on_event = Ticker(quiet=as_json)
     context = audit_dir = None
     model, exported = from_torch(model, kw, options, stem + ".torch")
@@ -203,7 +205,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw)
 def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, force, **kw):
     """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
     reads = files_read(model, kw)
-    options = make_run_options(kw)
+    options = make_run_options(kw, "audit")
     if options.reference_model:
         raise UsageError("audit does not take --reference-model yet",
                          hint="reprokit shrink CONVERTED.onnx --reference-model FP32.onnx finds the node and the "

@@ -49,6 +49,11 @@ def run_options(func):
                      default="rel-l2", show_default=True, help="Error metric per output."),
         click.option("--tol", type=click.FloatRange(min=0), default=None,
                      help="Bound on the metric (default: by target precision, see README)."),
+        click.option("--quant-reference", type=click.Choice(["fake-quant", "fp32"]), default="fake-quant",
+                     show_default=True,
+                     help="Quantized (Q/DQ) models: compare the target with the model's Q/DQ semantics run in "
+                          "fp32 (fake-quant: the engine's error) or with its fp32 twin, Q/DQ dropped (fp32: the "
+                          "quantization's error too). docs/quantized.md"),
         click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for allclose."),
         click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for allclose."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
@@ -174,7 +179,11 @@ def parse_max_calls(text: str) -> int | None:
     return int(text) or None
 
 
-def make_run_options(kw: dict):
+def make_run_options(kw: dict, command: str = ""):
+    if command and command != "check" and kw.get("quant_reference") == "fp32":
+        # only check compares with the fp32 twin: refused before any work, never silently ignored
+        raise UsageError(f"--quant-reference fp32 is for check: {command} compares with fake-quant, the model's "
+                         "own Q/DQ semantics", hint="drop --quant-reference (docs/quantized.md)")
     return RunOptions(
         reference=kw.pop("reference"), metric=kw.pop("metric"), tolerance=kw.pop("tol"),
         atol=kw.pop("atol"), rtol=kw.pop("rtol"), timeout=kw.pop("timeout"),
@@ -182,6 +191,7 @@ def make_run_options(kw: dict):
         ignore_fail_codes=tuple(kw.pop("ignore_fail_code")), inputs=kw.pop("inputs"), sample=kw.pop("sample"),
         seed=kw.pop("seed"), input_shapes=parse_shape_args(kw.pop("input_shapes")),
         val_ranges=parse_val_ranges(kw.pop("val_range")), reference_model=kw.pop("reference_model"),
+        quant_reference=kw.pop("quant_reference", "fake-quant"),
     )
 
 

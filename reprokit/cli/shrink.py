@@ -135,7 +135,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         raise UsageError("shrink needs MODEL and --target (or --resume DIR of an earlier run)",
                          hint="e.g. reprokit shrink model.onnx --target emulate:fp16 -o out/")
     reads = files_read(model, kw)
-    options = make_run_options(kw)
+    options = make_run_options(kw, "shrink")
     parse_target(target)  # a bad spec or a missing check script fails before any work
     # so does an output that would replace a file the run reads or one the user wrote
     claim_folder(out_dir, SHRINK_FILES + torch_files(kw) + (() if no_pack else (f"report.{fmt}",))

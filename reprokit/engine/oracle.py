@@ -81,6 +81,7 @@ class Verdict:
     # the target's own output values, kept only when asked (``keep_outputs``) for a numeric
     # divergence: what the causal test (bug.py) injects into the original's reference run
     target_outputs: dict | None = field(default=None, hash=False, compare=False, repr=False)
+    quantized: str = ""  # how a quantized model's tensors were judged (engine/quantized.py), else ""
 
     @property
     def diverges(self) -> bool:
@@ -113,6 +114,7 @@ class Verdict:
                 "rtol": self.criterion.rtol,
             },
             "outputs": [o.to_json() for o in self.outputs],
+            **({"quantized": self.quantized} if self.quantized else {}),
             "warnings": self.warnings,
             "message": self.message,
             "target_meta": self.target_meta,
@@ -155,6 +157,7 @@ class Oracle:
         self.policy = policy  # reprokit.standalone.checkpolicy.CheckPolicy of a cmd target, or None
         self.target_env = target_env
         self.build_only = False  # shrink sets it while hunting a build error
+        self.quant = None  # engine/quantized.QuantPolicy of a quantized model: tensors judged in steps
         self.weights_dir: str | None = None  # external data of the models judged, if any
         # --reference-model: the file the target runs for a model the reference runs (the
         # user's converted twin of that cut: reprokit.convert.twin); None: the same file
@@ -230,7 +233,8 @@ class Oracle:
 
     def cache_key(self, model_path: str, feeds: dict, output_names=None) -> str:
         parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
-                 repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only)]
+                 repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only),
+                 str(self.quant is not None)]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
     def knows(self, model_path: str, feeds: dict, output_names=None) -> bool:
@@ -306,7 +310,8 @@ class Oracle:
         metric needs them: cosine distance, allclose count, degenerate-reference note
         (``compare_arrays``); the signature and every output's error are the same either way."""
         base = dict(criterion=self.criterion, reference=self.reference, target=self.target,
-                    precision=self.precision, target_meta=result.meta, seconds=result.seconds)
+                    precision=self.precision, target_meta=result.meta, seconds=result.seconds,
+                    quantized=self.quant.describe() if self.quant is not None else "")
         if result.status == "timeout":
             return Verdict(Signature(Kind.TIMEOUT, detail="timeout"), (), message=result.message, **base)
         if result.status == "crash":
@@ -329,6 +334,8 @@ class Oracle:
         for name, ref in reference_outputs.items():
             if name in result.outputs:
                 errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion, full=full))
+        if self.quant is not None:  # a quantized model: outputs it quantizes judged in steps
+            errors = self.quant.rejudge(errors, self.criterion)
         reshaped = [e for e in errors if e.shape_mismatch]
         if reshaped:  # an error of inf between arrays of other shapes says nothing: name the shapes
             shapes = "; ".join(f"{e.name!r}: target {list(e.target_shape)} vs reference {list(e.shape)}"

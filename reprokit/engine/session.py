@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reprokit.engine import twinrun
+from reprokit.engine import quantized, twinrun
 from reprokit.engine.backends import backend_class
 from reprokit.engine.feedfiles import load_feeds, load_samples
 from reprokit.engine.folding import fold_prepared
@@ -65,6 +65,7 @@ class RunOptions:
     # --reference-model: the user's fp32 model, the reference; MODEL is then its converted twin,
     # which the target runs (reprokit.engine.twinrun)
     reference_model: str | None = None
+    quant_reference: str = "fake-quant"  # quantized models: fake-quant (the engine's error) or fp32 (engine/quantized.py)
 
     def policy(self) -> CheckPolicy:
         """When a cmd target's run counts as a failure (polygraphy's --check rules)."""
@@ -175,6 +176,7 @@ class CheckResult:
     marking_changes_engine: bool = False
     target_log: str = ""  # the engine's own messages (worker output tail)
     samples: list = field(default_factory=list)  # SampleVerdict per sample of a multi-sample --inputs
+    quantized: object | None = None  # engine/quantized.Attribution: the engine's or the quantization's
 
 
 def _refuse_empty_comparison(verdict: Verdict, target: str) -> None:
@@ -207,6 +209,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     oracle.weights_dir = prepared.base_dir
     if converted:
         prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
+    policy = quantized.judge_with(oracle, prepared.model, options)
     runs = []
     for feeds in prepared.samples or [prepared.feeds]:  # a multi-sample --inputs: each sample judged
         reference = oracle.run_reference(prepared.path, feeds.arrays)
@@ -221,6 +224,12 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
             run[1].discard()
             run[2].discard()
     feeds, reference, result, verdict = runs[shown]
+    attribution = None
+    if policy is not None:  # whose divergence: the engine's or the quantization's (docs/quantized.md)
+        twin, why = quantized.run_twin(oracle, prepared.model, feeds.arrays, workdir)
+        if twin is not None and options.quant_reference == quantized.QuantReference.FP32.value:
+            verdict = quantized.against_twin(oracle, result, twin)
+        attribution = quantized.attribute(runs[shown][3], reference.outputs, twin, twin_note=why)
     samples = []
     if prepared.samples:
         samples = [SampleVerdict(k, run[3]) for k, run in enumerate(runs)]
@@ -232,6 +241,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     if layerwise:
         report = run_layerwise(oracle, prepared, os.path.join(workdir, "layerwise"))
     out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking,
-                      target_log=f"{result.message}\n{result.log}".strip(), samples=samples)
+                      target_log=f"{result.message}\n{result.log}".strip(), samples=samples,
+                      quantized=attribution)
     out._tmp = own_tmp  # keep memory-mapped outputs alive as long as the result
     return out

@@ -81,7 +81,8 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
         # here, per candidate, so the model itself is confirmed exactly as given. An If's
         # condition computed at run time stays an input: folded, the engine would resolve an If
         # it could not resolve in the model (and drop the branch it fails on).
-        small = value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT and tensor not in conditions
+        small = (value.dtype.kind not in "fc" and value.size <= _CONST_LIMIT and tensor not in conditions
+                 and tensor not in index.quantized)  # an int8 activation is data, not a shape
         if not user_input and (tensor in index.constants or small):
             graph.initializer.append(numpy_helper.from_array(np.array(value), tensor))
             continue

@@ -14,8 +14,11 @@ Must not run engines, read tensor values or know about divergence.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from reprokit.graph import quant
 
 RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
@@ -163,6 +166,10 @@ class GraphIndex:
     constants: frozenset = frozenset()  # tensors that depend on no graph input (foldable)
     declared: dict = field(default_factory=dict)  # graph input -> its ValueInfoProto as the model declares it
     consumers: dict = field(default_factory=dict)  # tensor -> indices of the nodes that read it
+    # node -> its Q/DQ unit (graph/quant.py): the nodes every candidate keeps together or not at all
+    units: dict = field(default_factory=dict)
+    regions: dict = field(default_factory=dict)  # node -> it with the Q/DQ units around it (quant.regions)
+    quantized: frozenset = frozenset()  # integer activations quantizing ops make (quant.integer_activations)
 
     @classmethod
     def build(cls, model) -> GraphIndex:
@@ -179,9 +186,26 @@ class GraphIndex:
             if all(t in initializers or t in constants for t in node_inputs[index]):
                 constants.update(node_outputs[index])
         declared = {i.name: i for i in graph.input if i.name in inputs}
-        return cls(node_inputs, node_outputs, producer, initializers, inputs,
-                   tuple(o.name for o in graph.output), inferred_value_info(model), frozenset(constants),
-                   declared, _readers(node_inputs))
+        built = cls(node_inputs, node_outputs, producer, initializers, inputs,
+                    tuple(o.name for o in graph.output), inferred_value_info(model), frozenset(constants),
+                    declared, _readers(node_inputs))
+        found = quant.units(model, built)
+        integers = quant.integer_activations(model)
+        if not found and not integers:
+            return built
+        return dataclasses.replace(built, units=found, regions=quant.regions(model, built, found),
+                                   quantized=integers)
+
+    def region(self, index: int) -> frozenset:
+        """The smallest candidate that holds node ``index``: itself, or in a quantized model
+        itself with the Q/DQ units that feed it and quantize its outputs."""
+        return self.regions.get(index) or frozenset([index])
+
+    def splits_unit(self, nodes) -> frozenset | None:
+        """The first Q/DQ unit ``nodes`` holds only part of (None: every unit whole or absent):
+        the one rule that keeps a QuantizeLinear and its DequantizeLinear together in every
+        candidate, pass, shape crop and extraction."""
+        return quant.splits_unit(nodes, self.units) if self.units else None
 
     def ancestors(self, index: int, within: set[int] | None = None) -> set[int]:
         """Nodes ``index`` depends on (itself included), optionally only inside ``within``."""

@@ -154,6 +154,8 @@ def attribution(reducer, label, limit: int = 10) -> dict:
         "nodes_judged_alone": len(isolated),
         "diverging_alone": sum(1 for _, o in isolated if o.kind != "agree"),
         "tolerance": reducer.oracle.criterion.tolerance,
+        # a quantized model: nodes were judged with their Q/DQ units, in quantization steps
+        "quantized": reducer.oracle.quant.describe() if getattr(reducer.oracle, "quant", None) else "",
         "top": top,
         "cumulative": curve,
         "fp32_nodes": ";".join(keep),

@@ -142,6 +142,8 @@ class Reducer:
         if (self.keep_inputs or self.keep_outputs) and not self.io_kept(nodes):
             return Outcome(False, "invalid", "changes the model's inputs or outputs", None, True)
         why = self.refuse(nodes) if self.refuse is not None else None
+        if not why and getattr(self.index, "units", None) and self.index.splits_unit(nodes):
+            why = "splits a QuantizeLinear from its DequantizeLinear (a Q/DQ unit moves whole)"
         if why:
             return Outcome(False, "invalid", why, None, True)
         saved = self.journal.get(self.key(nodes, crop))

@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.engine import twinrun
+from reprokit.engine import quantized, twinrun
 from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import InputError
@@ -75,6 +75,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     # Every model file of this run lives in models/; external weights stay where they are and
     # every engine call is told so (oracle.weights_dir): candidates never copy them.
     oracle.weights_dir = prepared.base_dir
+    quantized.judge_with(oracle, prepared.model, options, command="shrink")  # a quantized model: tensors judged in steps
     models_dir = os.path.join(state_dir, "models")
     os.makedirs(models_dir, exist_ok=True)
     model = prepared.model

@@ -221,6 +221,26 @@ def _subgraphs(node):
             yield from attr.graphs
 
 
+# The slots of quantization parameters (scale, zero point) per op: TensorRT keeps Q/DQ scales in
+# fp32 whatever the precision, so the emulator never rounds a tensor read only there.
+_SCALE_SLOTS = {"QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2), "QLinearConv": (1, 2, 4, 5, 6, 7),
+                "QLinearMatMul": (1, 2, 4, 5, 6, 7), "QLinearAdd": (1, 2, 4, 5, 6, 7),
+                "QLinearMul": (1, 2, 4, 5, 6, 7), "QGemm": (1, 2, 4, 5, 7, 8)}
+
+
+def _scale_only(graph) -> set[str]:
+    """Tensors of ``graph`` read only as quantization parameters (scales, zero points)."""
+    at_scale: set[str] = set()
+    elsewhere: set[str] = set()
+    for node in graph.node:
+        slots = _SCALE_SLOTS.get(node.op_type, ())
+        for slot, name in enumerate(node.input):
+            (at_scale if slot in slots else elsewhere).add(name)
+        for sub in _subgraphs(node):
+            elsewhere.update(_reads(sub))
+    return at_scale - elsewhere - {""}
+
+
 def _reads(graph) -> dict[str, set[str]]:
     """Tensor name → names of the nodes that read it, a node with a body counting for its body."""
     readers: dict[str, set[str]] = {}
@@ -275,11 +295,12 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
     from onnx import TensorProto
 
     readers = _reads(graph)
+    scales = _scale_only(graph)
     graph_inputs = {vi.name: vi for vi in graph.input}
     new_nodes = []
     for init in graph.initializer:
         name = init.name
-        if init.data_type != TensorProto.FLOAT or (readers.get(name) and readers[name] <= keep_fp32):
+        if init.data_type != TensorProto.FLOAT or (readers.get(name) and readers[name] <= keep_fp32) or name in scales:
             continue
         wide, mid = pool.fresh(f"{name}__rk_wide{tag}"), pool.fresh(f"{name}__rk_narrow{tag}")
         init.name = wide
@@ -309,7 +330,7 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
                     narrow_reads[name] = read
             continue
         for slot, name in enumerate(node.output):
-            if not name or name not in float_names:
+            if not name or name not in float_names or name in scales:
                 continue
             wide, mid = pool.fresh(f"{name}__rk_wide{tag}{index}"), pool.fresh(f"{name}__rk_narrow{tag}{index}")
             node.output[slot] = wide

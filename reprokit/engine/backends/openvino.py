@@ -139,6 +139,7 @@ class OpenVinoBackend(Backend):
             raise BuildError(f"OpenVINO failed to run the model: {engine_reason(exc)}\n{exc}") from exc
         actual = compiled.get_property("INFERENCE_PRECISION_HINT")
         name = actual.get_type_name() if hasattr(actual, "get_type_name") else str(actual)
+        meta["int8_ops"] = int8_ops(compiled)  # a Q/DQ model: did the low-precision path run at all?
         return RunResult(outputs=outputs, meta={"inference_precision": name, "device": "CPU", **meta})
 
 
@@ -195,6 +196,17 @@ def keep_precise(core, model, model_path: str, keep: list[str], tmp: str):
             ElementTree.SubElement(info, "attribute", {"name": "precise", "version": "0"})
     tree.write(xml)
     return core.read_model(xml, weights), marked
+
+
+def int8_ops(compiled) -> int:
+    """Operations the compiled model runs in i8/u8 (its low-precision transformations turned Q/DQ
+    pairs into integer kernels); 0 when every op runs in float, whatever the model's Q/DQ say."""
+    count = 0
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if "runtimePrecision" in info and info["runtimePrecision"].astype(str) in ("i8", "u8"):
+            count += 1
+    return count
 
 
 def narrow_ops(compiled, marked: dict) -> list[str]:

@@ -32,13 +32,42 @@ from reprokit.engine.backends.ort_cuda import (
 from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.spec import OptionDoc, TargetSpec
 
+_QUANT_LIMIT = 64 << 20  # a Q/DQ model's file is read for the marker only up to this size
+
+
+def _quantizes(model_path: str) -> bool:
+    """Does the (small enough) model file hold a QuantizeLinear? A byte search, no parse."""
+    try:
+        if os.path.getsize(model_path) > _QUANT_LIMIT:
+            return False
+        with open(model_path, "rb") as handle:
+            return b"QuantizeLinear" in handle.read()
+    except OSError:
+        return False
+
+
+def _integer_kernels(optimized_path: str) -> int:
+    """The int8 kernels in the graph onnxruntime optimized (its QDQ fusions: QLinear*, QGemm,
+    MatMulInteger*, ConvInteger); the Q/DQ it left run as fake-quant."""
+    import onnx
+
+    try:
+        graph = onnx.load(optimized_path, load_external_data=False).graph
+    except Exception:  # the optimized file is onnxruntime's; unreadable means unknown, not zero
+        return -1
+    return sum(1 for n in graph.node if n.op_type.startswith("QLinear") or n.op_type == "QGemm"
+               or "Integer" in n.op_type)
+
 
 def make_session(model_path: str, *, optimize: bool = False, providers=None, threads: int = 0,
-                 weights_dir: str | None = None):
-    """An InferenceSession on a model file; parse/load failures become BuildError."""
+                 weights_dir: str | None = None, optimized_path: str | None = None):
+    """An InferenceSession on a model file; parse/load failures become BuildError.
+    ``optimized_path``: where onnxruntime writes the graph it optimized (what kernels it chose)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if optimized_path:
+        options.optimized_model_filepath = optimized_path
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if optimize
@@ -258,8 +287,11 @@ class OrtBackend(Backend):
                                              lambda path: make_session(path, optimize=optimize,
                                                                        providers=providers))
                 else:
+                    optimized = os.path.join(tmp, "optimized.onnx") if optimize and _quantizes(model_path) else None
                     session = make_session(model_path, optimize=optimize, providers=providers,
-                                           weights_dir=self.weights_dir)
+                                           weights_dir=self.weights_dir, optimized_path=optimized)
+                    if optimized and os.path.exists(optimized):  # a Q/DQ model: did int8 kernels run?
+                        meta["int8_ops"] = _integer_kernels(optimized)
                 if self.spec.has("cuda"):
                     refuse_cpu_fallback(session)  # before any run: a CPU run is never a GPU verdict
                     meta.update(gpu_meta(session))

@@ -23,6 +23,13 @@ import math
 from reprokit.engine.oracle import Kind
 
 
+def _region(reducer, i: int) -> frozenset:
+    """Node ``i`` as the survey judges it: alone, or in a quantized model with its Q/DQ units
+    (GraphIndex.region); an index-free reducer (pure algorithm tests) judges it alone."""
+    index = reducer.index
+    return index.region(i) if getattr(index, "regions", None) else frozenset([i])
+
+
 def run(reducer, *, layerwise: bool) -> bool:
     """Accept the earliest single that reproduces alone; True when one was found. Numeric
     oracles' pairs ride in the same call and are taken by the pairs step (:func:`pairs`);
@@ -30,7 +37,7 @@ def run(reducer, *, layerwise: bool) -> bool:
     order = reducer.ordered()
     if reducer.packing == "group":  # nodes that only produce a constant are the least likely culprits
         order.sort(key=lambda i: not reducer.index.node_inputs[i])
-    singles = [frozenset([i]) for i in order]
+    singles = [_region(reducer, i) for i in order]  # a quantized op with its Q/DQ units
     saved = reducer.journal.get("layerwise")
     if layerwise and saved is None:
         reducer.want_layerwise = True
@@ -43,9 +50,9 @@ def run(reducer, *, layerwise: bool) -> bool:
             _anchors(reducer, saved)
         anchor = reducer.anchors[0] if reducer.anchors else order[-1]
         order.sort(key=lambda i: (abs(i - anchor), i))
-        candidates = [frozenset([i]) for i in order]
+        candidates = [_region(reducer, i) for i in order]
         hit = reducer.first_interesting(candidates)
-        reducer.isolated.update({i: o for i in order if (o := reducer.cached(frozenset([i]))) is not None})
+        reducer.isolated.update({i: o for i in order if (o := reducer.cached(_region(reducer, i))) is not None})
         return _accept(reducer, candidates, hit)
     if reducer.packing == "numeric":
         # every producer→consumer pair rides in the same call while the pack limits allow: when no
@@ -67,7 +74,7 @@ def run(reducer, *, layerwise: bool) -> bool:
         # than a group test over every edge, which also re-derives what the singles already said.
         hit = reducer.first_interesting(singles, together_fail=len(order) == len(reducer.index.node_outputs))
         if layerwise:  # a numeric signature judged one by one (--one-by-one): the attribution's own errors
-            reducer.isolated.update({i: o for i in order if (o := reducer.cached(frozenset([i]))) is not None})
+            reducer.isolated.update({i: o for i in order if (o := reducer.cached(_region(reducer, i))) is not None})
     if layerwise:
         _anchors(reducer, saved)
     if hit is None and reducer.interactions:

@@ -1,0 +1,262 @@
+"""How a quantized model (Q/DQ or integer ops) is judged, and which reference says what.
+
+Two references answer two questions (docs/quantized.md):
+
+- ``fake-quant`` (the default): the quantized model itself on onnxruntime with optimizations off,
+  which evaluates every QuantizeLinear/DequantizeLinear exactly as the ONNX spec says, in fp32.
+  Against an engine that runs int8 kernels it isolates **the engine's** error. An output the model
+  quantizes is judged in units of its quantization step: an engine-only difference below one
+  step is int8 rounding ("agrees"); other tensors downstream of quantized ops are judged at the
+  int8 tolerance instead of the fp32 one (a maintainer would close a 5e-3 int8 difference judged
+  at 1e-4 as expected rounding).
+- ``fp32``: the fp32 twin (graph/quant.py: the activation Q/DQ pairs dropped, the weights
+  dequantized). Against the fake-quant run it measures **the quantization's** error (scales,
+  calibration): a divergence there is no engine's bug.
+
+Must not build candidates or print; the CLI and session read :class:`QuantPolicy` and
+:class:`Attribution`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from reprokit.errors import UsageError
+from reprokit.graph import quant
+from reprokit.graph.index import GraphIndex
+from reprokit.graph.io import save_model
+from reprokit.standalone.compare import (
+    DEFAULT_TOLERANCE,
+    Criterion,
+    Metric,
+    OutputError,
+    compare_arrays,
+)
+
+_MEMBER = re.compile(r"^rk\d+/")  # a packed member's tensors carry its prefix (graph/pack.py)
+
+
+class QuantReference(str, enum.Enum):
+    FAKE_QUANT = "fake-quant"
+    FP32 = "fp32"
+
+
+@dataclass(frozen=True)
+class QuantPolicy:
+    """Per-tensor judgement of a quantized model: tensors with a quantization step are judged by
+    max-abs in steps (error = max-abs / step; more than one step diverges), other tensors
+    downstream of quantized ops by rel-l2 at the int8 tolerance; the rest by the base criterion."""
+
+    ops: tuple[tuple[str, int], ...]  # the quantization ops found, with counts
+    steps: dict  # tensor -> step
+    downstream: frozenset
+    fallback: float = DEFAULT_TOLERANCE["int8"]
+
+    def describe(self) -> str:
+        ops = ", ".join(f"{count} {op}" for op, count in self.ops)
+        return (
+            f"the model holds quantized ops ({ops}): outputs the model quantizes are judged in "
+            f"quantization steps (more than 1 step diverges), others after quantized ops at "
+            f"rel-l2 <= {self.fallback:g}"
+        )
+
+    def _name(self, name: str) -> str:
+        return _MEMBER.sub("", name)
+
+    def rejudge(self, errors: list[OutputError], base: Criterion) -> list[OutputError]:
+        out = []
+        for error in errors:
+            name = self._name(error.name)
+            step = self.steps.get(name)
+            if error.exact or error.shape_mismatch or not np.isfinite(error.max_abs):
+                out.append(error)
+            elif step:
+                gap = error.max_abs / step
+                # one step is one rounding flip (half-even vs half-away, a wider accumulator):
+                # more than one (beyond float noise on the step itself) diverges
+                out.append(dataclasses.replace(error, error=gap, exceeds=gap > 1 + 1e-3))
+            elif name in self.downstream and base.metric is Metric.REL_L2:
+                out.append(
+                    dataclasses.replace(
+                        error, exceeds=error.rel_l2 > max(self.fallback, base.tolerance)
+                    )
+                )
+            else:
+                out.append(error)
+        return out
+
+    def unit(self, name: str) -> str:
+        """How the error of ``name`` reads: ``steps`` or the criterion's metric."""
+        return "steps" if self.steps.get(self._name(name)) else ""
+
+
+def policy_for(model, index, *, tolerance_given: bool) -> QuantPolicy | None:
+    """The judgement of a quantized ``model`` (None: it holds no quantized op, or the user gave a
+    tolerance of their own, which then holds everywhere)."""
+    ops = quant.holds_quantized(model)
+    if not ops or tolerance_given:
+        return None
+    return QuantPolicy(
+        tuple(sorted(ops.items())), quant.tensor_steps(model, index), quant.downstream(model, index)
+    )
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Whose divergence it is: the engine's (target vs fake-quant) or the quantization's
+    (fake-quant vs the fp32 twin), each output's numbers."""
+
+    engine: dict  # output -> error in steps (or rel-l2 where no step), from the target's verdict
+    engine_exceeds: bool
+    quantization: dict  # output -> rel-l2 of fake-quant against the fp32 twin
+    quantization_exceeds: bool
+    tolerance: float  # the rel-l2 the quantization error is judged at
+    twin_note: str = ""  # why no twin ran, where none did
+    kernels: str = (
+        ""  # what the target says of its integer kernels (OpenVINO: how many ops ran in i8/u8)
+    )
+
+    @property
+    def cause(self) -> str:
+        if self.twin_note:  # no twin: only the engine's side was measured
+            return "engine" if self.engine_exceeds else "engine-agrees"
+        if self.engine_exceeds and self.quantization_exceeds:
+            return "both"
+        if self.engine_exceeds:
+            return "engine"
+        if self.quantization_exceeds:
+            return "quantization"
+        return "none"
+
+    def sentence(self) -> str:
+        words = {
+            "engine": "the engine's: it differs from the Q/DQ semantics (fake-quant) by more than a "
+            "quantization step; the quantization itself stays close to the fp32 twin",
+            "quantization": "the quantization's (scales, calibration): the fake-quant model already "
+            "differs from its fp32 twin; the engine agrees with fake-quant within a step",
+            "both": "both: the engine differs from fake-quant by more than a step, and fake-quant "
+            "differs from the fp32 twin",
+            "none": "neither: the engine agrees with fake-quant within a step, fake-quant with the fp32 twin",
+            "engine-agrees": "not the engine's: it agrees with the Q/DQ semantics (fake-quant) within a step; "
+            "the quantization's own error was not measured",
+        }
+        text = words[self.cause]
+        if self.cause == "engine" and self.twin_note:
+            text = (
+                "the engine's: it differs from the Q/DQ semantics (fake-quant) by more than a quantization "
+                "step; the quantization's own error was not measured"
+            )
+        if self.twin_note:
+            text += f" ({self.twin_note})"
+        if self.kernels:
+            text += f"; {self.kernels}"
+        return text
+
+    def to_json(self) -> dict:
+        return {
+            "cause": self.cause,
+            "engine": self.engine,
+            "engine_exceeds": self.engine_exceeds,
+            "quantization_rel_l2": self.quantization,
+            "quantization_exceeds": self.quantization_exceeds,
+            "quantization_tolerance": self.tolerance,
+            "twin_note": self.twin_note,
+            "kernels": self.kernels,
+        }
+
+
+def attribute(
+    verdict,
+    fake_quant: dict,
+    twin_outputs: dict | None,
+    *,
+    twin_note: str = "",
+    tolerance: float = DEFAULT_TOLERANCE["int8"],
+) -> Attribution:
+    """Whose divergence: the target's verdict against fake-quant (already judged in steps), and
+    the fp32 twin's outputs against fake-quant (rel-l2 at ``tolerance``)."""
+    engine = {e.name: float(e.error) for e in verdict.outputs}
+    engine_exceeds = verdict.diverges
+    quantization: dict = {}
+    if twin_outputs is not None:
+        criterion = Criterion(Metric.REL_L2, tolerance)
+        for name, ref in fake_quant.items():
+            if name in twin_outputs:
+                quantization[name] = float(
+                    compare_arrays(name, twin_outputs[name], ref, criterion).rel_l2
+                )
+    exceeds = any(value > tolerance for value in quantization.values())
+    return Attribution(
+        engine,
+        engine_exceeds,
+        quantization,
+        exceeds,
+        tolerance,
+        twin_note,
+        _kernels(verdict.target, verdict.target_meta),
+    )
+
+
+def _kernels(target: str, meta: dict) -> str:
+    """What the target's run says of integer kernels: the comparison tests int8 only where they ran."""
+    count = meta.get("int8_ops")
+    if count is None:
+        return ""
+    if count < 0:
+        return f"{target} did not say which kernels ran"
+    if count == 0:
+        return (
+            f"no int8 kernel ran: {target} computed every op in float, so this compares fake-quant "
+            "with fake-quant"
+        )
+    return f"{count} ops ran in int8 on {target}"
+
+
+def judge_with(oracle, model, options, *, command: str = "check") -> QuantPolicy | None:
+    """Set ``oracle``'s per-tensor judgement for ``model`` (None: not quantized, or the user's
+    own tolerance holds). Only ``check`` compares with the fp32 twin: elsewhere
+    ``--quant-reference fp32`` is a usage error, never silently ignored."""
+    if command != "check" and options.quant_reference == QuantReference.FP32.value:
+        raise UsageError(
+            f"--quant-reference fp32 is for check: {command} compares with fake-quant, the "
+            "model's own Q/DQ semantics",
+            hint="drop --quant-reference (docs/quantized.md)",
+        )
+    given = options.tolerance is not None or options.atol is not None or options.rtol is not None
+    try:
+        policy = policy_for(model, GraphIndex.build(model), tolerance_given=given)
+    except Exception:  # scales in external data not loaded: judged as any model, said by the caller
+        policy = None
+    oracle.quant = policy
+    return policy
+
+
+def run_twin(oracle, model, feeds: dict, workdir: str) -> tuple[dict | None, str]:
+    """The fp32 twin's outputs on the reference engine, or (None, why not)."""
+    try:
+        twin = quant.fp32_twin(model)
+    except ValueError as exc:
+        return None, str(exc)
+    path = save_model(twin, os.path.join(workdir, "fp32_twin.onnx"))
+    result = oracle.run_reference(path, feeds)
+    if result.status != "ok":
+        return None, f"the fp32 twin did not run on {oracle.reference}: {result.message}"
+    return dict(result.outputs), ""
+
+
+def against_twin(oracle, result, twin_outputs: dict):
+    """The target's verdict against the fp32 twin (``--quant-reference fp32``): the quantization's
+    error counts too, so tensors are judged at the int8 tolerance, not in steps."""
+    policy = oracle.quant
+    if policy is not None:
+        oracle.quant = dataclasses.replace(policy, steps={}, downstream=frozenset(twin_outputs))
+    try:
+        return oracle.verdict_from(result, twin_outputs)
+    finally:
+        oracle.quant = policy
