@@ -22,6 +22,7 @@ from reprokit.console import (
 )
 from reprokit.engine import enginelog
 from reprokit.errors import ExitCode, ReprokitError
+from reprokit.files import STALE
 from reprokit.graph.dims import say_in_error
 
 _DEBUG = False
@@ -36,6 +37,8 @@ _OUT: str | None = None  # the command's -o: a full disk names it when the faile
 def writing(path: str) -> None:
     global _OUT
     _OUT = path
+    while STALE:  # a crashed run's lock, taken over by this command (files.hold)
+        err.print(f"[dim]{STALE.pop(0)}[/]")
     if os.path.isdir(path):
         _OUT_DIRS.append(path)  # what an interrupt left there is said from it (interrupted_hint)
 
