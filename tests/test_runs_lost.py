@@ -115,3 +115,83 @@ def test_a_second_pack_onto_the_same_archive_is_refused(tmp_path):
     assert_user_error(second, 2, contains=f"pid {first.pid}")
     assert first.returncode == 0, err[-3000:]
     assert (tmp_path / "report.tar.gz").exists() and not lock.exists()
+
+
+class Lines:
+    """A running command's stderr lines, read as they come (a thread), to act at a known step."""
+
+    def __init__(self, proc):
+        import threading
+
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc) -> None:
+        for line in proc.stderr:
+            self.lines.append(line)
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def text(self) -> str:
+        self.thread.join(timeout=60)
+        return "".join(self.lines)
+
+
+def test_a_shrink_interrupted_while_packing_is_packed_by_resume(tmp_path):
+    save(planted_overflow(), tmp_path / "planted.onnx")
+    proc = start("shrink", "planted.onnx", "-t", "emulate:fp16", "-o", "out", cwd=tmp_path)
+    lines = Lines(proc)
+    try:
+        wait_for(proc, lambda: lines.saw("packing the report archive"), "the pack step")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = lines.text()
+    assert proc.returncode == 130, err
+    out = tmp_path / "out"
+    assert not (out / "report.tar.gz").exists()
+    searched = json.loads((out / "summary.json").read_text())
+    assert searched["status"] == "done"
+    assert "reprokit shrink --resume out" in err
+
+    resumed = run_cli("shrink", "--resume", "out", cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (out / "report.tar.gz").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["report"].endswith("report.tar.gz") and summary["report_reproduces"] is True
+    assert summary["calls"] == searched["calls"]  # the search was not run again
+    verified = run_cli("verify", str(out / "report.tar.gz"), cwd=tmp_path)
+    assert verified.returncode == 1, verified.stderr[-3000:]  # 1: the archive reproduces here
+    again = run_cli("shrink", "--resume", "out", cwd=tmp_path)
+    assert again.returncode == 0 and "finished run" in again.stderr, again.stderr
+
+
+def test_resume_refuses_a_model_whose_external_data_changed(tmp_path):
+    # planted_overflow, its weights in w.bin; the budget stops the run before its answer
+    from models import save_external
+
+    save_external(planted_overflow(), tmp_path / "ext.onnx", location="w.bin")
+    args = (
+        "shrink",
+        "ext.onnx",
+        "-t",
+        "emulate:fp16",
+        "--no-pack",
+        "--max-calls",
+        "2",
+        "-o",
+        "out",
+    )
+    first = run_cli(*args, cwd=tmp_path, timeout=300)
+    assert first.returncode == 8, first.stderr[-3000:]  # stopped at the budget: --resume continues
+    weights = bytearray((tmp_path / "w.bin").read_bytes())
+    weights[:4] = bytes(4)  # one weight becomes 0.0: the .onnx file itself is unchanged
+    (tmp_path / "w.bin").write_bytes(bytes(weights))
+    resumed = run_cli("shrink", "--resume", "out", "--max-calls", "0", cwd=tmp_path, timeout=300)
+    assert_user_error(resumed, 3, contains="changed on disk", hint_contains="another -o")
+    assert "external data" in resumed.stderr
