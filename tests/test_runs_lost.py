@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from conftest import assert_user_error, reprokit_exe, run_cli
 from models import matmul_overflow, planted_overflow, save
 
@@ -195,3 +196,38 @@ def test_resume_refuses_a_model_whose_external_data_changed(tmp_path):
     resumed = run_cli("shrink", "--resume", "out", "--max-calls", "0", cwd=tmp_path, timeout=300)
     assert_user_error(resumed, 3, contains="changed on disk", hint_contains="another -o")
     assert "external data" in resumed.stderr
+
+
+def test_an_interrupt_while_onnxruntime_loads_is_exit_130(tmp_path):
+    # Ctrl-C that lands while onnxruntime's extension module initialises comes out of the import
+    # as "ImportError: initialization failed" (exit 70 at 21297fd). The signal is sent the moment
+    # the extension is mapped into the process (its dlopen, then its init): a few tries, since
+    # that window is the loader's, not ours; every one must end as a clean interrupt.
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs /proc/PID/maps to see when onnxruntime's extension is loaded (Linux)")
+    save(planted_overflow(), tmp_path / "planted.onnx")
+    for attempt in range(3):
+        proc = start(
+            "shrink", "planted.onnx", "-t", "emulate:fp16", "-o", f"out{attempt}", cwd=tmp_path
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    with open(f"/proc/{proc.pid}/maps") as handle:
+                        if "onnxruntime_pybind11_state" in handle.read():
+                            break
+                except OSError:
+                    pass
+            assert proc.poll() is None, "shrink ended before onnxruntime was loaded"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130, f"try {attempt}: exit {proc.returncode}\n{err[-2000:]}"
+        assert "Traceback" not in err
+        assert [line for line in err.splitlines() if line.startswith("Error:")] == [
+            "Error: interrupted"
+        ], err
