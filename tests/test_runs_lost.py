@@ -231,3 +231,92 @@ def test_an_interrupt_while_onnxruntime_loads_is_exit_130(tmp_path):
         assert [line for line in err.splitlines() if line.startswith("Error:")] == [
             "Error: interrupted"
         ], err
+
+
+# -- string inputs ---------------------------------------------------------------------------
+
+
+def string_passthrough():
+    """s[3] string -> Identity -> su (string output); x[1,16] -> MatMul(W = 3e4) -> y: inf in fp16."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["s"], ["su"], name="pass"),
+            helper.make_node("MatMul", ["x", "W"], ["y"], name="mm"),
+        ],
+        "strings",
+        [
+            helper.make_tensor_value_info("s", TensorProto.STRING, [3]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+        ],
+        [
+            helper.make_tensor_value_info("su", TensorProto.STRING, [3]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16]),
+        ],
+        [numpy_helper.from_array(np.full((16, 16), 3e4, np.float32), "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def parsed_strings():
+    """s[1,16] string -> Cast(float) "parse" -> MatMul(W = 3e4) "mm" -> y (inf in fp16) -> Relu -> z."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="parse"),
+            helper.make_node("MatMul", ["sf", "W"], ["y"], name="mm"),
+            helper.make_node("Relu", ["y"], ["z"], name="relu"),
+        ],
+        "parsed",
+        [helper.make_tensor_value_info("s", TensorProto.STRING, [1, 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(np.full((16, 16), 3e4, np.float32), "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_check_makes_string_feeds_and_compares_string_outputs_exactly(tmp_path):
+    save(string_passthrough(), tmp_path / "strings.onnx")
+    proc = run_cli("check", "strings.onnx", "-t", "emulate:fp16", "--json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # 1: diverges (y), not 70
+    outputs = {o["name"]: o for o in json.loads(proc.stdout)["verdict"]["outputs"]}
+    assert (
+        outputs["su"]["exact"] and not outputs["su"]["exceeds"]
+    )  # the strings agree, element by element
+    assert outputs["y"]["exceeds"]
+
+
+def test_string_inputs_go_through_shrink_the_archive_and_verify(tmp_path):
+    import numpy as np
+
+    save(parsed_strings(), tmp_path / "parsed.onnx")
+    # np.savez keeps str arrays as fixed-width unicode (<U4): the model's STRING input takes them
+    np.savez(tmp_path / "feeds.npz", s=np.array([[f"0.{i + 1}" for i in range(16)]]))
+    proc = run_cli("shrink", "parsed.onnx", "-t", "emulate:fp16", "--inputs", "feeds.npz",
+                   "--no-reduce-inputs", "-o", "out", cwd=tmp_path, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["report_reproduces"] is True
+    assert [i["name"] for i in summary["minimal"]["inputs"]] == ["s"]
+    verified = run_cli("verify", "out/report.tar.gz", cwd=tmp_path)
+    assert verified.returncode == 1, verified.stderr[
+        -3000:
+    ]  # reproduces from the archive's string inputs
+
+
+def test_a_wrong_dtype_hint_names_a_call_that_exists(tmp_path):
+    import numpy as np
+
+    save(string_passthrough(), tmp_path / "strings.onnx")
+    np.savez(tmp_path / "ints.npz", s=np.arange(3), x=np.zeros((1, 16), np.float32))
+    proc = run_cli(
+        "check", "strings.onnx", "-t", "emulate:fp16", "--inputs", "ints.npz", cwd=tmp_path
+    )
+    _, hint = assert_user_error(proc, 3, contains="expects object")
+    call = hint.split("e.g. ", 1)[1].split(" (", 1)[0]
+    converted = eval(call, {"np": np, "array": np.arange(3)})  # the hint's own words, run as given
+    assert converted.dtype == object
