@@ -40,23 +40,43 @@ def build(folder: str, width: int, layers: int) -> str:
     with open(os.path.join(folder, "weights.bin"), "wb") as data:
         for layer in range(layers):
             last = layer == layers - 1
-            weight = (np.full((width, width), 4e5 / width, np.float32) if last
-                      else rng.uniform(0, 2 / width, (width, width)).astype(np.float32))
+            weight = (
+                np.full((width, width), 4e5 / width, np.float32)
+                if last
+                else rng.uniform(0, 2 / width, (width, width)).astype(np.float32)
+            )
             data.write(weight.tobytes())
             tensor = helper.make_tensor_value_info(f"w{layer}", TensorProto.FLOAT, [width, width])
-            init = onnx.TensorProto(name=f"w{layer}", data_type=TensorProto.FLOAT, dims=[width, width])
+            init = onnx.TensorProto(
+                name=f"w{layer}", data_type=TensorProto.FLOAT, dims=[width, width]
+            )
             init.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", "weights.bin"), ("offset", str(offset)), ("length", str(weight.nbytes))):
+            for key, value in (
+                ("location", "weights.bin"),
+                ("offset", str(offset)),
+                ("length", str(weight.nbytes)),
+            ):
                 entry = init.external_data.add()
                 entry.key, entry.value = key, value
             offset += weight.nbytes
             inits.append(init)
             del tensor, weight
             source = "x" if layer == 0 else f"h{layer - 1}"
-            nodes.append(helper.make_node("MatMul", [source, f"w{layer}"], ["y" if last else f"h{layer}"],
-                                          name="boom" if last else f"mm{layer}"))
-    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
+            nodes.append(
+                helper.make_node(
+                    "MatMul",
+                    [source, f"w{layer}"],
+                    ["y" if last else f"h{layer}"],
+                    name="boom" if last else f"mm{layer}",
+                )
+            )
+    graph = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with open(path, "wb") as handle:
         handle.write(model.SerializeToString())
@@ -67,12 +87,18 @@ def timed(args: list[str], cwd: str) -> dict:
     """Run ``args``; exit code, wall seconds, and the peak resident memory of its process tree
     (wait4's rusage: the largest of the process and its waited-for descendants)."""
     started = time.monotonic()
-    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"exit": proc.returncode, "wall_s": round(time.monotonic() - started, 1),
-            "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "tail": output.strip().splitlines()[-3:]}
+    return {
+        "exit": proc.returncode,
+        "wall_s": round(time.monotonic() - started, 1),
+        "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
+        "tail": output.strip().splitlines()[-3:],
+    }
 
 
 def main(argv=None) -> int:
@@ -99,9 +125,13 @@ def main(argv=None) -> int:
         rows["members"] = sorted(os.listdir(folder))
         rows["repro.py"] = timed([sys.executable, "repro.py"], folder)
         rows["verify"] = timed([exe, "verify", archive], work)
-    lines = [f"model: {args.layers} MatMul layers of {args.width}x{args.width} fp32, {weights / 2**30:.2f} GiB of "
-             f"external weights; target {args.target}; archive {rows['archive']['bytes'] / 2**30:.2f} GiB",
-             "", "| step | exit | wall s | peak memory (GiB, largest process) |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"model: {args.layers} MatMul layers of {args.width}x{args.width} fp32, {weights / 2**30:.2f} GiB of "
+        f"external weights; target {args.target}; archive {rows['archive']['bytes'] / 2**30:.2f} GiB",
+        "",
+        "| step | exit | wall s | peak memory (GiB, largest process) |",
+        "| --- | --- | --- | --- |",
+    ]
     for step in ("pack", "repro.py", "verify"):
         if step in rows:
             row = rows[step]

@@ -362,3 +362,43 @@ def test_a_model_past_the_2gb_line_travels_with_its_external_data(tmp_path):
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".emulated")) == []
     verified = run_cli("verify", "report.tar.gz", cwd=tmp_path)
     assert verified.returncode == 1, verified.stderr[-3000:]
+
+
+def test_resume_reads_back_the_calls_made_before_the_interrupt(tmp_path):
+    # if_loop_fault (tests/shrink_models.py): an If and a Loop reading outer tensors, the fp16
+    # overflow in the MatMul after them. Its run confirms the original and checks the opened
+    # control flow (two calls of their own) before the survey journals its candidates.
+    import shrink_models as sm
+
+    sm.save(sm.if_loop_fault(), tmp_path / "cf.onnx")
+    args = ("shrink", "cf.onnx", "-t", "emulate:fp16", "--no-pack")
+    full = run_cli(*args, "-o", "full", cwd=tmp_path, timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    uninterrupted = json.loads((tmp_path / "full" / "summary.json").read_text())["calls"]["target"]
+
+    journal = tmp_path / "out" / ".reprokit" / "journal.jsonl"
+    proc = start(*args, "-o", "out", cwd=tmp_path)
+    try:
+        wait_for(
+            proc,
+            lambda: journal.exists() and journal.read_text().strip(),
+            "the survey's first outcome",
+        )
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    before = json.loads((tmp_path / "out" / "summary.json").read_text())["calls"]["target"]
+    assert before >= 2  # the confirming call and the control-flow check were made
+
+    resumed = run_cli("shrink", "--resume", "out", cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    calls = json.loads((tmp_path / "out" / "summary.json").read_text())["calls"]
+    # every call that ended before the interrupt is read back: at most the one in flight is made
+    # again (21297fd made the confirming call and the control-flow check again: 3 calls more)
+    assert calls["target"] == before + calls["this_process"]
+    assert calls["target"] <= uninterrupted + 1, (calls, uninterrupted, before)
+    assert calls["cached"] >= 2, calls
