@@ -150,7 +150,13 @@ def hold(lock_path: str, output: str, *, option: str = "-o") -> None:
     if lock_path in _HELD:
         return
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # a full disk: the CLI says so, with its own exit code
+            raise UsageError(f"cannot write {option} {output}: {exc.strerror}",
+                             hint=f"choose a writable place for {option}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
