@@ -181,15 +181,15 @@ def hold(lock_path: str, output: str, *, option: str = "-o") -> None:
     left = _holder(fd)
     if left.get("pid"):
         STALE.append(f"took over {lock_path}, left by a run that ended without releasing it ({_who(left)})")
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-          "command": " ".join(sys.argv)[:400]}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(me).encode(), 0)
     if not _HELD:
         import atexit
 
         atexit.register(release_all)
-    _HELD[lock_path] = fd
+    _HELD[lock_path] = fd  # held from here: even a write that fails below (a full disk) is cleaned up
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+          "command": " ".join(sys.argv)[:400]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
 
 
 STALE: list[str] = []  # what hold() took over, for the command to say
