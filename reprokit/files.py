@@ -9,6 +9,10 @@ atomic writes. It must not know which files a command writes (``cli.py`` says) n
 - In an output folder reprokit writes only names it claimed; the claim is recorded in
   ``FOLDER/.reprokit/owned.json``. A user's file that a claimed name would replace is refused
   (``--force`` replaces it); the user's other files are left alone.
+- One command at a time writes an output: a claimed folder (``FOLDER/.reprokit/lock``) or file
+  (``.NAME.reprokit-lock`` beside it) is locked for the process's life (``hold``); a second
+  command is refused at once, naming the holder. The lock is the kernel's (``flock``), so a crashed
+  run's lock is free again; its file, left with the dead run's details, is taken over.
 """
 
 from __future__ import annotations
@@ -18,10 +22,16 @@ import fnmatch
 import glob
 import json
 import os
+import socket
+import sys
+import time
 
 from reprokit.errors import UsageError
 
 LEDGER = os.path.join(".reprokit", "owned.json")
+LOCK = os.path.join(".reprokit", "lock")
+_HELD: dict[str, int] = {}  # lock file -> its open descriptor, held until the process ends
+_OWNER = os.getpid()  # a forked worker inherits _HELD but never releases its parent's locks
 
 
 def atomic_write(path: str, write, *, suffix: str = "") -> str:
@@ -69,8 +79,12 @@ def read_paths(paths) -> list[str]:
 
 
 def claim_file(path: str, reads, *, force: bool, option: str = "-o") -> None:
-    """``path`` will be written: refuse when the run reads it, or when it exists and ``force``
-    is not given. ``reads``: the files the run reads (:func:`read_paths`)."""
+    """``path`` will be written: refuse when another command is writing it (:func:`hold`), when
+    the run reads it, or when it exists and ``force`` is not given. ``reads``: the files the run
+    reads (:func:`read_paths`)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    if os.path.isdir(folder):  # a missing folder is said by the write itself, as before
+        hold(os.path.join(folder, f".{name}.reprokit-lock"), path, option=option)
     for source in reads:
         if os.path.exists(path) and _same(path, source):
             raise UsageError(f"{option} {path} is a file this command reads ({source}); writing it would destroy it",
@@ -115,6 +129,7 @@ def claim_folder(folder: str, patterns, reads, *, force: bool, option: str = "-o
                         hint=f"move it away, give another {option} directory, or add --force to replace it")
     try:
         os.makedirs(os.path.join(folder, os.path.dirname(LEDGER)), exist_ok=True)
+        hold(os.path.join(folder, LOCK), folder, option=option)
         ledger = os.path.join(folder, LEDGER)
         merged = sorted(set(_owned_patterns(folder)) | set(patterns))
         atomic_text(ledger, json.dumps({"schema": "reprokit.owned/1", "patterns": merged}, indent=2))
@@ -123,3 +138,97 @@ def claim_folder(folder: str, patterns, reads, *, force: bool, option: str = "-o
             raise  # a full disk: the CLI says so, with its own exit code
         raise UsageError(f"cannot create {option} directory {folder}: {exc.strerror}",
                          hint="choose a writable directory") from exc
+
+
+def hold(lock_path: str, output: str, *, option: str = "-o") -> None:
+    """Lock ``output`` (through ``lock_path``) for the rest of this process, or refuse at once
+    (exit 2) naming the process that holds it: pid, host, start time, command. A lock file left
+    by a run that died (its ``flock`` went with it) is taken over; ``stale_lock`` says whose."""
+    import fcntl
+
+    lock_path = os.path.abspath(lock_path)
+    if lock_path in _HELD:
+        return
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # a full disk: the CLI says so, with its own exit code
+            raise UsageError(f"cannot write {option} {output}: {exc.strerror}",
+                             hint=f"choose a writable place for {option}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise UsageError(f"{option} {output} is in use by another reprokit command ({_who(holder)})",
+                             hint=f"wait for it to end, or write elsewhere (another {option}); if that process "
+                                  f"is gone, delete {lock_path}") from None
+        except OSError:  # a file system without flock: the holder's pid is the only evidence
+            holder = _holder(fd)
+            if holder.get("host") == socket.gethostname() and _alive(holder.get("pid")):
+                os.close(fd)
+                raise UsageError(f"{option} {output} is in use by another reprokit command ({_who(holder)})",
+                                 hint=f"wait for it to end, or write elsewhere (another {option})") from None
+        try:  # the holder may have released (deleted) the file between our open and our lock
+            current = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    left = _holder(fd)
+    if left.get("pid"):
+        STALE.append(f"took over {lock_path}, left by a run that ended without releasing it ({_who(left)})")
+    if not _HELD:
+        import atexit
+
+        atexit.register(release_all)
+    _HELD[lock_path] = fd  # held from here: even a write that fails below (a full disk) is cleaned up
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+          "command": " ".join(sys.argv)[:400]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+
+
+STALE: list[str] = []  # what hold() took over, for the command to say
+
+
+def release_all() -> None:
+    """Delete and unlock every lock this process holds (at exit; a crash leaves the file, not the lock)."""
+    if os.getpid() != _OWNER:
+        return
+    for path, fd in list(_HELD.items()):
+        try:
+            os.remove(path)  # while still locked: a waiting opener sees another inode and retries
+        except OSError:
+            pass
+        os.close(fd)
+        del _HELD[path]
+
+
+def _holder(fd: int) -> dict:
+    try:
+        found = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _who(holder: dict) -> str:
+    if not holder.get("pid"):
+        return "it has not said who yet"
+    started = holder.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if isinstance(started, (int, float)) else "?"
+    return f"pid {holder['pid']} on {holder.get('host', '?')}, started {when}: {holder.get('command', '?')}"

@@ -22,6 +22,7 @@ from reprokit.console import (
 )
 from reprokit.engine import enginelog
 from reprokit.errors import ExitCode, ReprokitError
+from reprokit.files import STALE
 from reprokit.graph.dims import say_in_error
 
 _DEBUG = False
@@ -36,6 +37,8 @@ _OUT: str | None = None  # the command's -o: a full disk names it when the faile
 def writing(path: str) -> None:
     global _OUT
     _OUT = path
+    while STALE:  # a crashed run's lock, taken over by this command (files.hold)
+        err.print(f"[dim]{STALE.pop(0)}[/]")
     if os.path.isdir(path):
         _OUT_DIRS.append(path)  # what an interrupt left there is said from it (interrupted_hint)
 
@@ -96,8 +99,20 @@ def _written_since_start(path: str) -> bool:
         return False
 
 
+_SIGNALLED = False  # Ctrl-C or SIGTERM came: whatever error follows is the interrupt's doing
+
+
 def _raise_interrupt(signum, frame):
+    global _SIGNALLED
+    _SIGNALLED = True
     raise KeyboardInterrupt
+
+
+def _interrupt_shown_as(exc: BaseException) -> bool:
+    """An interrupt that surfaced as another error: a KeyboardInterrupt inside an extension
+    module's initialisation (onnxruntime, OpenVINO) comes out as "ImportError: initialization
+    failed", or as the engine-unavailable error that import failure is turned into."""
+    return _SIGNALLED and getattr(exc, "exit_code", None) != ExitCode.INTERRUPTED
 
 
 # A multi-line reason (an engine's or the OS's own words) is kept, but not without bound.
@@ -105,6 +120,9 @@ _MORE_LINES = 20
 
 
 def fail(message: str, hint: str | None, code: int, details: dict | None = None) -> None:
+    # the outcome is decided: a second Ctrl-C must not cut the Error:/Hint: lines or change the code
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     Ticker.close_all()  # no "still at it" line after the Error: line
     lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()] or [message]
     first, rest = lines[0], lines[1:]
@@ -132,7 +150,7 @@ def main(argv=None) -> None:
     _DEBUG = "--debug" in args or os.environ.get("REPROKIT_DEBUG") == "1"
     _JSON = "--json" in args
     # SIGTERM ends every command like Ctrl-C: workers are killed, best-so-far results kept.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         cli.main(args=args, prog_name="reprokit", standalone_mode=False)
@@ -141,6 +159,8 @@ def main(argv=None) -> None:
     except ReprokitError as exc:
         if _DEBUG:
             traceback.print_exc()
+        if _interrupt_shown_as(exc):
+            fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
 
         say_in_error(exc)  # sizes reprokit chose for dynamic dims are named in every outcome
         fail(exc.message, exc.hint, exc.exit_code, exc.details)
@@ -157,6 +177,8 @@ def main(argv=None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
     except OSError as exc:
+        if _interrupt_shown_as(exc):
+            fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             where = f" {exc.filename or _OUT}" if exc.filename or _OUT else ""
             fail(f"cannot write{where}: {exc.strerror} (disk full or file size limit)",
@@ -171,5 +193,7 @@ def main(argv=None) -> None:
     except Exception as exc:  # a bug: say so plainly, traceback only with --debug
         if _DEBUG:
             traceback.print_exc()
+        if _interrupt_shown_as(exc):
+            fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
         fail(f"internal error: {exc.__class__.__name__}: {exc}",
               "rerun with --debug and report the traceback", ExitCode.INTERNAL)

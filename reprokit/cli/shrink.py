@@ -35,16 +35,21 @@ from reprokit.console import (
     print_shrink,
 )
 from reprokit.engine.inputs import parse_shape_args, parse_val_ranges
-from reprokit.errors import ArchiveNotReproduced, ExitCode, ReprokitError, UsageError
+from reprokit.errors import ArchiveNotReproduced, ExitCode, InputError, ReprokitError, UsageError
 from reprokit.files import claim_folder
 from reprokit.shrink import steps as shrinking
 from reprokit.shrink.budget import Limits
 from reprokit.shrink.clock import StepClock, process_started
+from reprokit.shrink.final import ShrinkResult
 from reprokit.shrink.output import close_summary, pack_accumulated
 from reprokit.shrink.runstate import (
     STATE_DIR,
+    after_search_pending,
+    changed_model,
+    clear_after_search,
     drop_state,
     finished_run,
+    mark_after_search,
     state_bytes,
     stopped_at_budget,
 )
@@ -121,11 +126,12 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     # --resume DIR: every option not given again comes from DIR's saved run; one given again must
     # agree with it, but for the few that may change. (Plain --resume repeats the whole command:
     # the run's fingerprint, search options included, refuses another run with exit 3.)
+    after_search = None  # the summary of a search that ended before its audit or archive was written
     if resume:
         resumed = _resumed(ctx, resume, out_dir, model, target, flags, kw, as_json)
         if resumed is None:  # nothing to continue: the answer on disk stays as it is
             return
-        out_dir, model, target = resumed
+        out_dir, model, target, after_search = resumed
     (jobs, replays, max_activation_disk, max_calls, capture_chunk, pack_memory, no_localize, one_by_one, accept_milder,
      search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_pack, fmt, redact, with_audit,
      with_overlay, keep_state) = (flags[name] for name in SHRINK_ONLY)
@@ -149,6 +155,48 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     engine_log(out_dir, fresh=resume is None)
     progress = Ticker(stamp=True, quiet=as_json)  # a line at least every few seconds, in every step
 
+    if after_search is not None:  # the search had ended: only its audit and archive are left to do
+        minimal = os.path.join(out_dir, "minimal.onnx")
+        result = ShrinkResult(after_search, out_dir, minimal if os.path.exists(minimal) else "", None, clock=clock)
+        progress(f"{out_dir}: the search had ended ({result.summary.get('calls', {}).get('target')} target calls); "
+                 "writing what it left unwritten")
+    else:
+        result = _search(model, target, out_dir, options, resume, progress, clock, run_args, as_json,
+                         jobs=jobs, replays=replays, max_activation_disk=max_activation_disk, max_calls=max_calls,
+                         capture_chunk=capture_chunk, pack_memory=pack_memory, no_localize=no_localize,
+                         one_by_one=one_by_one, accept_milder=accept_milder, search_accumulated=search_accumulated,
+                         no_reduce_inputs=no_reduce_inputs, no_reduce_outputs=no_reduce_outputs,
+                         no_shrink_shapes=no_shrink_shapes, keep_state=keep_state)
+    if torch_info is not None:
+        result.summary["torch"] = torch_info
+    after = ([] if no_pack else ["pack"]) + (["audit"] if with_audit or with_overlay else [])
+    if after:
+        mark_after_search(out_dir, after)  # an interrupt from here on is continued by --resume
+    try:
+        _audit_and_pack(result, model, target, options, out_dir, progress, clock, with_audit=with_audit,
+                        with_overlay=with_overlay, no_pack=no_pack, fmt=fmt, redact=redact)
+    except KeyboardInterrupt:
+        raise ReprokitError("interrupted after the search, while writing its " + " and ".join(after),
+                            hint=f"the minimal model is kept in {out_dir}; write the rest with: "
+                                 f"reprokit shrink --resume {out_dir}",
+                            exit_code=ExitCode.INTERRUPTED) from None
+    clear_after_search(out_dir)
+    progress.close()
+    close_summary(result)  # every step's seconds, the archive's included, add up to wall_s
+    if not as_json:
+        print_shrink(result)
+    if result.summary.get("report_reproduces") is False:  # the archive is the deliverable: not exit 0
+        raise ArchiveNotReproduced(result.summary["report"], result.summary if as_json else None,
+                                   stands=f"what the run judged ({out_dir}/summary.json"
+                                          + (f", {os.path.basename(result.minimal_path)})" if result.minimal_path else ")"))
+    if as_json:
+        click.echo(json.dumps(result.summary, indent=2, default=str))
+
+
+def _search(model, target, out_dir, options, resume, progress, clock, run_args, as_json, *, jobs, replays,
+            max_activation_disk, max_calls, capture_chunk, pack_memory, no_localize, one_by_one, accept_milder,
+            search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, keep_state):
+    """The search itself (shrink/steps.py); what it captured is removed or kept as it ends."""
     limits = Limits(
         capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
         max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
@@ -170,26 +218,14 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         _end_state(out_dir, keep_state or stopped_at_budget(out_dir), as_json, _kept_why(keep_state))
         raise
     _end_state(out_dir, keep_state or stopped_at_budget(out_dir), as_json, _kept_why(keep_state))
-    if torch_info is not None:
-        result.summary["torch"] = torch_info
-    _audit_and_pack(result, model, target, options, out_dir, progress, clock, with_audit=with_audit,
-                    with_overlay=with_overlay, no_pack=no_pack, fmt=fmt, redact=redact)
-    progress.close()
-    close_summary(result)  # every step's seconds, the archive's included, add up to wall_s
-    if not as_json:
-        print_shrink(result)
-    if result.summary.get("report_reproduces") is False:  # the archive is the deliverable: not exit 0
-        raise ArchiveNotReproduced(result.summary["report"], result.summary if as_json else None,
-                                   stands=f"what the run judged ({out_dir}/summary.json"
-                                          + (f", {os.path.basename(result.minimal_path)})" if result.minimal_path else ")"))
-    if as_json:
-        click.echo(json.dumps(result.summary, indent=2, default=str))
+    return result
 
 
 def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dict, as_json: bool):
     """``--resume DIR``: every option not given again comes from DIR's saved run (``flags``, the
-    command's own, and ``kw``, the run options, are updated in place). (out_dir, model, target);
-    None when the run there has finished (said as such)."""
+    command's own, and ``kw``, the run options, are updated in place). (out_dir, model, target,
+    the summary of a search that ended before its audit or archive was written, else None);
+    None when the run there has finished (said as such). A model changed on disk is exit 3."""
     if given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
         raise UsageError(f"--resume {resume} and -o {out_dir} name different directories",
                          hint=f"give one of them: reprokit shrink --resume {resume}")
@@ -197,8 +233,14 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
     saved = shrinking.saved_run(out_dir)
     before = ctx.command.make_context("shrink", list(saved["args"]))
     _refuse_changed(ctx, before, out_dir)  # a finished run too: its result was not made under them
+    changed = changed_model(out_dir, model or saved["model"])
+    if changed:  # the journal's verdicts, and a finished run's result, are of the model as it was
+        what = "its external data" if changed == "weights" else "the file"
+        raise InputError(f"--resume {out_dir}: the model {model or saved['model']} changed on disk since the run "
+                         f"started ({what} differs)",
+                         hint="restore the model the run started from, or start a new run with another -o directory")
     finished = finished_run(out_dir)
-    if finished is not None:
+    if finished is not None and not after_search_pending(out_dir):
         _say_finished(out_dir, finished, as_json)
         return None
     model, target = model or saved["model"], target or saved["target"]
@@ -208,7 +250,7 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
                 flags[name] = value
             elif name in kw:
                 kw[name] = value
-    return out_dir, model, target
+    return out_dir, model, target, finished
 
 
 # What a resumed run may change: its budget and limits, how often the result is replayed (the

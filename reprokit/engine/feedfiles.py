@@ -152,7 +152,8 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
     except ValueError as exc:
         if "pickle" in str(exc).lower() or "object" in str(exc).lower():
             raise InputError(f"{path} holds arrays that need pickling, which reprokit refuses ({exc})",
-                             hint="save plain numeric arrays with np.savez") from exc
+                             hint="save plain arrays with np.savez; strings as str arrays, "
+                                  "e.g. np.savez(path, text=np.array(['a', 'b']))") from exc
         raise InputError(f"{path} has a corrupt or truncated array: {exc}",
                          hint="save the feeds again with np.savez(path, name=array, ...)") from exc
     except Exception as exc:  # zipfile.BadZipFile, OSError, EOFError ...

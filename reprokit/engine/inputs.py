@@ -111,13 +111,32 @@ def random_feeds(
         shape = resolved_shape(info, shapes, notes, hints)
         lo, hi = val_ranges.get(info.name, val_ranges.get(None, DEFAULT_RANGE))
         kind = info.dtype.kind
-        if kind == "b":
+        if kind == "O":  # ONNX STRING: short seeded words (--val-range does not apply)
+            words = rng.integers(0, 26 ** 3, size=shape)
+            arrays[info.name] = np.vectorize(_word, otypes=[object])(words) if words.size else words.astype(object)
+        elif kind == "b":
             arrays[info.name] = rng.integers(0, 2, size=shape).astype(bool)
         elif kind in "iu":
             arrays[info.name] = rng.integers(int(lo), int(hi) + 1, size=shape).astype(info.dtype)
         else:
             arrays[info.name] = rng.uniform(lo, hi, size=shape).astype(info.dtype)
     return Feeds(arrays, f"random (seed {seed})", notes)
+
+
+def _word(number: int) -> str:
+    return "".join(chr(97 + (int(number) // 26 ** k) % 26) for k in range(3))
+
+
+def astype_hint(dtype: np.dtype) -> str:
+    """How to convert an array to ``dtype``, in calls that exist in every NumPy reprokit runs
+    with (``np.object``, ``np.bool`` … were removed in NumPy 1.24)."""
+    if dtype.kind == "O":
+        return "np.asarray(array, dtype=object) (ONNX strings: an array of Python str)"
+    if dtype.isbuiltin == 2:  # ml_dtypes' bfloat16, float8_*, int4 …
+        return f"array.astype(ml_dtypes.{dtype.name})"
+    if dtype.kind == "b":
+        return "array.astype(np.bool_)"  # np.bool: gone from NumPy 1.24 to 1.26
+    return f"array.astype(np.{np.dtype(dtype).type.__name__})"
 
 
 def validate_feeds(arrays: dict[str, np.ndarray], infos: list[InputInfo]) -> None:
@@ -142,10 +161,13 @@ def validate_feeds(arrays: dict[str, np.ndarray], infos: list[InputInfo]) -> Non
             raise InputError(f"input {info.name!r} is a {'sequence' if value is not None else 'empty optional'} "
                              "in the inputs, the model expects a tensor", hint="feed a tensor")
         array = value
+        if info.dtype.kind == "O" and array.dtype.kind == "U":
+            # np.savez keeps strings as fixed-width unicode; onnxruntime takes them as object arrays
+            array = arrays[info.name] = array.astype(object)
         if array.dtype != info.dtype:
             raise InputError(
                 f"input {info.name!r} has dtype {array.dtype}, the model expects {info.dtype}",
-                hint=f"convert it, e.g. array.astype(np.{info.dtype.name})",
+                hint=f"convert it, e.g. {astype_hint(info.dtype)}",
             )
         if len(array.shape) != len(info.shape):
             raise InputError(
@@ -175,7 +197,7 @@ def _validate_container(info: InputInfo, value) -> None:
         if np.asarray(element).dtype != info.dtype and not (info.dtype.kind == "O" and np.asarray(element).dtype.kind in "OU"):
             where = f"element {index} of " if wants_list else ""
             raise InputError(f"{where}input {info.name!r} has dtype {np.asarray(element).dtype}, the model expects "
-                             f"{info.dtype}", hint=f"convert it, e.g. array.astype(np.{info.dtype.name})")
+                             f"{info.dtype}", hint=f"convert it, e.g. {astype_hint(info.dtype)}")
 
 
 def feed_shape(value) -> list:

@@ -167,6 +167,9 @@ class Oracle:
         os.makedirs(self.workdir, exist_ok=True)
         self.stats = CallStats()
         self._cache: dict[str, Verdict] = {}
+        # shrink keeps every verdict on disk (``remember``) and gives them back on --resume
+        # (``recall``): a call judged before an interrupt is not made, nor charged, again
+        self.remember = None
         self._pending: dict[str, threading.Event] = {}  # keys being computed right now
         self._counter = 0
         self._lock = threading.Lock()  # shrink --jobs N calls judge() from several threads
@@ -237,6 +240,11 @@ class Oracle:
                  str(self.quant is not None)]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
+    def recall(self, key: str, verdict: Verdict) -> None:
+        """A verdict an earlier process of this run judged (``remember``), for ``judge`` to answer."""
+        with self._lock:
+            self._cache.setdefault(key, verdict)
+
     def knows(self, model_path: str, feeds: dict, output_names=None) -> bool:
         """Would ``judge`` answer this from its cache (no target call)?"""
         return self.cache_key(model_path, feeds, output_names) in self._cache
@@ -274,6 +282,8 @@ class Oracle:
             verdict = self._judge_uncached(model_path, feeds, reference_outputs, output_names, keep_outputs)
             with self._lock:
                 self._cache[key] = verdict
+            if self.remember is not None:
+                self.remember(key, verdict)
         finally:
             with self._lock:
                 self._pending.pop(key, None)

@@ -13,6 +13,7 @@ from reprokit.engine.oracle import feeds_digest, file_digest
 from reprokit.engine.session import RunOptions
 from reprokit.errors import InputError
 from reprokit.files import atomic_write
+from reprokit.graph.io import external_locations, load_model
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
 
@@ -136,6 +137,27 @@ def finished_run(out_dir: str) -> dict | None:
     return summary
 
 
+AFTER = "after-search.json"  # in OUT/.reprokit while a finished search's audit or archive is unwritten
+
+
+def mark_after_search(out_dir: str, steps: list[str]) -> None:
+    """The search has ended and ``steps`` (audit, pack) follow: until :func:`clear_after_search`,
+    ``--resume`` runs them instead of saying the run is finished."""
+    _atomic_json(os.path.join(out_dir, STATE_DIR, AFTER), {"pending": list(steps)})
+
+
+def clear_after_search(out_dir: str) -> None:
+    try:
+        os.remove(os.path.join(out_dir, STATE_DIR, AFTER))
+    except FileNotFoundError:
+        pass
+
+
+def after_search_pending(out_dir: str) -> bool:
+    """Was the run in ``out_dir`` interrupted after its search, before its audit or archive?"""
+    return os.path.exists(os.path.join(out_dir, STATE_DIR, AFTER))
+
+
 def stopped_at_budget(out_dir: str) -> bool:
     """Did the run in ``out_dir`` stop at its call budget (summary.json says so)? Such a run is
     continued by ``--resume --max-calls``, so its captured activations are worth keeping."""
@@ -159,12 +181,45 @@ def resume_hint(out_dir: str, extra: list[str] | tuple = ()) -> str:
     return f"the best so far is kept in {out_dir}; continue with: {command}"
 
 
+def weights_digest(model_path: str) -> str:
+    """A digest of the model's external data files (their bytes, by name; "" for a model with
+    none): a weight file changed beside an unchanged .onnx is another model."""
+    import hashlib
+
+    folder = os.path.dirname(os.path.abspath(model_path))
+    names = sorted(external_locations(load_model(model_path, load_weights=False)))
+    if not names:
+        return ""
+    digest = hashlib.sha256()
+    for name in names:
+        path = os.path.join(folder, name)
+        digest.update(f"{name}|{file_digest(path) if os.path.isfile(path) else 'missing'}|".encode())
+    return digest.hexdigest()
+
+
+def changed_model(out_dir: str, model_path: str) -> str:
+    """What changed on disk in the model of the run in ``out_dir`` since it started ("model",
+    "weights", or "" when neither did or run.json did not record it)."""
+    try:
+        with open(os.path.join(out_dir, STATE_DIR, "run.json")) as handle:
+            before = json.load(handle)
+    except (OSError, ValueError):
+        return ""
+    if not os.path.isfile(model_path):
+        return "model"
+    if "model" in before and before["model"] != file_digest(model_path):
+        return "model"
+    if "weights" in before and before["weights"] != weights_digest(model_path):
+        return "weights"
+    return ""
+
+
 def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resume, run_args=(), search=None) -> None:
-    """--resume continues only the run that was started: same model, feeds, target, criterion and
-    search options (``search``: what steers the passes; a run.json from before it was recorded
-    is not held to it)."""
+    """--resume continues only the run that was started: same model (its bytes and its external
+    data's), feeds, target, criterion and search options (``search``: what steers the passes; a
+    run.json from before ``search`` or ``weights`` was recorded is not held to them)."""
     fingerprint = {
-        "model": file_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
+        "model": file_digest(model_path), "weights": weights_digest(model_path), "feeds": feeds_digest(feeds), "target": str(parse_target(target)),
         "reference": oracle.reference, "criterion": oracle.criterion.describe(),
         "check_policy": options.policy().to_json(),
         "input_shapes": {k: list(v) for k, v in sorted(options.input_shapes.items())},
@@ -176,7 +231,7 @@ def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resum
     if resume and os.path.exists(path):
         with open(path) as handle:
             before = json.load(handle)
-        changed = [k for k in fingerprint if before.get(k) != fingerprint[k] and (k != "search" or k in before)]
+        changed = [k for k in fingerprint if before.get(k) != fingerprint[k] and (k not in ("search", "weights") or k in before)]
         if changed:
             raise InputError(
                 f"--resume: this run differs from the one in {os.path.dirname(state_dir)} in {', '.join(changed)}",

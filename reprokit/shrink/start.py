@@ -5,12 +5,14 @@ feeds, the input sample it reduces on, control flow opened where the model has s
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
 
 from reprokit.engine import quantized, twinrun
 from reprokit.engine.activations import ActivationStore, tensor_bytes
+from reprokit.engine.recall import verdict_from_json
 from reprokit.engine.session import RunOptions, make_oracle, prepare
 from reprokit.errors import InputError
 from reprokit.graph.index import GraphIndex
@@ -72,6 +74,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
         prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
                     search)
+    keep_verdicts(oracle, os.path.join(state_dir, "verdicts.jsonl"), resume)
     # Every model file of this run lives in models/; external weights stay where they are and
     # every engine call is told so (oracle.weights_dir): candidates never copy them.
     oracle.weights_dir = prepared.base_dir
@@ -93,6 +96,23 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
                 GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
                 given, levels)
+
+
+def keep_verdicts(oracle, path: str, resume: bool) -> None:
+    """Every verdict the oracle judges is kept in ``path``; a resumed run (the same one: its
+    fingerprint was checked) gives them back, so a call made before an interrupt — the
+    confirming call, control flow's openings, the final judgement — is answered without a call
+    and counted as cached, not charged to the budget twice."""
+    if not resume and os.path.exists(path):
+        os.remove(path)  # another run's (an -o reused with --force): not this one's
+    verdicts = Journal(path)
+    for key, entry in verdicts.entries.items():
+        try:
+            oracle.recall(key, verdict_from_json(entry["verdict"], oracle.criterion))
+        except (KeyError, TypeError, ValueError):
+            continue  # a line this version cannot read: that call is simply made again
+    oracle.remember = lambda key, verdict: verdicts.put(key, {"verdict": json.loads(json.dumps(
+        verdict.to_json(), default=str))})  # an engine's metadata may hold what JSON cannot
 
 
 def capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event) -> ActivationStore:
