@@ -16,12 +16,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.engine.bug import shows_bug
+from reprokit.engine.bug import judge, shows_bug
 from reprokit.errors import NothingRemoved, NotReproduced
 from reprokit.graph.io import save_model
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import flaky_tally
-from reprokit.shrink.evaluator import causal_test, run_replay_alone
+from reprokit.shrink.evaluator import causal_nodes, causal_test, run_replay_alone
 from reprokit.shrink.passes.shapes import (
     MIN_ELEMENTS,
     Shapes,
@@ -30,6 +30,8 @@ from reprokit.shrink.passes.shapes import (
     report,
 )
 from reprokit.shrink.samples import judge_minimal
+from reprokit.spec import parse_target
+from reprokit.standalone.emulation import clamped_constants
 
 
 @dataclass
@@ -117,7 +119,13 @@ def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: l
 def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = False) -> bool:
     """Do all runs show the signature? One model with two answers is a flaky target: stop."""
     test = causal_test(reducer) if causal else None
-    shows = [shows_bug(reducer.signature, v, causal=test, nodes=nodes if causal else None) for v in verdicts]
+    first = judge(reducer.signature, verdicts[0], causal=test, nodes=causal_nodes(reducer, nodes) if causal else None)
+    if causal:
+        reducer.no_slippage["final"] = first.describe()
+    # a replay has no values to inject: it must show what the first run showed (an Inf whose
+    # injection caused the original's mismatch stays an Inf)
+    held = verdicts[0].signature if first.shows else reducer.signature
+    shows = [first.shows] + [shows_bug(held, v) for v in verdicts[1:]]
     if shows[0] and not all(shows):
         # One model, two answers: the target is flaky. A larger model would only be luckier.
         said = flaky_tally(verdicts, reducer.signature)
@@ -133,6 +141,15 @@ def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, ver
     run_replay_alone(reducer)  # the original's replay, where no packed call carried it
     reducer.best = frozenset(nodes)
     failed = tried[:-1]
+    choice = emulation_choice(run.target, model)
+    if choice:  # console, summary.json (emulation_choice, warnings) and ISSUE.md (its warnings)
+        writer.emulation_choice = choice
+        writer.warnings = [*writer.warnings, choice]
+        note = (note + "; " if note else "") + choice
+    if verdict.kind is not reducer.signature.kind:  # the causal test accepted another kind (bug.py)
+        said = (f"the minimal shows {verdict.signature.describe()}; injected into the original's reference run, "
+                f"its values cause the original's {reducer.signature.describe()} (the causal test)")
+        note = (note + "; " if note else "") + said
     if failed:
         note = (note + "; " if note else "") + "smaller results did not reproduce alone: " + " | ".join(failed)
     writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
@@ -140,6 +157,20 @@ def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, ver
     notes = run.prepared.notes + ([note] if note else [])
     return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"), verdict, notes,
                         writer.clock)
+
+
+def emulation_choice(target: str, model) -> str:
+    """Words for a finding that depends on how the emulator stores constants, or ""."""
+    spec = parse_target(target)
+    if spec.engine != "emulate" or not spec.has("fp16"):
+        return ""
+    clamped = clamped_constants(model, "fp16")
+    if not clamped:
+        return ""
+    named = ", ".join(f"{name} ({'±inf' if largest == float('inf') else f'{largest:.6g}'})" for name, largest in clamped[:3])
+    return (f"this finding depends on an emulation choice: emulate:fp16 clamps constants past fp16's range to "
+            f"±65504 (here {named}), as TensorRT does with weights; whether your engine clamps this constant or "
+            "keeps its value (an inf stays inf in fp16) is not known here: confirm it on the engine (commands.sh)")
 
 
 def _nothing_removed(run, reducer, writer, final, verdict, reference, note: str) -> None:

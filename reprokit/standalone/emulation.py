@@ -323,3 +323,25 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
                     node.input[slot] = narrow_reads[name]
     del graph.node[:]
     graph.node.extend(new_nodes)
+
+
+def clamped_constants(model, narrow: str) -> list[tuple[str, float]]:
+    """The initializers and Constant outputs of ``model`` that the emulator clamps (fp16: values
+    past ±65504, ±inf included), with their largest magnitude: a finding on a model that holds
+    one depends on that emulation choice (TensorRT clamps weights; whether it clamps a constant
+    such as a ``-inf`` attention mask depends on how it folds it)."""
+    from onnx import numpy_helper
+
+    if narrow != "fp16":
+        return []
+    found = []
+    tensors = [(t.name, t) for t in model.graph.initializer]
+    tensors += [(n.output[0], a.t) for n in model.graph.node if n.op_type == "Constant" and n.output
+                for a in n.attribute if a.name == "value"]
+    for name, tensor in tensors:
+        value = numpy_helper.to_array(tensor)
+        if value.dtype.kind == "f" and value.size:
+            largest = float(np.max(np.abs(value.astype(np.float64))))
+            if largest > 65504.0:
+                found.append((name, largest))
+    return found
