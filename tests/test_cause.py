@@ -229,3 +229,42 @@ def test_shrinking_a_minimal_reprokit_wrote_returns_the_same_minimal(tmp_path, n
                    options=RunOptions(inputs=str(tmp_path / "first" / "inputs.npz")))
     assert again.summary["status"] == "done", again.summary.get("note")
     assert sorted(again.summary["minimal"]["node_names"]) == sorted(first.summary["minimal"]["node_names"])
+
+
+# --- 2b. an accumulated error beside a node that diverges alone: one story --------------------
+
+def mlp_beside_a_cancellation_model() -> onnx.ModelProto:
+    """x → Add(256) shift → Sub(256) unshift → Mul(0) times_zero → Add(x, ·) join → 24 × (MatMul →
+    Tanh): bf16 loses x's digits next to 256, so unshift diverges alone (its value never reaches
+    t23: times zero), while t23's mismatch is the MLP's accumulated bf16 error."""
+    from test_precision import accumulating_mlp
+
+    model = accumulating_mlp()
+    next(n for n in model.graph.node if n.name == "mm0").input[0] = "x0"
+    side = [helper.make_node("Add", ["x", "c256"], ["shifted"], name="shift"),
+            helper.make_node("Sub", ["shifted", "c256"], ["back"], name="unshift"),
+            helper.make_node("Mul", ["back", "zero"], ["nothing"], name="times_zero"),
+            helper.make_node("Add", ["x", "nothing"], ["x0"], name="join")]
+    nodes = side + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(256.0, np.float32), "c256"),
+                                    numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    return model
+
+
+@pytest.mark.slow
+def test_an_accumulated_error_says_which_node_diverges_alone_as_layerwise_does(tmp_path):
+    onnx.save(mlp_beside_a_cancellation_model(), str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32))
+    common = ["-t", "emulate:bf16", "--tol", "0.01", "--inputs", str(tmp_path / "x.npz")]
+    proc = run_cli("shrink", str(tmp_path / "m.onnx"), *common, "-o", str(tmp_path / "out"), "--no-pack")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = _summary(tmp_path / "out")
+    assert summary["status"] == "accumulated" and summary["attribution"]["diverging_alone"] == 1
+    start = summary["attribution"]["divergence_start"]
+    # never "no node diverges on its own" beside a table where one does
+    assert (start["kind"], start["node"]) == ("local", "unshift"), start
+    check = run_cli("check", str(tmp_path / "m.onnx"), *common, "--layerwise", "--json")
+    assert check.returncode == 1, check.stderr[-2000:]
+    assert json.loads(check.stdout)["layerwise"]["start"]["node"] == "unshift"
