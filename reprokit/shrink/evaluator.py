@@ -98,7 +98,8 @@ def _causal_for(reducer, member):
 
 def _outcome(reducer, verdict, *, packed: bool, member=None) -> Outcome:
     causal = _causal_for(reducer, member) if member is not None else None
-    judged = judge(reducer.signature, verdict, severity=reducer.severity, causal=causal,
+    held = reducer.held_for(member.nodes) if member is not None and member.crop else reducer.signature
+    judged = judge(held, verdict, severity=reducer.severity, causal=causal,
                    nodes=causal_nodes(reducer, member.nodes) if member is not None else None)
     error = largest_error(verdict)
     if judged.decision in (Decision.MILDER, Decision.NOT_CAUSAL):

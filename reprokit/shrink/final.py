@@ -79,7 +79,7 @@ def finish(run, reducer, writer, store, replays: int, note: str, message: str = 
                 crops = _crops(run, reducer, writer, nodes, final, reference, replays, message, after=True)
                 for attempt in crops[:1]:
                     again = _judged(run, reducer, attempt.model, attempt.feeds, attempt.reference, 0, nodes, [], "")
-                    if shows_bug(reducer.signature, again[0]):
+                    if shows_bug(reducer.held_for(nodes), again[0]):
                         declare_output_shapes(attempt.model, attempt.reference)
                         writer.shapes = report(final.model, final.feeds, attempt, reducer.stats["shapes"].calls)
                         model, feeds, reference, verdict = attempt.model, attempt.feeds, attempt.reference, again[0]
@@ -118,13 +118,16 @@ def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: l
 
 def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = False) -> bool:
     """Do all runs show the signature? One model with two answers is a flaky target: stop."""
-    test = causal_test(reducer) if causal else None
-    first = judge(reducer.signature, verdicts[0], causal=test, nodes=causal_nodes(reducer, nodes) if causal else None)
     if causal:
+        first = judge(reducer.signature, verdicts[0], causal=causal_test(reducer), nodes=causal_nodes(reducer, nodes))
         reducer.no_slippage["final"] = first.describe()
-    # a replay has no values to inject: it must show what the first run showed (an Inf whose
-    # injection caused the original's mismatch stays an Inf)
-    held = verdicts[0].signature if first.shows else reducer.signature
+        # a replay has no values to inject: it must show what the first run showed (an Inf whose
+        # injection caused the original's mismatch stays an Inf)
+        held = verdicts[0].signature if first.shows else reducer.signature
+    else:  # a crop: held to what its node set showed (Reducer.held_for), no values to inject
+        held = reducer.held_for(nodes)
+        first = judge(held, verdicts[0])
+        reducer.no_slippage["final"] = first.describe() + (" (a shape crop)" if first.shows else "")
     shows = [first.shows] + [shows_bug(held, v) for v in verdicts[1:]]
     if shows[0] and not all(shows):
         # One model, two answers: the target is flaky. A larger model would only be luckier.

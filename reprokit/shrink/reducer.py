@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from reprokit.engine.bug import Decision
-from reprokit.engine.oracle import Signature
+from reprokit.engine.oracle import Kind, Signature
 from reprokit.engine.worker import kill_running
 from reprokit.graph.extract import extract
 from reprokit.graph.index import GraphIndex
@@ -434,6 +434,16 @@ class Reducer:
         self.event(f"{self._current}: kept {len(nodes)} nodes{(' — ' + why) if why else ''}")
         if self.on_accept:
             self.on_accept(self, self._current)
+
+    def held_for(self, nodes) -> Signature:
+        """The signature a shape crop of ``nodes`` is held to: the original's, or — where that
+        node set was accepted by the causal test showing another kind (an Inf that causes the
+        original's mismatch) — the kind it showed: a crop has no full-size values to inject, so
+        it must show what the node set showed."""
+        saved = self.journal.get(self.key(frozenset(nodes))) or {}
+        if saved.get("decision") == Decision.CAUSAL.value and saved.get("kind") != self.signature.kind.value:
+            return Signature(Kind(saved["kind"]), self.signature.outputs, saved.get("detail", ""))
+        return self.signature
 
     def _count_decision(self, nodes: frozenset) -> None:
         """summary.no_slippage.accepted: which test of engine/bug.py judged each accepted
