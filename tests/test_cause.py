@@ -269,3 +269,38 @@ def test_an_accumulated_error_says_which_node_diverges_alone_as_layerwise_does(t
     check = run_cli("check", str(tmp_path / "m.onnx"), *common, "--layerwise", "--json")
     assert check.returncode == 1, check.stderr[-2000:]
     assert json.loads(check.stdout)["layerwise"]["start"]["node"] == "unshift"
+
+
+# --- 6. sufficient is not necessary: said where it is free ------------------------------------
+
+def two_overflows_model() -> onnx.ModelProto:
+    """x1 → Mul(1e5) a_mul → a; x2 → Mul(1e5) b_mul → b; a + b → y: each Mul overflows fp16 on its
+    own and either Inf alone makes y Inf — keeping one of them in fp32 fixes nothing."""
+    big = numpy_helper.from_array(np.full((64,), 1e5, np.float32), "w")
+    return _model([helper.make_node("Mul", ["x1", "w"], ["a"], name="a_mul"),
+                   helper.make_node("Mul", ["x2", "w"], ["b"], name="b_mul"),
+                   helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+                  [_value("x1", [64]), _value("x2", [64])], [_value("y", [64])], [big])
+
+
+def test_a_sufficient_cause_that_is_not_the_fix_says_so(tmp_path):
+    onnx.save(two_overflows_model(), str(tmp_path / "m.onnx"))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", x1=rng.uniform(1.5, 2, 64).astype(np.float32),
+             x2=rng.uniform(1.5, 2, 64).astype(np.float32))
+    out = tmp_path / "out"
+    proc = run_cli("shrink", str(tmp_path / "m.onnx"), "--target", "emulate:fp16", "--inputs",
+                   str(tmp_path / "x.npz"), "-o", str(out), "--no-shrink-shapes")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = _summary(out)
+    (kept,) = summary["minimal"]["node_names"]
+    other = ({"a_mul", "b_mul"} - {kept}).pop()
+    assert summary["fixes_alone"]["answer"] == "no" and summary["fixes_alone"]["other_causes"] == [other]
+    assert "fixing this alone does not fix the model" in proc.stdout
+    # one cause only: never "no"
+    onnx.save(exp_then_tanh_model(), str(tmp_path / "one.onnx"))
+    np.savez(tmp_path / "one.npz", x=np.full((8,), 12.0, np.float32))
+    proc = run_cli("shrink", str(tmp_path / "one.onnx"), "--target", "emulate:fp16", "--inputs",
+                   str(tmp_path / "one.npz"), "-o", str(tmp_path / "one"), "--no-pack")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _summary(tmp_path / "one")["fixes_alone"]["answer"] != "no"

@@ -16,9 +16,10 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.engine.bug import judge, shows_bug
+from reprokit.engine.bug import Decision, judge, shows_bug
 from reprokit.errors import NothingRemoved, NotReproduced
 from reprokit.graph.io import save_model
+from reprokit.graph.model import node_label
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import flaky_tally
 from reprokit.shrink.evaluator import causal_nodes, causal_test, run_replay_alone
@@ -155,11 +156,37 @@ def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, ver
         note = (note + "; " if note else "") + said
     if failed:
         note = (note + "; " if note else "") + "smaller results did not reproduce alone: " + " | ".join(failed)
+    writer.fixes_alone = fixes_alone(run, reducer, nodes)
+    if writer.fixes_alone["answer"] == "no":  # console, summary.json and ISSUE.md (its warnings)
+        said = "fixing this alone does not fix the model: " + writer.fixes_alone["why"]
+        writer.warnings = [*writer.warnings, said]
+        note = (note + "; " if note else "") + said
     writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
                  reference=reference, note=note)
     notes = run.prepared.notes + ([note] if note else [])
     return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"), verdict, notes,
                         writer.clock)
+
+
+def fixes_alone(run, reducer, nodes) -> dict:
+    """Does fixing the minimal alone fix the original? The causal test proves the minimal
+    sufficient, not necessary. For free (no call, no run), from the survey's decisions: another
+    node outside the minimal whose own values, fed reference inputs, cause the original symptom
+    too (two independent overflows reaching one output) means "no". "not shown otherwise" only
+    where every node was judged alone and none other causes it; else "unknown"."""
+    label = lambda i: node_label(reducer.model.graph.node[i], i)  # noqa: E731
+    if reducer.causal is None or reducer.causal.model is not reducer.model or not reducer.isolated:
+        return {"answer": "unknown", "why": "the nodes were not each judged alone by the causal test"}
+    others = [i for i, o in sorted(reducer.isolated.items()) if o.decision is Decision.CAUSAL and i not in nodes]
+    if others:
+        named = ", ".join(label(i) for i in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return {"answer": "no", "why": f"{named} alone also cause{'s' if len(others) == 1 else ''} the original's "
+                f"{reducer.signature.kind.value} (the causal test, in the survey)", "other_causes": [label(i) for i in others]}
+    if len(reducer.isolated) < len(reducer.model.graph.node):
+        return {"answer": "unknown", "why": f"{len(reducer.isolated)} of {len(reducer.model.graph.node)} nodes were "
+                "judged alone (the survey stopped at its first hit)"}
+    return {"answer": "not shown otherwise", "why": "no other node causes the original's symptom alone (every node "
+            "judged alone); errors that only add up are not excluded"}
 
 
 def emulation_choice(target: str, model) -> str:
@@ -170,10 +197,10 @@ def emulation_choice(target: str, model) -> str:
     clamped = clamped_constants(model, "fp16")
     if not clamped:
         return ""
-    named = ", ".join(f"{name} ({'±inf' if largest == float('inf') else f'{largest:.6g}'})" for name, largest in clamped[:3])
-    return (f"this finding depends on an emulation choice: emulate:fp16 clamps constants past fp16's range to "
-            f"±65504 (here {named}), as TensorRT does with weights; whether your engine clamps this constant or "
-            "keeps its value (an inf stays inf in fp16) is not known here: confirm it on the engine (commands.sh)")
+    named = ", ".join(name for name, _ in clamped[:3])
+    return (f"this finding depends on an emulation choice: emulate:fp16 clamps infinite constants to ±65504 "
+            f"(here {named}), as TensorRT clamps weights past fp16's range; whether your engine does that to this "
+            "constant or keeps the inf (fp16 holds it) is not known here: confirm it on the engine (commands.sh)")
 
 
 def _nothing_removed(run, reducer, writer, final, verdict, reference, note: str) -> None:

@@ -55,6 +55,7 @@ class _BestWriter:
     summary: dict = field(default_factory=dict)
     clock: StepClock | None = None  # wall seconds per step; its start is the run's (self.started)
     emulation_choice: str = ""  # a finding that depends on how the emulator stores constants (final.py)
+    fixes_alone: dict | None = None  # does fixing the minimal alone fix the original (final.fixes_alone)
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
               note: str = ""):
@@ -160,6 +161,7 @@ class _BestWriter:
             "rerun": rerun_command(self.model_path, self.target, self.options),
             "warnings": self.warnings,
             **({"emulation_choice": self.emulation_choice} if self.emulation_choice else {}),
+            **({"fixes_alone": self.fixes_alone} if self.fixes_alone is not None else {}),
             "shapes": self.shapes,
             # which test decided "shows the original bug" (engine/bug.py), and what it cost
             # counted from the outcomes: how many accepted candidates each test judged

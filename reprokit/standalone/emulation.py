@@ -326,10 +326,11 @@ def _round_graph(model, graph, float_names, outer, narrow_type, keep_fp32, tag, 
 
 
 def clamped_constants(model, narrow: str) -> list[tuple[str, float]]:
-    """The initializers and Constant outputs of ``model`` that the emulator clamps (fp16: values
-    past ±65504, ±inf included), with their largest magnitude: a finding on a model that holds
-    one depends on that emulation choice (TensorRT clamps weights; whether it clamps a constant
-    such as a ``-inf`` attention mask depends on how it folds it)."""
+    """The initializers and Constant outputs of ``model`` holding ±inf, which the emulator clamps
+    to ±65504 (fp16): a finding on a model that holds one depends on that emulation choice.
+    A finite weight past the range is clamped as TensorRT documents it clamps weights; whether it
+    turns a ``-inf`` constant (an attention mask) into -65504 or keeps the inf, which fp16 holds,
+    depends on how it folds it."""
     from onnx import numpy_helper
 
     if narrow != "fp16":
@@ -340,8 +341,6 @@ def clamped_constants(model, narrow: str) -> list[tuple[str, float]]:
                 for a in n.attribute if a.name == "value"]
     for name, tensor in tensors:
         value = numpy_helper.to_array(tensor)
-        if value.dtype.kind == "f" and value.size:
-            largest = float(np.max(np.abs(value.astype(np.float64))))
-            if largest > 65504.0:
-                found.append((name, largest))
+        if value.dtype.kind == "f" and value.size and np.isinf(value).any():
+            found.append((name, float("inf")))
     return found
