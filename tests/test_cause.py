@@ -304,3 +304,22 @@ def test_a_sufficient_cause_that_is_not_the_fix_says_so(tmp_path):
                    str(tmp_path / "one.npz"), "-o", str(tmp_path / "one"), "--no-pack")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _summary(tmp_path / "one")["fixes_alone"]["answer"] != "no"
+
+
+# --- 5. compare what the user reads: padded positions left out --------------------------------
+
+def test_padded_positions_left_out_of_the_comparison_agree(tmp_path):
+    """The masked attention model: the fully masked row 0 is the only difference (uniform 0.25
+    instead of 0); a mask derived from the attention mask leaves it out, and the model agrees."""
+    onnx.save(masked_attention_model(), str(tmp_path / "m.onnx"))
+    mask = np.ones((3, 4), bool)
+    mask[0, :], mask[1, :2] = False, False
+    np.savez(tmp_path / "x.npz", scores=np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32), mask=mask)
+    np.savez(tmp_path / "pad.npz", y=~mask.any(axis=1, keepdims=True))  # rows nobody reads
+    np.savez(tmp_path / "bad.npz", y=np.zeros((3, 4)))
+    common = ["check", str(tmp_path / "m.onnx"), "-t", "emulate:fp16", "--inputs", str(tmp_path / "x.npz")]
+    assert run_cli(*common).returncode == 1
+    proc = run_cli(*common, "--ignore-positions", str(tmp_path / "pad.npz"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    bad = run_cli(*common, "--ignore-positions", str(tmp_path / "bad.npz"))
+    assert bad.returncode == 3 and bad.stderr.count("Error:") == 1 and "Hint:" in bad.stderr, bad.stderr

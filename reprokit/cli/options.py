@@ -46,6 +46,9 @@ def run_options(func):
         click.option("--tol", type=click.FloatRange(min=0), default=None,
                      help="Bound on the metric (default: by target precision, see README)."),
         click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for allclose."),
+        click.option("--ignore-positions", default=None, metavar="PATH",
+                     help="An .npz of boolean arrays named as outputs: positions where True are left out of the "
+                          "comparison (padded positions of a batch nobody reads)."),
         click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for allclose."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
                      help="Seconds per engine call; a call past it is killed (verdict: timeout)."),
@@ -177,7 +180,7 @@ def make_run_options(kw: dict):
         fail_regex=tuple(kw.pop("fail_regex")), fail_codes=tuple(kw.pop("fail_code")),
         ignore_fail_codes=tuple(kw.pop("ignore_fail_code")), inputs=kw.pop("inputs"), sample=kw.pop("sample"),
         seed=kw.pop("seed"), input_shapes=parse_shape_args(kw.pop("input_shapes")),
-        val_ranges=parse_val_ranges(kw.pop("val_range")),
+        val_ranges=parse_val_ranges(kw.pop("val_range")), ignore_positions=kw.pop("ignore_positions"),
     )
 
 

@@ -147,6 +147,7 @@ class Oracle:
         self.policy = policy  # reprokit.standalone.checkpolicy.CheckPolicy of a cmd target, or None
         self.target_env = target_env
         self.build_only = False  # shrink sets it while hunting a build error
+        self.ignore: dict[str, np.ndarray] = {}  # --ignore-positions: output -> True where left out (``left_out``)
         self.weights_dir: str | None = None  # external data of the models judged, if any
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="reprokit-")
         self.workdir = workdir or self._tmp.name
@@ -215,9 +216,22 @@ class Oracle:
         _raise_for_environment(result, "target")
         return result
 
+    def left_out(self, name: str, reference, target):
+        """``target`` with the positions --ignore-positions leaves out of ``name`` set to the
+        reference's values (they agree there); as it is where no mask names it or shapes differ."""
+        mask = self.ignore.get(name)
+        if mask is None or np.shape(reference) != np.shape(target):
+            return target
+        try:
+            where = np.broadcast_to(mask, np.shape(target))
+        except ValueError:
+            return target
+        return np.where(where, reference, target)
+
     def cache_key(self, model_path: str, feeds: dict, output_names=None) -> str:
         parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
-                 repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only)]
+                 repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only),
+                 feeds_digest(self.ignore) if self.ignore else ""]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
     def knows(self, model_path: str, feeds: dict, output_names=None) -> bool:
@@ -315,7 +329,8 @@ class Oracle:
                            message=f"the target produced no output named {missing[0]!r}", **base)
         for name, ref in reference_outputs.items():
             if name in result.outputs:
-                errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion, full=full))
+                errors.append(compare_arrays(name, ref, self.left_out(name, ref, result.outputs[name]),
+                                             self.criterion, full=full))
         reshaped = [e for e in errors if e.shape_mismatch]
         if reshaped:  # an error of inf between arrays of other shapes says nothing: name the shapes
             shapes = "; ".join(f"{e.name!r}: target {list(e.target_shape)} vs reference {list(e.shape)}"

@@ -60,6 +60,8 @@ def option_args(options: RunOptions) -> list[str]:
             parts += [flag, repr(float(value))]
     if options.timeout != defaults.timeout:
         parts += ["--timeout", repr(float(options.timeout))]
+    if options.ignore_positions:
+        parts += ["--ignore-positions", options.ignore_positions]
     parts += options.policy().argv()
     return parts
 
