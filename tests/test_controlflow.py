@@ -345,12 +345,15 @@ def test_under_a_numeric_target_the_reduction_reaches_inside_the_branches(tmp_pa
     fed = feeds(tmp_path, x=np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8), flag=np.array(True))
     got = shrink(tmp_path, model, f"cmd:{PY} {check} {{model}} {{inputs}} {{outputs}}", fed, "--one-by-one")
     minimal = got["model"]
-    assert got["signature"]["kind"] == "mismatch"
-    assert [n.op_type for n in minimal.graph.node] == ["If"] and list(minimal.graph.node[0].output) == ["y"]
+    assert got["signature"]["kind"] == "mismatch" and got["signature"]["outputs"] == ["z", "y2"]
+    # the causal test holds inside the branches too (issue 38): every failing output must fail
+    # again, so the If keeps y2 beside y (y alone, injected, leaves y2 as the reference computes it)
+    assert [n.op_type for n in minimal.graph.node] == ["If"] and list(minimal.graph.node[0].output) == ["y", "y2"]
     node = minimal.graph.node[0]
-    assert [n.name for n in _branch(node, "then_branch").node] == ["t/mul", "t/tanh"]  # Relu's output: captured
-    assert [n.name for n in _branch(node, "else_branch").node] == ["e/neg"]
-    assert got["minimal"]["nodes_with_subgraphs"] == 4 and got["original"]["nodes_with_subgraphs"] == 9
+    assert [n.name for n in _branch(node, "then_branch").node] == ["t/mul", "t/tanh", "t/sig"]  # Relu's: captured
+    assert [n.name for n in _branch(node, "else_branch").node] == ["e/neg", "e/id"]
+    assert got["minimal"]["nodes_with_subgraphs"] == 6 and got["original"]["nodes_with_subgraphs"] == 9
+    assert got["no_slippage"]["test"] == "causal injection" and got["no_slippage"]["rejected"] > 0
 
 
 @pytest.mark.slow

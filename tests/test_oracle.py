@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from reprokit.api import RunOptions, check, make_oracle
+from reprokit.engine.bug import same_failure
 from reprokit.engine.oracle import Kind, Oracle, Signature, feeds_digest, normalize_message
 from reprokit.errors import ExitCode, ReferenceFailure
 from reprokit.standalone.compare import Criterion
@@ -172,13 +173,13 @@ def test_tol_atol_rtol_and_metric_options_reach_the_criterion(tmp_path):
 
 def test_signature_same_bug_rules():
     crash = Signature(Kind.CRASH, detail="SIGSEGV")
-    assert crash.same_bug(Signature(Kind.CRASH, detail="SIGSEGV"))
-    assert not crash.same_bug(Signature(Kind.CRASH, detail="SIGABRT"))
+    assert same_failure(crash, Signature(Kind.CRASH, detail="SIGSEGV"))
+    assert not same_failure(crash, Signature(Kind.CRASH, detail="SIGABRT"))
     # numeric kinds ignore output names: a cut subgraph names its outputs differently
-    assert Signature(Kind.NONFINITE, ("y",), "inf").same_bug(
+    assert same_failure(Signature(Kind.NONFINITE, ("y",), "inf"),
         Signature(Kind.NONFINITE, ("h",), "nan")
     )
-    assert not Signature(Kind.MISMATCH, ("y",)).same_bug(Signature(Kind.NONFINITE, ("y",), "inf"))
+    assert not same_failure(Signature(Kind.MISMATCH, ("y",)), Signature(Kind.NONFINITE, ("y",), "inf"))
     assert Signature(Kind.NONFINITE, ("a", "b"), "inf").describe() == "nonfinite (inf) in a, b"
 
 
@@ -210,9 +211,9 @@ def test_crashes_without_a_signal_are_told_apart_by_exit_code_and_last_words(tmp
     other = oracle.verdict_from(WorkerResult("crash", message=message.format(3), log="std::bad_alloc thrown"), {})
     code = oracle.verdict_from(WorkerResult("crash", message=message.format(5), log="CUDA error: illegal address"), {})
     assert first.kind is Kind.CRASH and "exit code 3" in first.signature.detail
-    assert not first.signature.same_bug(other.signature)
-    assert not first.signature.same_bug(code.signature)
-    assert first.signature.same_bug(oracle.verdict_from(
+    assert not same_failure(first.signature, other.signature)
+    assert not same_failure(first.signature, code.signature)
+    assert same_failure(first.signature, oracle.verdict_from(
         WorkerResult("crash", message=message.format(3), log="CUDA error: illegal address"), {}).signature)
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from reprokit.api import RunOptions, check
+from reprokit.engine.bug import same_failure
 from reprokit.errors import ExitCode, ReprokitError
 from reprokit.shrink.steps import shrink
 
@@ -193,7 +194,7 @@ def test_random_graphs_check_shrink_pack_verify_under_fp16_emulation(model, tmp_
         return
     alone = check(result.minimal_path, "emulate:fp16",
                   options=RunOptions(inputs=str(folder / "out" / "inputs.npz")))
-    assert alone.verdict.signature.same_bug(result.verdict.signature), (alone.verdict.signature, result.verdict.signature)
+    assert same_failure(alone.verdict.signature, result.verdict.signature), (alone.verdict.signature, result.verdict.signature)
     packed = _no_internal_error(lambda: pack_result(result, "emulate:fp16", options))
     event(f"pack: {'written' if packed else 'user error'}")
     if packed is not None:
@@ -222,4 +223,4 @@ def test_random_graphs_shrink_under_a_pass_fail_check_to_a_model_that_fails_alon
     minimal = onnx.load(result.minimal_path)
     assert {n.op_type for n in minimal.graph.node} & FAILING
     alone = check(result.minimal_path, target, options=RunOptions(inputs=str(folder / "out" / "inputs.npz")))
-    assert alone.verdict.signature.same_bug(result.verdict.signature)
+    assert same_failure(alone.verdict.signature, result.verdict.signature)

@@ -132,7 +132,10 @@ def test_sample_shrinks_to_a_small_model_around_its_fault(sample_shrink, name):
     assert summary["one_minimal"] is True
     assert summary["original"]["nodes"] == entry["nodes"]
     assert summary["signature"]["kind"] == expected_kind
-    assert summary["verdict"]["signature"]["kind"] == expected_kind
+    if summary["verdict"]["signature"]["kind"] != expected_kind:
+        # the minimal shows another kind (layernorm_overflow: the Pow's Inf) only where its values,
+        # injected into the original's reference run, cause the original's symptom (issue 38)
+        assert summary["no_slippage"]["accepted"].get("shows it: causal test"), summary["no_slippage"]
     assert 1 <= summary["minimal"]["nodes"] <= 6, summary["minimal"]
     assert entry["fault_node"] in summary["minimal"]["node_names"]
     assert entry["fault_op"] in summary["minimal"]["ops"]
@@ -177,7 +180,7 @@ def test_sample_shrinks_to_a_small_model_around_its_fault(sample_shrink, name):
         "--json",
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout)["verdict"]["signature"]["kind"] == expected_kind
+    assert json.loads(proc.stdout)["verdict"]["signature"]["kind"] == summary["verdict"]["signature"]["kind"]
 
 
 # -- 2, 3. branches and outputs -------------------------------------------------------------

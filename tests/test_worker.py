@@ -13,6 +13,7 @@ import pytest
 from conftest import PY, pid_gone
 
 from reprokit.api import RunOptions, check
+from reprokit.engine.bug import same_failure
 from reprokit.engine.oracle import Kind, Signature
 from reprokit.engine.worker import run_in_worker
 
@@ -163,7 +164,7 @@ def test_fail_regex_not_matching_is_a_different_failure(log_model):
     v = check(log_model, "cmd:" + cmd, options=RunOptions(fail_regex="Assertion failed")).verdict
     assert v.signature.kind is Kind.BUILD_ERROR  # still reported, never silently passing
     assert v.signature.detail != "check failed matching /Assertion failed/"
-    assert not v.signature.same_bug(
+    assert not same_failure(v.signature,
         Signature(Kind.BUILD_ERROR, detail="check failed matching /Assertion failed/")
     )
     assert "without matching /Assertion failed/" in v.message

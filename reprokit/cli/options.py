@@ -55,6 +55,9 @@ def run_options(func):
                           "fp32 (fake-quant: the engine's error) or with its fp32 twin, Q/DQ dropped (fp32: the "
                           "quantization's error too). docs/quantized.md"),
         click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for allclose."),
+        click.option("--ignore-positions", default=None, metavar="PATH",
+                     help="An .npz of boolean arrays named as outputs: positions where True are left out of the "
+                          "comparison (padded positions of a batch nobody reads)."),
         click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for allclose."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
                      help="Seconds per engine call; a call past it is killed (verdict: timeout)."),
@@ -192,6 +195,7 @@ def make_run_options(kw: dict, command: str = ""):
         seed=kw.pop("seed"), input_shapes=parse_shape_args(kw.pop("input_shapes")),
         val_ranges=parse_val_ranges(kw.pop("val_range")), reference_model=kw.pop("reference_model"),
         quant_reference=kw.pop("quant_reference", "fake-quant"),
+        ignore_positions=kw.pop("ignore_positions"),
     )
 
 

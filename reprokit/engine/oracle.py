@@ -46,14 +46,6 @@ class Signature:
     outputs: tuple[str, ...] = ()
     detail: str = ""  # nan/inf/nan+inf for nonfinite; normalized message for errors
 
-    def same_bug(self, other: Signature) -> bool:
-        """Does ``other`` show the same failure? Output names may differ (cut subgraphs)."""
-        if self.kind != other.kind:
-            return False
-        if self.kind in (Kind.BUILD_ERROR, Kind.CRASH):
-            return self.detail == other.detail
-        return True
-
     def to_json(self) -> dict:
         return {"kind": self.kind.value, "outputs": list(self.outputs), "detail": self.detail}
 
@@ -158,6 +150,7 @@ class Oracle:
         self.target_env = target_env
         self.build_only = False  # shrink sets it while hunting a build error
         self.quant = None  # engine/quantized.QuantPolicy of a quantized model: tensors judged in steps
+        self.ignore: dict[str, np.ndarray] = {}  # --ignore-positions: output -> True where left out (``left_out``)
         self.weights_dir: str | None = None  # external data of the models judged, if any
         # --reference-model: the file the target runs for a model the reference runs (the
         # user's converted twin of that cut: reprokit.convert.twin); None: the same file
@@ -234,10 +227,23 @@ class Oracle:
         _raise_for_environment(result, "target")
         return result
 
+    def left_out(self, name: str, reference, target):
+        """``target`` with the positions --ignore-positions leaves out of ``name`` set to the
+        reference's values (they agree there); as it is where no mask names it or shapes differ."""
+        mask = self.ignore.get(name)
+        if mask is None or np.shape(reference) != np.shape(target):
+            return target
+        try:
+            where = np.broadcast_to(mask, np.shape(target))
+        except ValueError:
+            return target
+        return np.where(where, reference, target)
+
     def cache_key(self, model_path: str, feeds: dict, output_names=None) -> str:
         parts = [file_digest(model_path), feeds_digest(feeds), self.reference, self.target,
                  repr(self.criterion), repr(output_names), repr(self.policy), str(self.build_only),
-                 str(self.quant is not None)]
+                 str(self.quant is not None),
+                 feeds_digest(self.ignore) if self.ignore else ""]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
     def recall(self, key: str, verdict: Verdict) -> None:
@@ -343,7 +349,8 @@ class Oracle:
                            message=f"the target produced no output named {missing[0]!r}", **base)
         for name, ref in reference_outputs.items():
             if name in result.outputs:
-                errors.append(compare_arrays(name, ref, result.outputs[name], self.criterion, full=full))
+                errors.append(compare_arrays(name, ref, self.left_out(name, ref, result.outputs[name]),
+                                             self.criterion, full=full))
         if self.quant is not None:  # a quantized model: outputs it quantizes judged in steps
             errors = self.quant.rejudge(errors, self.criterion)
         reshaped = [e for e in errors if e.shape_mismatch]
@@ -395,9 +402,13 @@ def _old_opset_hint(model_path: str) -> str | None:
 
 
 def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> None:
+    """A NaN in the reference is no value to compare with: refused (exit 5). A ±inf is a value
+    (a ``-inf`` attention mask, a constant that holds one): compared exactly there
+    (``compare_arrays``: the same inf agrees, anything else is an infinite error) and warned
+    about in the verdict (``reference_warnings``)."""
     for name, value in outputs.items():
         array = widen(value) if isinstance(value, np.ndarray) else np.asarray(value)
-        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        if array.dtype.kind == "f" and np.isnan(array).any():
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise ReferenceFailure(
                 f"the reference ({reference}) itself gives {bad} NaN/Inf values in output {name!r}",

@@ -66,6 +66,7 @@ class RunOptions:
     # which the target runs (reprokit.engine.twinrun)
     reference_model: str | None = None
     quant_reference: str = "fake-quant"  # quantized models: fake-quant (the engine's error) or fp32 (engine/quantized.py)
+    ignore_positions: str | None = None  # .npz of boolean masks per graph output: True = left out of the comparison
 
     def policy(self) -> CheckPolicy:
         """When a cmd target's run counts as a failure (polygraphy's --check rules)."""
@@ -105,6 +106,24 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
     return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
 
 
+def load_ignored(path: str) -> dict[str, np.ndarray]:
+    """--ignore-positions: an .npz of boolean arrays named as outputs, True where a position is
+    left out of the comparison (padded positions nobody reads); read without pickles."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            masks = {name: np.asarray(data[name]) for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--ignore-positions {path}: cannot read it as an .npz ({exc})",
+                         hint="np.savez('pad.npz', y=(attention_mask == 0)[..., None]): one boolean array per "
+                              "output, True where that output is not compared") from exc
+    wrong = [name for name, mask in masks.items() if mask.dtype != np.bool_]
+    if wrong or not masks:
+        raise InputError(f"--ignore-positions {path}: " + (f"{wrong[0]!r} is {masks[wrong[0]].dtype}, not bool"
+                                                           if wrong else "it holds no array"),
+                         hint="one boolean array per output name, True where that output is not compared")
+    return masks
+
+
 def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None,
                 target_model: str | None = None) -> Oracle:
     """Parse both specs (usage errors surface here, before any work) and build the oracle.
@@ -130,9 +149,11 @@ def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=No
         precision = twinrun.target_precision(target_model)
     criterion = Criterion.for_precision(precision, options.metric, options.tolerance,
                                         options.atol, options.rtol)
-    return Oracle(str(reference_spec), str(target_spec), criterion, precision=precision,
-                  timeout=options.timeout, policy=policy, workdir=workdir,
-                  target_env=target_env)
+    oracle = Oracle(str(reference_spec), str(target_spec), criterion, precision=precision,
+                    timeout=options.timeout, policy=policy, workdir=workdir,
+                    target_env=target_env)
+    oracle.ignore = load_ignored(options.ignore_positions) if options.ignore_positions else {}
+    return oracle
 
 
 @dataclass(frozen=True)

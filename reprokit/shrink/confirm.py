@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from reprokit.engine.bug import shows_bug
+from reprokit.engine.bug import same_failure, shows_bug
 from reprokit.engine.oracle import quote_message
 from reprokit.errors import EngineUnavailable, NothingToReduce
 from reprokit.graph.extract import Extraction
@@ -215,6 +215,6 @@ def flaky_tally(verdicts: list, signature) -> str:
     counts: dict[str, int] = {}
     for verdict in verdicts:
         counts[verdict.signature.describe()] = counts.get(verdict.signature.describe(), 0) + 1
-    said = next((quote_message(v.message, 160) for v in verdicts if v.message and signature.same_bug(v.signature)), "")
+    said = next((quote_message(v.message, 160) for v in verdicts if v.message and same_failure(signature, v.signature)), "")
     return (f"{len(verdicts)} runs: " + ", ".join(f"{text} ×{n}" for text, n in counts.items())
             + (f"; its message: {said}" if said else ""))

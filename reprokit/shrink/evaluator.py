@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from reprokit.engine.bug import largest_error, why_not
+from reprokit.engine.bug import Decision, judge, largest_error
 from reprokit.engine.layerwise import compare_marked_run, float_node_outputs
 from reprokit.engine.oracle import normalize_message
 from reprokit.engine.worker import WorkerResult
@@ -51,6 +51,7 @@ class Outcome:
     from_cache: bool = False
     packed: bool = False  # judged inside a pack (never the last word on a result)
     inferred: bool = False  # concluded from a group's verdict, never run as itself
+    decision: Decision | None = None  # engine/bug.py's decision (None: trivial, or inferred from a group)
 
 
 # Progress inside one step (issue 28 item 8): packs this big say when they are built, run and
@@ -75,13 +76,16 @@ def prepare_candidate(reducer, nodes: frozenset, *, check: bool):
 
 
 def causal_test(reducer):
-    """The reducer's causal test where its candidates are top-level nodes of the model the test
-    injects into (not inside a branch, not wrapped back into control flow), else None."""
-    if reducer.build is not None or reducer.wrap is not None:
-        return None
-    if reducer.causal is not None and reducer.causal.model is not reducer.model:
-        return None  # the inside step replaced the model: node numbers index another graph
+    """The run's causal test, for every candidate space (space.py): top-level candidates, those
+    put back inside an If, sites inside branches and the model the inside step adopted alike."""
     return reducer.causal
+
+
+def causal_nodes(reducer, nodes):
+    """The candidate's node ids as the causal test's cone test reads them, or None (by names)."""
+    if nodes is None or reducer.causal is None:
+        return None
+    return reducer.space.causal_nodes(nodes, reducer.causal.model is reducer.model)
 
 
 def _causal_for(reducer, member):
@@ -94,17 +98,18 @@ def _causal_for(reducer, member):
 
 def _outcome(reducer, verdict, *, packed: bool, member=None) -> Outcome:
     causal = _causal_for(reducer, member) if member is not None else None
-    why = why_not(reducer.signature, verdict, severity=reducer.severity, causal=causal,
-                  nodes=member.nodes if member is not None else None)
-    interesting = why is None
+    held = reducer.held_for(member.nodes) if member is not None and member.crop else reducer.signature
+    judged = judge(held, verdict, severity=reducer.severity, causal=causal,
+                   nodes=causal_nodes(reducer, member.nodes) if member is not None else None)
     error = largest_error(verdict)
-    if why is not None and why.startswith(("milder", "not causal")):
+    if judged.decision in (Decision.MILDER, Decision.NOT_CAUSAL):
         # A mismatch much milder than the original's is another, smaller effect: a repro a
         # maintainer would dismiss as noise; a value that never reaches the failing outputs is
         # a look-alike. Counted, never followed.
-        label = why if why.startswith("milder") else "same signature, not the cause (causal test)"
+        label = (f"milder mismatch ({judged.why})" if judged.decision is Decision.MILDER
+                 else "same signature, not the cause (causal test)")
         reducer.findings[label] = reducer.findings.get(label, 0) + 1
-    if interesting and reducer.message_key and verdict.message:
+    if judged.shows and reducer.message_key and verdict.message:
         # Same failure class, other words (a check printing which node it saw): counted, so the
         # summary can say so and suggest --fail-regex when they are different bugs.
         said = normalize_message(verdict.message)
@@ -112,10 +117,10 @@ def _outcome(reducer, verdict, *, packed: bool, member=None) -> Outcome:
             label = f"same {verdict.kind.value}, other message: {said}"
             reducer.findings[label] = reducer.findings.get(label, 0) + 1
     return Outcome(
-        interesting=interesting,
+        interesting=judged.shows,
         kind=verdict.kind.value, detail=verdict.signature.detail,
         error=error,
-        from_cache=verdict.cached, packed=packed,
+        from_cache=verdict.cached, packed=packed, decision=judged.decision,
     )
 
 

@@ -16,12 +16,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.engine.bug import shows_bug
+from reprokit.engine.bug import Decision, judge, shows_bug
 from reprokit.errors import NothingRemoved, NotReproduced
 from reprokit.graph.io import save_model
+from reprokit.graph.model import node_label
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import flaky_tally
-from reprokit.shrink.evaluator import causal_test, run_replay_alone
+from reprokit.shrink.evaluator import causal_nodes, causal_test, run_replay_alone
 from reprokit.shrink.exclusion import offer_exclusion
 from reprokit.shrink.passes.shapes import (
     MIN_ELEMENTS,
@@ -31,6 +32,8 @@ from reprokit.shrink.passes.shapes import (
     report,
 )
 from reprokit.shrink.samples import judge_minimal
+from reprokit.spec import parse_target
+from reprokit.standalone.emulation import clamped_constants
 
 
 @dataclass
@@ -78,7 +81,7 @@ def finish(run, reducer, writer, store, replays: int, note: str, message: str = 
                 crops = _crops(run, reducer, writer, nodes, final, reference, replays, message, after=True)
                 for attempt in crops[:1]:
                     again = _judged(run, reducer, attempt.model, attempt.feeds, attempt.reference, 0, nodes, [], "")
-                    if shows_bug(reducer.signature, again[0]):
+                    if shows_bug(reducer.held_for(nodes), again[0]):
                         declare_output_shapes(attempt.model, attempt.reference)
                         writer.shapes = report(final.model, final.feeds, attempt, reducer.stats["shapes"].calls)
                         model, feeds, reference, verdict = attempt.model, attempt.feeds, attempt.reference, again[0]
@@ -117,8 +120,17 @@ def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: l
 
 def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = False) -> bool:
     """Do all runs show the signature? One model with two answers is a flaky target: stop."""
-    test = causal_test(reducer) if causal else None
-    shows = [shows_bug(reducer.signature, v, causal=test, nodes=nodes if causal else None) for v in verdicts]
+    if causal:
+        first = judge(reducer.signature, verdicts[0], causal=causal_test(reducer), nodes=causal_nodes(reducer, nodes))
+        reducer.no_slippage["final"] = first.describe()
+        # a replay has no values to inject: it must show what the first run showed (an Inf whose
+        # injection caused the original's mismatch stays an Inf)
+        held = verdicts[0].signature if first.shows else reducer.signature
+    else:  # a crop: held to what its node set showed (Reducer.held_for), no values to inject
+        held = reducer.held_for(nodes)
+        first = judge(held, verdicts[0])
+        reducer.no_slippage["final"] = first.describe() + (" (a shape crop)" if first.shows else "")
+    shows = [first.shows] + [shows_bug(held, v) for v in verdicts[1:]]
     if shows[0] and not all(shows):
         # One model, two answers: the target is flaky. A larger model would only be luckier.
         said = flaky_tally(verdicts, reducer.signature)
@@ -134,8 +146,22 @@ def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, ver
     run_replay_alone(reducer)  # the original's replay, where no packed call carried it
     reducer.best = frozenset(nodes)
     failed = tried[:-1]
+    choice = emulation_choice(run.target, model)
+    if choice:  # console, summary.json (emulation_choice, warnings) and ISSUE.md (its warnings)
+        writer.emulation_choice = choice
+        writer.warnings = [*writer.warnings, choice]
+        note = (note + "; " if note else "") + choice
+    if verdict.kind is not reducer.signature.kind:  # the causal test accepted another kind (bug.py)
+        said = (f"the minimal shows {verdict.signature.describe()}; injected into the original's reference run, "
+                f"its values cause the original's {reducer.signature.describe()} (the causal test)")
+        note = (note + "; " if note else "") + said
     if failed:
         note = (note + "; " if note else "") + "smaller results did not reproduce alone: " + " | ".join(failed)
+    writer.fixes_alone = fixes_alone(run, reducer, nodes)
+    if writer.fixes_alone["answer"] == "no":  # console, summary.json and ISSUE.md (its warnings)
+        said = "fixing this alone does not fix the model: " + writer.fixes_alone["why"]
+        writer.warnings = [*writer.warnings, said]
+        note = (note + "; " if note else "") + said
     writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
                  reference=reference, note=note)
     notes = run.prepared.notes + ([note] if note else [])
@@ -143,6 +169,41 @@ def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, ver
         notes += offer_exclusion(run, writer, nodes)
     return ShrinkResult(writer.summary, run.out_dir, os.path.join(run.out_dir, "minimal.onnx"), verdict, notes,
                         writer.clock)
+
+
+def fixes_alone(run, reducer, nodes) -> dict:
+    """Does fixing the minimal alone fix the original? The causal test proves the minimal
+    sufficient, not necessary. For free (no call, no run), from the survey's decisions: another
+    node outside the minimal whose own values, fed reference inputs, cause the original symptom
+    too (two independent overflows reaching one output) means "no". "not shown otherwise" only
+    where every node was judged alone and none other causes it; else "unknown"."""
+    label = lambda i: node_label(reducer.model.graph.node[i], i)  # noqa: E731
+    if reducer.causal is None or reducer.causal.model is not reducer.model or not reducer.isolated:
+        return {"answer": "unknown", "why": "the nodes were not each judged alone by the causal test"}
+    others = [i for i, o in sorted(reducer.isolated.items()) if o.decision is Decision.CAUSAL and i not in nodes]
+    if others:
+        named = ", ".join(label(i) for i in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return {"answer": "no", "why": f"{named} alone also cause{'s' if len(others) == 1 else ''} the original's "
+                f"{reducer.signature.kind.value} (the causal test, in the survey)", "other_causes": [label(i) for i in others]}
+    if len(reducer.isolated) < len(reducer.model.graph.node):
+        return {"answer": "unknown", "why": f"{len(reducer.isolated)} of {len(reducer.model.graph.node)} nodes were "
+                "judged alone (the survey stopped at its first hit)"}
+    return {"answer": "not shown otherwise", "why": "no other node causes the original's symptom alone (every node "
+            "judged alone); errors that only add up are not excluded"}
+
+
+def emulation_choice(target: str, model) -> str:
+    """Words for a finding that depends on how the emulator stores constants, or ""."""
+    spec = parse_target(target)
+    if spec.engine != "emulate" or not spec.has("fp16"):
+        return ""
+    clamped = clamped_constants(model, "fp16")
+    if not clamped:
+        return ""
+    named = ", ".join(name for name, _ in clamped[:3])
+    return (f"this finding depends on an emulation choice: emulate:fp16 clamps infinite constants to ±65504 "
+            f"(here {named}), as TensorRT clamps weights past fp16's range; whether your engine does that to this "
+            "constant or keeps the inf (fp16 holds it) is not known here: confirm it on the engine (commands.sh)")
 
 
 def _nothing_removed(run, reducer, writer, final, verdict, reference, note: str) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from reprokit.engine import twinrun
 from reprokit.engine.backends.trt_setup import rtx_requested
+from reprokit.engine.bug import tested_by
 from reprokit.engine.session import RunOptions
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import external_locations, load_model, save_model, staged_data
@@ -56,6 +57,8 @@ class _BestWriter:
     samples: list | None = None  # per input sample: diverged originally, reproduces on the minimal
     summary: dict = field(default_factory=dict)
     clock: StepClock | None = None  # wall seconds per step; its start is the run's (self.started)
+    emulation_choice: str = ""  # a finding that depends on how the emulator stores constants (final.py)
+    fixes_alone: dict | None = None  # does fixing the minimal alone fix the original (final.fixes_alone)
 
     def write(self, reducer, status, *, final_verdict=None, minimal_model=None, feeds=None, reference=None,
               note: str = ""):
@@ -161,10 +164,15 @@ class _BestWriter:
             "other_findings": reducer.findings,
             "rerun": rerun_command(self.model_path, self.target, self.options),
             "warnings": self.warnings,
+            **({"emulation_choice": self.emulation_choice} if self.emulation_choice else {}),
+            **({"fixes_alone": self.fixes_alone} if self.fixes_alone is not None else {}),
             "shapes": self.shapes,
             # which test decided "shows the original bug" (engine/bug.py), and what it cost
-            "no_slippage": {**(reducer.causal.report() if reducer.causal is not None else {}),
-                            **reducer.no_slippage},
+            # counted from the outcomes: how many accepted candidates each test judged
+            "no_slippage": {"test": tested_by(reducer.judged_by, reducer.no_slippage.get("final", "")),
+                            "accepted": dict(reducer.judged_by),
+                            **(reducer.causal.report() if reducer.causal is not None else {}),
+                            **{k: v for k, v in reducer.no_slippage.items() if k != "test"}},
         }
         if self.samples is not None:
             summary["samples"] = self.samples

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from reprokit.engine.bug import shows_bug, why_not
+from reprokit.engine.bug import judge, shows_bug
 from reprokit.engine.messages import quote_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
@@ -119,7 +119,7 @@ def _calibration_verdict(reducer, best, pack, seen) -> str | None:
                     "outputs: it reads fewer outputs than a pack has")
         reference = {n: reducer.store.get(n) for n in best.outputs if n in reducer.store}
         own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
-        why = why_not(reducer.signature, reducer.oracle.verdict_from(own, reference), severity=reducer.severity)
-        return None if why is None else f"the failing model, second in a pack, gave {why}"
+        judged = judge(reducer.signature, reducer.oracle.verdict_from(own, reference), severity=reducer.severity)
+        return None if judged.shows else f"the failing model, second in a pack, gave {judged.describe()}"
     finally:
         result.discard()

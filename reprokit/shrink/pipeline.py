@@ -24,10 +24,15 @@ region says instead (attribution).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+import numpy as np
 
 from reprokit.engine.oracle import Kind
 from reprokit.graph.index import GraphIndex
+from reprokit.graph.io import save_model
+from reprokit.graph.model import mark_outputs
 from reprokit.shrink.passes import (
     branches,
     conflict,
@@ -169,6 +174,16 @@ def _finite(value) -> float:
 
 
 
+def _capture(model, feeds: dict, oracle, names: list[str], workdir: str) -> dict:
+    """The reference's values of ``names`` (tensors of any dtype), copied out of the worker's files."""
+    path = save_model(mark_outputs(model, names), os.path.join(workdir, "inputs-captured.onnx"))
+    result = oracle.run_reference(path, feeds, names)
+    try:
+        return {n: np.array(v) for n, v in result.outputs.items() if n in names}
+    finally:
+        result.discard()
+
+
 class _Captured:
     """A capture's outputs (name → array, memory-mapped) seen as an activation store."""
 
@@ -191,15 +206,23 @@ class _Captured:
 def isolated_attribution(model, activations: dict, feeds: dict, oracle, signature, workdir: str,
                          label) -> dict:
     """Every node alone, fed with the captured activations, in packed calls (one for most models):
-    the same attribution shrink writes for an accumulated error, for ``audit``. Nodes that read a
-    tensor the capture does not hold (integer shapes) are left out."""
+    the same attribution shrink writes for an accumulated error, for ``audit`` and ``check
+    --layerwise``. Every node is judged, as shrink's survey judges it: a Constant (no inputs) by
+    its own output, a node that reads a tensor the capture lacks (an int32 accumulator a Cast
+    turns into floats, an index) fed with that tensor in its own dtype, captured by one more
+    reference run (never a target call). Only a node the reference gives no value of is left out."""
     import os
 
     os.makedirs(workdir, exist_ok=True)
     index = GraphIndex.build(model)
     known = set(activations) | set(index.initializers) | set(feeds) | set(index.constants)
+    missing = sorted({t for inputs in index.node_inputs for t in inputs if t not in known and t in index.producer})
+    if missing:
+        activations = {**activations, **_capture(model, feeds, oracle, missing, workdir)}
+        known |= set(activations)
     nodes = [i for i in range(len(model.graph.node))
-             if index.node_inputs[i] and all(t in known for t in index.node_inputs[i])]
+             if all(t in known for t in index.node_inputs[i])
+             and (index.node_inputs[i] or any(t in activations for t in index.node_outputs[i]))]
     reducer = Reducer(model, index, _Captured(activations), feeds, oracle, signature, workdir=workdir,
                       journal=Journal(None), best=frozenset(nodes))
     reducer.packing = "numeric"

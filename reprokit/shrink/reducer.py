@@ -12,12 +12,14 @@ packing or on ``jobs``. Must not build packs or talk to the engine itself.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from reprokit.engine.oracle import Signature
+from reprokit.engine.bug import Decision
+from reprokit.engine.oracle import Kind, Signature
 from reprokit.engine.worker import kill_running
 from reprokit.graph.extract import extract
 from reprokit.graph.index import GraphIndex
@@ -25,6 +27,7 @@ from reprokit.graph.io import weight_bytes
 from reprokit.shrink import evaluator, grouped, passfail
 from reprokit.shrink.evaluator import Outcome
 from reprokit.shrink.journal import Journal, PassStats, entry_key
+from reprokit.shrink.space import CandidateSpace
 from reprokit.shrink.tally import Tally
 from reprokit.standalone.compare import jsonable, unrepresentable
 
@@ -81,18 +84,16 @@ class Reducer:
     original_replay: str = ""  # how the original's replays ran (summary.json)
     confirmed: str = ""  # where the original's first judgement ran when not at confirm (summary.json)
     layerwise_report: object | None = None  # reprokit.engine.layerwise.LayerwiseReport, once run
-    wrap: Callable | None = None  # puts each candidate back inside its control flow (controlflow.wrap_in_if)
     names_select_nodes: bool = False  # the target picks nodes by name (fp32-nodes=): packs keep them
     share_feeds: bool = False  # the target runs nodes as written: packed members share equal feeds (members.py)
     keep_inputs: bool = False  # --no-reduce-inputs: every candidate reads only the model's own inputs
     keep_outputs: bool = False  # --no-reduce-outputs: every candidate gives exactly the model's outputs
     reach_inside: bool = False  # the "inside" step may reduce the nodes inside kept If branches
-    scope: str = ""  # journal keys of candidates over another node numbering (sites inside branches)
-    build: Callable | None = None  # the candidate's model, when node ids are not top-level positions
-    refuse: Callable | None = None  # why a candidate cannot be built (no engine call), or None
+    space: CandidateSpace = field(default_factory=CandidateSpace)  # how node ids become candidates (space.py)
     guard: Callable | None = None  # guard(step, run) runs the reference on a model reprokit built
     causal: object | None = None  # reprokit.engine.bug.CausalTest of a numeric signature, or None
     no_slippage: dict = field(default_factory=dict)  # which test held the signature, and why (summary)
+    judged_by: dict = field(default_factory=dict)  # Decision value -> accepted candidates it decided
     clock: object | None = None  # reprokit.shrink.clock.StepClock: wall seconds per step
     tally: Tally = field(default_factory=Tally)  # seconds of extraction, packing, writing, comparing
     _current: str = "setup"
@@ -107,12 +108,26 @@ class Reducer:
         self._weights: int | None = None
         self._readers: dict | None = None
 
+    def within(self, space: CandidateSpace, model, index: GraphIndex, store, feeds: dict, best: frozenset) -> Reducer:
+        """A reducer over another candidate space (the inside step's sites) that holds what this
+        one holds — the oracle, the signature and the whole decision (causal test, severity
+        floor, message), packing, pack limits, the call reserve — with its own best, statistics,
+        findings and budget (the caller sets it and adds what was spent back). Every field not
+        named here is inherited: a new part of the decision reaches inner reducers by default."""
+        return dataclasses.replace(
+            self, model=model, index=index, store=store, feeds=feeds, best=best, space=space,
+            on_accept=None, before_accept=None, anchors=[], origins=[], history=[], required=frozenset(),
+            stats={}, findings={}, one_minimal=False, budget=None, stopped=False, spent=0, allowance=None,
+            isolated={}, hotspots={}, crop_tries={}, shapes=False, interactions=[], contradictions=0,
+            want_layerwise=False, ride_along=None, original_replay="", confirmed="", layerwise_report=None,
+            no_slippage={}, judged_by={}, clock=None, tally=Tally(), _current="setup")
+
     # -- candidates -------------------------------------------------------------------------
 
     def key(self, nodes: Iterable[int], crop: str = "") -> str:
         """The one cache key of a candidate: its node set in this numbering (``scope``) and, for
         a shape try, the crop of its inputs."""
-        text = self.scope + ",".join(map(str, sorted(nodes))) + (f"|{crop}" if crop else "")
+        text = self.space.scope + ",".join(map(str, sorted(nodes))) + (f"|{crop}" if crop else "")
         return entry_key("cand", text)
 
     def smaller(self, nodes: Iterable[int], than: Iterable[int] | None = None) -> bool:
@@ -127,10 +142,10 @@ class Reducer:
 
     def extraction(self, nodes, *, check: bool = True):
         with self.tally.timing("extraction"):
-            if self.build is not None:
-                return self.build(nodes, check)
+            if self.space.build is not None:
+                return self.space.build(nodes, check)
             sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
-            return self.wrap(sub) if self.wrap is not None and sub.outputs else sub
+            return self.space.wrap(sub) if self.space.wrap is not None and sub.outputs else sub
 
     def cached(self, nodes, crop: str = "") -> Outcome | None:
         """The known outcome of a candidate (journal), or the trivial one; None = needs a call."""
@@ -141,15 +156,17 @@ class Reducer:
             return Outcome(False, "no-anchor", "", None, True)
         if (self.keep_inputs or self.keep_outputs) and not self.io_kept(nodes):
             return Outcome(False, "invalid", "changes the model's inputs or outputs", None, True)
-        why = self.refuse(nodes) if self.refuse is not None else None
+        why = self.space.refuse(nodes) if self.space.refuse is not None else None
         if not why and getattr(self.index, "units", None) and self.index.splits_unit(nodes):
             why = "splits a QuantizeLinear from its DequantizeLinear (a Q/DQ unit moves whole)"
         if why:
             return Outcome(False, "invalid", why, None, True)
         saved = self.journal.get(self.key(nodes, crop))
         if saved is not None:
+            decision = saved.get("decision")
             return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True,
-                           saved.get("packed", False), saved.get("inferred", False))
+                           saved.get("packed", False), saved.get("inferred", False),
+                           Decision(decision) if decision else None)
         return None
 
     def io_kept(self, nodes: frozenset) -> bool:
@@ -187,6 +204,8 @@ class Reducer:
                      "error": jsonable(outcome.error), "nodes": len(nodes), "packed": outcome.packed}
             if outcome.inferred:
                 entry["inferred"] = True
+            if outcome.decision is not None:
+                entry["decision"] = outcome.decision.value
             if crop:
                 entry["crop"] = crop
             self.journal.put(self.key(nodes, crop), entry)
@@ -411,11 +430,30 @@ class Reducer:
         stats = self.stats.setdefault(self._current, PassStats())
         stats.removed += len(self.best) - len(nodes)
         stats.accepted += 1
+        self._count_decision(nodes)
         self.best = nodes
         self.history.append(nodes)
         self.event(f"{self._current}: kept {len(nodes)} nodes{(' — ' + why) if why else ''}")
         if self.on_accept:
             self.on_accept(self, self._current)
+
+    def held_for(self, nodes) -> Signature:
+        """The signature a shape crop of ``nodes`` is held to: the original's, or — where that
+        node set was accepted by the causal test showing another kind (an Inf that causes the
+        original's mismatch) — the kind it showed: a crop has no full-size values to inject, so
+        it must show what the node set showed."""
+        saved = self.journal.get(self.key(frozenset(nodes))) or {}
+        if saved.get("decision") == Decision.CAUSAL.value and saved.get("kind") != self.signature.kind.value:
+            return Signature(Kind(saved["kind"]), self.signature.outputs, saved.get("detail", ""))
+        return self.signature
+
+    def _count_decision(self, nodes: frozenset) -> None:
+        """summary.no_slippage.accepted: which test of engine/bug.py judged each accepted
+        candidate, read from its journaled outcome (a shape try's crop is keyed apart: it is
+        counted where it is accepted, shapes.py)."""
+        saved = self.journal.get(self.key(nodes))
+        decision = (saved or {}).get("decision") or "not judged alone (a pass's own inference)"
+        self.judged_by[decision] = self.judged_by.get(decision, 0) + 1
 
     def event(self, text: str) -> None:
         if self.on_event:

@@ -63,6 +63,8 @@ def option_args(options: RunOptions) -> list[str]:
         parts += ["--timeout", repr(float(options.timeout))]
     if options.reference_model:  # MODEL is the converted model, this its fp32 original
         parts += ["--reference-model", options.reference_model]
+    if options.ignore_positions:
+        parts += ["--ignore-positions", options.ignore_positions]
     parts += options.policy().argv()
     return parts
 

@@ -130,8 +130,8 @@ def _judge_on_sample(run, reducer, nodes, final, index: int) -> dict:
         return {"reproduces": None, "why": "not judged: the control flow was opened as the reduced sample runs it, "
                                            "and this sample takes other branches"}
     sub = extract(run.model, index_, nodes, store, feeds=feeds)
-    if reducer.wrap is not None and sub.outputs:
-        sub = reducer.wrap(sub)
+    if reducer.space.wrap is not None and sub.outputs:
+        sub = reducer.space.wrap(sub)
     path = save_model(sub.model, os.path.join(run.models_dir, f"final-sample-{index}.onnx"),
                       base_dir=run.prepared.base_dir, self_contained=True)
     reference = {n: store.get(n) for n in sub.outputs if n in store}

@@ -59,6 +59,7 @@ from reprokit.shrink.runstate import (  # noqa: F401  (the CLI's and tests': sav
     saved_run,
 )
 from reprokit.shrink.samples import sample_calls, samples_summary
+from reprokit.shrink.space import CandidateSpace
 from reprokit.shrink.start import capture, open_run
 from reprokit.spec import parse_target
 from reprokit.standalone.compare import Metric
@@ -231,7 +232,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         reducer.close()
         if reducer.causal is not None and reducer.causal.model is not reducer.model:
             reducer.no_slippage["after_inside"] = ("the inside step reduced inside If branches: its candidates and the "
-                                                   "final judgement hold the signature only (no injection)")
+                                                   "final judgement are injected by the names of their outputs "
+                                                   "(no cone test); one with no top-level output is held to its "
+                                                   "signature, counted in `accepted`")
         if outcome == "accumulated":
             run_replay_alone(reducer)  # the original's replay, where no packed call carried it
             said, window = finish_accumulated(run, reducer, writer, verdict)
@@ -350,7 +353,8 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
                       workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
                       best=frozenset(range(original_nodes)))
     reducer.packing = pipeline.packing_for(verdict.signature.kind, pack_candidates)
-    reducer.wrap = wrap
+    if wrap is not None:  # the opening's space: every candidate put back inside an If
+        reducer.space = CandidateSpace(wrap=wrap)
     reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
     # the inside step replaces the run's model: only where nothing else reads the old numbering
     reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)

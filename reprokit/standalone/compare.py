@@ -257,9 +257,13 @@ def reference_warnings(outputs, metric: Metric | str) -> list[str]:
     what to do instead (real inputs, or an absolute metric)."""
     relative = Metric(metric) in (Metric.REL_L2, Metric.COSINE)
     advice = "use real inputs (--inputs)" + (" or --metric max-abs" if relative else "")
-    return [f"reference output {o.name!r} is {o.reference_note}: its relative error is meaningless "
+    said = [f"reference output {o.name!r} is {o.reference_note}: its relative error is meaningless "
             f"there (the feeds barely exercise it); {advice}" for o in outputs
             if o.reference_note and (relative or not o.reference_note.startswith("near zero"))]
+    return said + [f"reference output {o.name!r} holds {o.reference_inf} ±inf value(s): compared exactly there (the "
+                   "same inf agrees, any other value is an infinite error); if that is an overflow of your inputs "
+                   "rather than a value of the model (a -inf mask), use real inputs (--inputs)"
+                   for o in outputs if getattr(o, "reference_inf", 0) and not getattr(o, "reference_nan", 0)]
 
 
 def _nonfinite(array: np.ndarray) -> tuple[int, int]:

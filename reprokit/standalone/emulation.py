@@ -401,3 +401,24 @@ def widen_declared(model):
             vi.type.tensor_type.elem_type = TensorProto.FLOAT
     del model.graph.value_info[:]
     return model, (seen.pop() if seen else None), keep
+
+
+def clamped_constants(model, narrow: str) -> list[tuple[str, float]]:
+    """The initializers and Constant outputs of ``model`` holding ±inf, which the emulator clamps
+    to ±65504 (fp16): a finding on a model that holds one depends on that emulation choice.
+    A finite weight past the range is clamped as TensorRT documents it clamps weights; whether it
+    turns a ``-inf`` constant (an attention mask) into -65504 or keeps the inf, which fp16 holds,
+    depends on how it folds it."""
+    from onnx import numpy_helper
+
+    if narrow != "fp16":
+        return []
+    found = []
+    tensors = [(t.name, t) for t in model.graph.initializer]
+    tensors += [(n.output[0], a.t) for n in model.graph.node if n.op_type == "Constant" and n.output
+                for a in n.attribute if a.name == "value"]
+    for name, tensor in tensors:
+        value = numpy_helper.to_array(tensor)
+        if value.dtype.kind == "f" and value.size and np.isinf(value).any():
+            found.append((name, float("inf")))
+    return found

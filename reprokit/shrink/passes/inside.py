@@ -6,7 +6,8 @@ node of the current best's model, those inside If branches (nested ones too) inc
 output's cone (through an If only the branch outputs it needs), and runs ddmin over all of them (``reprokit/branchcut.py`` builds each candidate): a removed
 node's tensor is fed with the activation captured on the opened model, never made up; outputs
 nothing reads go from the If and both branches alike. Each candidate is judged by the same oracle
-and signature rule and counts against the same call budget; an accepted one becomes the model the
+and the same decision (engine/bug.py, causal test included: ``Reducer.within``) and counts against
+the same call budget; an accepted one becomes the model the
 run finishes with (its inputs fed like the model's own). Loop and Scan bodies stay whole.
 """
 
@@ -21,12 +22,12 @@ from reprokit.graph.index import GraphIndex, count_nodes
 from reprokit.graph.io import save_model
 from reprokit.graph.model import mark_outputs
 from reprokit.shrink.passes import ddmin
-from reprokit.shrink.reducer import Reducer
+from reprokit.shrink.space import CandidateSpace
 
 
 def holds_if(reducer) -> bool:
     """Does the current best hold an If with nodes in its branches?"""
-    return any(reducer.model.graph.node[i].op_type == "If" for i in reducer.best) or reducer.wrap is not None
+    return any(reducer.model.graph.node[i].op_type == "If" for i in reducer.best) or reducer.space.wrap is not None
 
 
 def run(reducer) -> bool:
@@ -46,14 +47,11 @@ def run(reducer) -> bool:
     sites = Sites(model, store, feeds)
     if not sites.inside:
         return False
-    inner = Reducer(model, GraphIndex.build(model), store, feeds, reducer.oracle, reducer.signature,
-                    workdir=reducer.workdir, journal=reducer.journal, on_event=reducer.event,
-                    best=frozenset(range(len(sites.sites))))
-    for name in ("packing", "severity", "message_key", "names_select_nodes", "share_feeds", "pack_bytes", "pack_nodes", "guard"):
-        setattr(inner, name, getattr(reducer, name))
-    inner.scope = f"inside:{digest}:"
-    inner.build = lambda nodes, check: sites.extraction(nodes, check)
-    inner.refuse = sites.refused
+    # the same decision as the run's (causal test included): the space says how sites become
+    # candidates, and the causal test injects their outputs, top-level tensors, by name
+    space = CandidateSpace(scope=f"inside:{digest}:", build=lambda nodes, check: sites.extraction(nodes, check),
+                           refuse=sites.refused, top_level=False)
+    inner = reducer.within(space, model, GraphIndex.build(model), store, feeds, frozenset(range(len(sites.sites))))
     if reducer.budget is not None:
         inner.budget = max(0, reducer.budget - reducer.spent)
     inner.on_accept = lambda r, step: _adopt(reducer, r, sites.extraction(r.best), store)
@@ -69,6 +67,8 @@ def run(reducer) -> bool:
         for label, count in inner.findings.items():
             reducer.findings[label] = reducer.findings.get(label, 0) + count
         reducer.contradictions += inner.contradictions
+        for decision, count in inner.judged_by.items():
+            reducer.judged_by[decision] = reducer.judged_by.get(decision, 0) + count
     reducer.one_minimal = inner.one_minimal
     return True
 
@@ -102,8 +102,7 @@ def _adopt(reducer, inner, sub, store) -> None:
     _reference_runner(reducer, sub.feeds)(sub.model, list(sub.outputs)).discard()
     reducer.model, reducer.index = sub.model, GraphIndex.build(sub.model)
     reducer.feeds, reducer.store = dict(sub.feeds), store
-    reducer.wrap = None
-    reducer.scope = inner.scope + "adopted:"
+    reducer.space = CandidateSpace(scope=inner.space.scope + "adopted:", top_level=False)
     reducer.best = frozenset(range(len(sub.model.graph.node)))
     reducer.history = [reducer.best]
     reducer._readers, reducer._weights, reducer._feed_ok = None, None, {}
