@@ -214,7 +214,8 @@ def test_too_old_tensorrt_is_unavailable():
 @pytest.mark.parametrize(
     ("text", "major", "rtx"),
     [
-        ("trt:fp16,bf16,int8,fp8,no-tf32,fp32-nodes=a", 8, False),
+        ("trt:fp16,bf16,int8,fp8,no-tf32,fp32-nodes=a", 10, False),  # 8.6 has no BF16: refused
+        ("trt:fp16,int8,no-tf32,fp32-nodes=a", 8, False),
         ("trt:opt-level=3,workspace=64,timing-cache=/tmp/c", 10, False),
         ("trt:fp16,opt-level=1,timing-cache=/tmp/c", 11, False),
         ("trt:bf16,opt-level=1,timing-cache=/tmp/c", 1, True),

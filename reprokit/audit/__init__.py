@@ -48,7 +48,7 @@ from reprokit.engine.layerwise import (
     float_node_outputs,
 )
 from reprokit.engine.oracle import check_reference_finite
-from reprokit.engine.session import RunOptions, make_oracle, prepare
+from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
 from reprokit.errors import ReprokitError
 from reprokit.graph.index import inferred_value_info
 from reprokit.graph.io import save_model
@@ -131,6 +131,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
     with tempfile.TemporaryDirectory(prefix="reprokit-audit-") as work:
         oracle = make_oracle(target, options, os.path.join(work, "calls"))
         check_target_nodes(model_path, target)
+        admit_target(model_path, target)
         prepared = prepare(model_path, options, work)
         oracle.weights_dir = prepared.base_dir
         notes = list(prepared.notes)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.engine.backends import backend_class
+from reprokit.engine.backends.base import Backend
 from reprokit.engine.feedfiles import load_feeds, load_samples
 from reprokit.engine.folding import fold_prepared
 from reprokit.engine.inputs import Feeds, random_feeds
@@ -98,6 +99,15 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
         model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
     notes.extend(feeds.notes)
     return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
+
+
+def admit_target(model_path: str, target: str) -> None:
+    """The target's engine refuses, before any run, what it cannot run as asked on the user's
+    model (``trt:int8`` without Q/DQ on a strongly typed TensorRT: issue 36)."""
+    spec = parse_target(target)
+    backend = backend_class(spec.engine)
+    if backend.admit.__func__ is not Backend.admit.__func__:  # reads the file only where it matters
+        backend.admit(spec, load_model(os.fspath(model_path), load_weights=False))
 
 
 def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None) -> Oracle:
@@ -192,6 +202,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         workdir = own_tmp.name
     oracle = make_oracle(target, options, os.path.join(workdir, "calls"))
     check_target_nodes(os.fspath(model), target)
+    admit_target(os.fspath(model), target)
     prepared = prepare(os.fspath(model), options, workdir, every_sample=True)
     oracle.weights_dir = prepared.base_dir
     runs = []

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from reprokit.engine.activations import ActivationStore, tensor_bytes
-from reprokit.engine.session import RunOptions, make_oracle, prepare
+from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
 from reprokit.errors import InputError
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import save_model
@@ -64,6 +64,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     target = _with_timing_cache(target, state_dir)
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"))
     check_target_nodes(model_path, target)
+    admit_target(model_path, target)
     prepared = prepare(model_path, options, state_dir, every_sample=True)
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
                     search)

@@ -34,8 +34,13 @@ from reprokit.engine.backends.trt_setup import (
     classify_failure,
     compute_capabilities,
     fp32_nodes,
+    has_qdq,
     load_tensorrt,
+    refuse_unbuildable,
+    rtx_requested,
 )
+from reprokit.engine.backends.trt_versions import facts_for
+from reprokit.engine.envinfo import tensorrt_version
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.graph.index import node_names
 from reprokit.spec import OptionDoc, TargetSpec
@@ -96,6 +101,18 @@ class TrtBackend(Backend):
                 hint="add fp16, bf16, int8 or fp8, e.g. trt:fp16,fp32-nodes=NODE",
             )
 
+    @classmethod
+    def admit(cls, spec: TargetSpec, model) -> None:
+        """Refuse, before any run, what the installed TensorRT cannot build as asked: INT8/FP8 on a
+        model without Q/DQ where only explicit quantization exists (11, RTX, strongly-typed), FP8
+        without Q/DQ anywhere. Read from the installed version's facts, without importing TensorRT
+        (where none is installed the run says so, exit 4)."""
+        rtx = rtx_requested()
+        version = tensorrt_version()["version"]
+        if not (spec.has("int8") or spec.has("fp8")) or (version is None and not rtx):
+            return
+        refuse_unbuildable(spec, facts_for(version, rtx), has_qdq(model))
+
     def precision(self) -> str:
         # bf16 before fp16: it keeps fewer mantissa bits, so its error is the larger one
         for name in ("fp8", "int8", "bf16", "fp16"):
@@ -123,8 +140,8 @@ class TrtBackend(Backend):
         self.refuse_containers(feeds)
         module, rtx = load_tensorrt()
         version = str(getattr(module, "__version__", "?"))
-        settings = builder_settings(self.spec, _major(version), rtx)
         model = onnx.load(model_path, load_external_data=False)
+        settings = builder_settings(self.spec, version, rtx, has_qdq=has_qdq(model))
         unknown = sorted(set(settings.fp32_nodes) - set(node_names(model.graph)))
         if unknown:
             raise InputError(
@@ -135,12 +152,14 @@ class TrtBackend(Backend):
             "mode": settings.mode, "trt_version": version, "trt_module": module.__name__,
             "builder_flags": list(settings.builder_flags), "strongly_typed": settings.strongly_typed,
             "converted_to": settings.convert_to, "fp32_nodes": list(settings.fp32_nodes),
-            "notes": list(settings.notes),
+            "notes": list(settings.notes), "trt_facts": settings.facts, "calibrated": settings.calibrate,
+            "built_file": "model.onnx",
         }  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="reprokit-trt-") as tmp:
             path = model_path
             if settings.convert_to:
                 path = self._convert(model_path, settings, tmp, meta)
+                meta["built_file"] = f"model.{settings.convert_to}.onnx"  # its name in an archive
             with capture_polygraphy_log() as log:
                 try:
                     outputs = _build_and_run(
@@ -200,6 +219,11 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
     profile = _static_profile(model, feeds)
     if profile is not None:
         kwargs["profiles"] = [profile]
+    if settings.calibrate:
+        # what `polygraphy run --int8 --load-inputs inputs.json` does: polygraphy's Calibrator
+        # (IInt8EntropyCalibrator2 by default) over the very inputs this run feeds
+        wanted_inputs = {vi.name for vi in model.graph.input}
+        kwargs["calibrator"] = ptrt.Calibrator(data_loader=[{k: v for k, v in feeds.items() if k in wanted_inputs}])
     if settings.config_loader == "CreateConfigRTX":
         from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
 
