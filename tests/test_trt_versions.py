@@ -152,3 +152,12 @@ def test_trt_int8_on_a_qdq_model_goes_on_to_the_engine(tmp_path):
         proc.stdout + proc.stderr
     )  # no TensorRT-RTX here: the engine is missing
     assert "Q/DQ" not in proc.stderr
+
+
+def test_docs_cli_holds_the_table_as_the_code_writes_it():
+    from pathlib import Path
+
+    from reprokit.engine.backends.trt_versions import markdown_table
+
+    docs = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    assert markdown_table() in docs

@@ -108,7 +108,7 @@ MEANING = {
     "int8": ("builder flag INT8; without Q/DQ nodes implicit quantization calibrated by polygraphy's "
              "calibrator over the same inputs as the printed `polygraphy run --int8 --load-inputs`",
              "only a model with Q/DQ nodes; a model without them is refused (quantize it first)"),
-    "fp8": ("builder flag FP8; only Q/DQ (explicit) FP8 is calibrated by the model",
+    "fp8": ("builder flag FP8, for FP8 Q/DQ nodes only (no FP8 calibrator: a model without them is refused)",
             "only a model with FP8 Q/DQ nodes; a model without them is refused"),
     "fp32-nodes": ("those layers get precision float32 and OBEY_PRECISION_CONSTRAINTS "
                    "(polygraphy `--layer-precisions N:float32 --precision-constraints obey`)",
@@ -119,6 +119,20 @@ MEANING = {
 }  # fmt: skip
 
 
-def meaning(option: str, facts: TrtFacts) -> str:
-    weak, strong = MEANING[option]
-    return weak if facts.weak_typing else strong
+def markdown_table() -> str:
+    """docs/cli.md's two tables, written from :data:`FACTS` and :data:`MEANING` (a test keeps the
+    docs equal to this): what each version line has, and what each ``trt:`` option means."""
+    rows = ["| version | typing | precision builder flags | trtexec precision switches | "
+            "STRONGLY_TYPED / `--stronglyTyped` | calibrators | debug tensors |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for f in FACTS:
+        name = f.product if f.key == "rtx" else f"{f.product} {f.key}"
+        typing = f.default_typing.value + (" (deprecated)" if f.weak_deprecated else "")
+        strong = ("always on; accepted" if f.default_typing is Typing.STRONG else "yes") if f.strongly_typed_flag else "no"
+        rows.append(f"| {name} | {typing} | {', '.join(f.precision_flags) or 'none (removed)'} | "
+                    f"{' '.join(f'`{t}`' for t in f.trtexec_precision) or 'none (removed)'} | {strong} | "
+                    f"{'yes' if f.calibrators else 'no'} | {'yes' if f.debug_tensors else 'no'} |")
+    rows += ["", "| option | weakly typed (8.6–10.x) | strongly typed (11.x, TensorRT-RTX, `strongly-typed`) |",
+             "| --- | --- | --- |"]
+    rows += [f"| `{option}` | {weak} | {strong} |" for option, (weak, strong) in MEANING.items()]
+    return "\n".join(rows)
