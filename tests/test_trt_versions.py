@@ -161,3 +161,70 @@ def test_docs_cli_holds_the_table_as_the_code_writes_it():
 
     docs = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
     assert markdown_table() in docs
+
+
+class FakeTensor:
+    """Stands in for a TensorRT tensor: only a name (the marking logic is under test, not TensorRT)."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+class FakeLayer:
+    def __init__(self, tensors):
+        self.tensors = tensors
+        self.num_outputs = len(tensors)
+
+    def get_output(self, i):
+        return self.tensors[i]
+
+
+class FakeNetwork:
+    """A stand-in for TensorRT's INetworkDefinition with the calls marking uses (one layer making
+    every tensor); ``debug``: it has mark_debug (TensorRT >= 10) or not (8.6)."""
+
+    num_inputs = 0
+
+    def __init__(self, names, debug: bool):
+        self.tensors = [FakeTensor(n) for n in names]
+        self.outputs, self.debug_marked = [self.tensors[-1]], []
+        if debug:
+            self.mark_debug = lambda tensor: self.debug_marked.append(tensor.name)
+
+    def __iter__(self):
+        return iter([FakeLayer(self.tensors)])
+
+    @property
+    def num_outputs(self):
+        return len(self.outputs)
+
+    def get_output(self, i):
+        return self.outputs[i]
+
+    def unmark_output(self, tensor):
+        self.outputs.remove(tensor)
+
+    def mark_output(self, tensor):
+        self.outputs.append(tensor)
+
+
+def test_layerwise_observes_through_debug_tensors_where_they_exist(tmp_path):
+    from reprokit.engine.backends import trt as trt_backend
+    from reprokit.graph.model import OBSERVE_KEY, mark_outputs
+
+    model = mark_outputs(_float_model(tmp_path / "f.onnx", True), ["q", "dq"])
+    assert (
+        trt_backend._observed(model, ["q", "dq", "y"]) == set()
+    )  # not a layerwise model: plain outputs
+    model.metadata_props.add(key=OBSERVE_KEY, value="layerwise")
+    observed = trt_backend._observed(model, ["q", "dq", "y"])
+    assert observed == {"q", "dq"}  # y is the model's own output, read by no node
+    for debug in (True, False):
+        network, meta = FakeNetwork(["q", "dq", "y"], debug), {}
+        trt_backend._mark_exactly(["q", "dq", "y"], observed, meta)(network)
+        outputs = sorted(t.name for t in network.outputs)
+        if debug:  # read as debug tensors, only the model's own output stays a network output
+            assert outputs == ["y"] and sorted(network.debug_marked) == ["dq", "q"]
+            assert "debug tensors" in meta["observed_by"]
+        else:  # TensorRT 8.6: marked as outputs, and said
+            assert outputs == ["dq", "q", "y"] and "no debug tensors" in meta["observed_by"]

@@ -43,6 +43,7 @@ from reprokit.engine.backends.trt_versions import facts_for
 from reprokit.engine.envinfo import tensorrt_version
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.graph.index import node_names
+from reprokit.graph.model import OBSERVE_KEY
 from reprokit.spec import OptionDoc, TargetSpec
 
 
@@ -209,9 +210,10 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
             network, _pin_fp32(trt, settings.fp32_nodes, model, matched), "reprokit-fp32-nodes"
         )
         meta["fp32_layers"] = matched
+    observed = _observed(model, output_names)
     if output_names:
         network = ptrt.PostprocessNetwork(
-            network, _mark_exactly(list(output_names)), "reprokit-mark-outputs"
+            network, _mark_exactly(list(output_names), observed, meta), "reprokit-mark-outputs"
         )
     kwargs = dict(settings.create_config)
     if settings.workspace_bytes:
@@ -248,6 +250,8 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
         meta["fp32_nodes_unmatched"] = [n for n in settings.fp32_nodes if n not in matched]
     outputs = {}
     for name in list(output_names) if output_names else list(raw):
+        if name not in raw and name in observed:  # fused away (unfused debug tensors): reported missing
+            continue
         value = np.array(raw[name], copy=True)  # the runner reuses its host buffers
         narrow = value.dtype.kind == "f" and value.itemsize < 4  # marked fp16 tensors
         outputs[name] = value.astype(np.float32) if narrow else value
@@ -270,8 +274,19 @@ def _static_profile(model, feeds):
     return profile if dynamic else None
 
 
-def _mark_exactly(names: list[str]):
-    """Make exactly ``names`` the network outputs (polygraphy's marking treats '[' as a glob)."""
+def _observed(model, output_names) -> set[str]:
+    """The requested names a layerwise run only observes: tensors other nodes read, in a model
+    marked for observation (graph.model.OBSERVE_KEY). Elsewhere (shrink's candidates) none."""
+    if not output_names or not any(p.key == OBSERVE_KEY for p in model.metadata_props):
+        return set()
+    read = {name for node in model.graph.node for name in node.input}
+    return set(output_names) & read
+
+
+def _mark_exactly(names: list[str], observed: set[str], meta: dict):
+    """Make exactly ``names`` the network outputs (polygraphy's marking treats '[' as a glob);
+    ``observed`` ones are read as debug tensors where this TensorRT has them (10.0+): the
+    engine keeps its fusions, unlike with every tensor marked as an output (issue 36)."""
 
     def mark_exactly(network):
         tensors = {
@@ -288,8 +303,23 @@ def _mark_exactly(names: list[str]):
             )
         for tensor in [network.get_output(i) for i in range(network.num_outputs)]:
             network.unmark_output(tensor)
+        debug = set()
+        if observed and hasattr(network, "mark_unfused_tensors_as_debug_tensors"):
+            network.mark_unfused_tensors_as_debug_tensors()  # what survives fusion, fusions unchanged
+            debug = observed
+            meta["observed_by"] = ("unfused debug tensors (mark_unfused_tensors_as_debug_tensors): fusions kept; "
+                                   "a tensor fused away is missing from the table")
+        elif observed and hasattr(network, "mark_debug"):
+            for name in observed:
+                network.mark_debug(tensors[name])
+            debug = observed
+            meta["observed_by"] = "debug tensors (mark_debug), not network outputs"
+        elif observed:
+            meta["observed_by"] = ("network outputs: this TensorRT has no debug tensors (8.6), so marking "
+                                   "may stop fusions and measure another engine")
         for name in names:
-            network.mark_output(tensors[name])
+            if name not in debug:
+                network.mark_output(tensors[name])
 
     return mark_exactly
 
