@@ -96,6 +96,13 @@ def test_weak_int8_without_qdq_calibrates_like_the_printed_polygraphy_command():
     assert any("calibrat" in n for n in s.notes)
     assert not builder_settings(parse_target("trt:int8"), "10.13.0", False, has_qdq=True).calibrate
     assert not builder_settings(parse_target("trt:fp16"), "10.13.0", False, has_qdq=False).calibrate
+    # the backend's call binds to polygraphy's real loaders (what `polygraphy run --int8` builds)
+    import inspect
+
+    from polygraphy.backend.trt import Calibrator, CreateConfig
+
+    inspect.signature(CreateConfig).bind(**s.create_config, calibrator=None)
+    inspect.signature(Calibrator).bind(data_loader=[{"x": None}])
 
 
 def _float_model(path, qdq: bool):

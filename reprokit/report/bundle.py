@@ -176,7 +176,8 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     archive_name = f"{name}.{fmt}"
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
     values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
-    values["settings"]["trt_facts"] = values.pop("trt_facts")  # repro.py's TensorRT facts, as reprokit's
+    # repro.py's TensorRT facts and GPU-refusal words, as reprokit's own
+    values["settings"].update(trt_facts=values.pop("trt_facts"), gpu_refused=values.pop("gpu_refused"))
     values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
                               expected_detail=verdict.signature.detail)
     values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.engine.backends.trt_setup import has_qdq
+from reprokit.engine.backends.trt_setup import GPU_REFUSED, has_qdq
 from reprokit.engine.backends.trt_versions import FACTS, Typing
 
 _NARROW = ("fp16", "bf16", "int8", "fp8")
@@ -236,6 +236,7 @@ def trt_values(
         "converted": "",
         "converted_file": None,
         "trt_facts": [f.to_json() for f in FACTS],
+        "gpu_refused": GPU_REFUSED.pattern,
     }  # repro.py reads the facts
     if spec.engine not in ("trt", "emulate"):
         return values

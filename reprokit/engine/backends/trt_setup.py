@@ -31,7 +31,7 @@ RTX_HINT = (
 )
 _NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
 # TensorRT's words when the GPU or its driver, not the model, is the problem.
-_GPU_REFUSED = re.compile(
+GPU_REFUSED = re.compile(
     r"compute capability|\bSM ?\d+\b.*not supported|GPU (architecture )?(is )?not supported|"
     r"CUDA initialization failure|no CUDA-capable device|cudaErrorNoDevice|insufficient driver|"
     r"driver version is insufficient|Could not load the CUDA runtime",
@@ -278,7 +278,7 @@ def capture_polygraphy_log():
 def classify_failure(messages: list[str], rtx: bool = False) -> ReprokitError:
     """Turn TensorRT's messages about a failed build/run into the error reprokit reports."""
     lines = list(dict.fromkeys(m.strip() for m in messages if m and m.strip()))
-    refused = [m for m in lines if _GPU_REFUSED.search(m)]
+    refused = [m for m in lines if GPU_REFUSED.search(m)]
     name = "TensorRT-RTX" if rtx else "TensorRT"
     if refused:
         return EngineUnavailable(
