@@ -118,18 +118,6 @@ def test_a_wrong_command_line_does_not_parse():
         polygraphy_parses("polygraphy run model.onnx --trt --fp17")
 
 
-def _verdict(target: str) -> Verdict:
-    return Verdict(
-        Signature(Kind.NONFINITE, ("y",), "nan"),
-        (),
-        Criterion(),
-        "ort",
-        target,
-        "fp16",
-        target_meta={},
-    )
-
-
 @pytest.mark.parametrize(
     "target",
     [
@@ -233,3 +221,30 @@ def test_repro_usage_and_internal_errors_are_never_1(archives, tmp_path):
     assert (
         again.returncode == 1 and "REPRODUCES" in again.stdout
     )  # the launcher passes repro.py's own code
+
+
+def test_strongly_typed_fp16_prints_the_converted_model_without_fp16():
+    """Issue 36 item 4: `--fp16` with `--strongly-typed` is refused on 10.x (NVIDIA/TensorRT#4253) and
+    the fp32 model.onnx is not what was built."""
+    from reprokit.report.describe import polygraphy_command, primary_form
+
+    spec = parse_target("trt:strongly-typed,fp16")
+    verdict = Verdict(
+        Signature(Kind.NONFINITE, ("y",), "nan"),
+        (),
+        Criterion(),
+        "ort",
+        str(spec),
+        "fp16",
+        target_meta={"mode": "strongly-typed", "built_file": "model.fp16.onnx"},
+    )
+    forms = trt_forms(spec, Criterion(), {}, built_typing="strongly-typed", qdq=False)
+    assert primary_form(forms) is forms[1] and forms[1].built and not forms[0].built
+    from models import small_mlp
+
+    printed = polygraphy_command(spec, verdict, small_mlp())
+    assert (
+        printed.startswith("polygraphy run model.fp16.onnx --trt --strongly-typed")
+        and "--fp16" not in printed
+    )
+    polygraphy_parses(printed)
