@@ -136,7 +136,8 @@ def trt_forms(
     )
     weak = TrtForm(
         Typing.WEAK,
-        "TensorRT 8.6–10.x; not 11, which removed the precision flags",
+        ("TensorRT 10.x; 8.6 has no BF16 flag" if "bf16" in weak_prec else "TensorRT 8.6–10.x")
+        + "; not 11, which removed the precision flags",
         "model.onnx",
         shlex.join(weak_poly),
         weak_trtexec,
