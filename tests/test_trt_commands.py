@@ -248,3 +248,25 @@ def test_strongly_typed_fp16_prints_the_converted_model_without_fp16():
         and "--fp16" not in printed
     )
     polygraphy_parses(printed)
+
+
+@pytest.mark.parametrize(
+    ("version", "target", "words"),
+    [
+        ("8.5.3.1", "trt:fp16", "too old"),
+        ("8.6.1.6", "trt:bf16", "no BF16 builder flag"),
+        ("8.6.1.6", "trt:strongly-typed", "no strongly typed networks"),
+        ("11.4.0.9", "trt:int8", "only from Q/DQ nodes"),
+    ],
+)
+def test_repro_refuses_what_the_tensorrt_version_lacks_with_4(
+    archives, tmp_path, version, target, words
+):
+    """repro.py decides from the facts table it carries. A FAKE ``tensorrt`` module (only a
+    ``__version__``; the version gate is under test, not TensorRT) stands on PYTHONPATH."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "tensorrt.py").write_text(f"__version__ = {version!r}\n")
+    done = _repro(archives["plain"], "--target", target, env={"PYTHONPATH": str(fake)})
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert words in done.stdout and "REPRODUCES" not in done.stdout
