@@ -23,10 +23,11 @@ from reprokit.spec import TargetSpec
 
 TRT_HINT = (
     "pip install 'reprokit[tensorrt]' (needs an NVIDIA GPU and driver); for TensorRT-RTX: "
-    "pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings and set POLYGRAPHY_USE_TENSORRT_RTX=1"
+    "pip install tensorrt-rtx-cu13 (module tensorrt_rtx, with its -libs and -bindings wheels) and set "
+    "POLYGRAPHY_USE_TENSORRT_RTX=1"
 )
 RTX_HINT = (
-    "pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings (POLYGRAPHY_USE_TENSORRT_RTX=1 "
+    "pip install tensorrt-rtx-cu13 (POLYGRAPHY_USE_TENSORRT_RTX=1 "
     "asks for TensorRT-RTX); or unset POLYGRAPHY_USE_TENSORRT_RTX and pip install 'reprokit[tensorrt]'"
 )
 _NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
