@@ -122,17 +122,28 @@ MEANING = {
 def markdown_table() -> str:
     """docs/cli.md's two tables, written from :data:`FACTS` and :data:`MEANING` (a test keeps the
     docs equal to this): what each version line has, and what each ``trt:`` option means."""
-    rows = ["| version | typing | precision builder flags | trtexec precision switches | "
-            "STRONGLY_TYPED / `--stronglyTyped` | calibrators | debug tensors |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| version | typing | precision builder flags | trtexec precision switches | "
+        "STRONGLY_TYPED / `--stronglyTyped` | calibrators | debug tensors |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for f in FACTS:
         name = f.product if f.key == "rtx" else f"{f.product} {f.key}"
         typing = f.default_typing.value + (" (deprecated)" if f.weak_deprecated else "")
-        strong = ("always on; accepted" if f.default_typing is Typing.STRONG else "yes") if f.strongly_typed_flag else "no"
-        rows.append(f"| {name} | {typing} | {', '.join(f.precision_flags) or 'none (removed)'} | "
-                    f"{' '.join(f'`{t}`' for t in f.trtexec_precision) or 'none (removed)'} | {strong} | "
-                    f"{'yes' if f.calibrators else 'no'} | {'yes' if f.debug_tensors else 'no'} |")
-    rows += ["", "| option | weakly typed (8.6–10.x) | strongly typed (11.x, TensorRT-RTX, `strongly-typed`) |",
-             "| --- | --- | --- |"]
+        strong = (
+            ("always on; accepted" if f.default_typing is Typing.STRONG else "yes")
+            if f.strongly_typed_flag
+            else "no"
+        )
+        rows.append(
+            f"| {name} | {typing} | {', '.join(f.precision_flags) or 'none (removed)'} | "
+            f"{' '.join(f'`{t}`' for t in f.trtexec_precision) or 'none (removed)'} | {strong} | "
+            f"{'yes' if f.calibrators else 'no'} | {'yes' if f.debug_tensors else 'no'} |"
+        )
+    rows += [
+        "",
+        "| option | weakly typed (8.6–10.x) | strongly typed (11.x, TensorRT-RTX, `strongly-typed`) |",
+        "| --- | --- | --- |",
+    ]
     rows += [f"| `{option}` | {weak} | {strong} |" for option, (weak, strong) in MEANING.items()]
     return "\n".join(rows)
