@@ -71,7 +71,10 @@ def print_check(result, model_path: str, top: int = 10) -> None:
     out.print(f"  target     {verdict.target} (precision {verdict.precision}, {verdict.seconds:.2f} s)")
     mode = verdict.target_meta.get("mode")
     if mode:
-        out.print(f"  trt mode   {mode}")
+        built = verdict.target_meta.get("built_file")
+        out.print(f"  trt mode   {mode}" + (f", built {built}" if built else ""))
+    for note in verdict.target_meta.get("notes") or []:  # what changed what ran (issue 36)
+        out.print(f"  [yellow]note[/]       {escape(str(note))}")
     out.print(f"  feeds      {feeds.source}: {shapes}")
     out.print(f"  criterion  {verdict.criterion.describe()} per output")
     if verdict.quantized:

@@ -15,6 +15,7 @@ import pytest
 from reprokit.engine.oracle import Kind, Signature, Verdict
 from reprokit.report import describe
 from reprokit.report.render import render
+from reprokit.report.trtcommands import trt_values
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import parse_target
 from reprokit.standalone.compare import Criterion, compare_arrays
@@ -51,6 +52,7 @@ def _render(target: str) -> str:
                   polygraphy_command="polygraphy run model.onnx --onnxrt", other_frameworks="Yes.",
                   latest_release="(replaced)")
     values.update(upstream_values(spec, ENV))
+    values.update(trt_values(spec, verdict, model, {}, ENV, values["engine_packages"]))
     return render(issue_template(spec), **values)
 
 
@@ -125,6 +127,7 @@ def test_an_openvino_reference_is_named_as_openvino(target, template):
                   repro_output="REPRODUCES\n[exit code 1]", polygraphy_command="polygraphy run model.onnx --onnxrt",
                   other_frameworks=_other_frameworks(ENV, verdict.reference), latest_release="(replaced)")
     values.update(upstream_values(spec, ENV))
+    values.update(trt_values(spec, verdict, model, {}, ENV, ""))
     text = render(template, **values)
     assert "reference: `openvino:f32` (OpenVINO, CPU, f32)" in text
     assert "ONNX Runtime (CPU, fp32)" not in text and "ONNX Runtime, CPU, fp32" not in text

@@ -22,7 +22,7 @@ from reprokit.report.verify import verify
 from tests.models import bf16_steps, matmul_overflow_softmax, save
 
 GOLDEN = Path(__file__).parent / "golden"
-MEMBERS = {"model.onnx", "inputs.npz", "inputs.json", "reference_outputs.npz", "target_outputs.npz",
+MEMBERS = {"model.onnx", "model.fp16.onnx", "inputs.npz", "inputs.json", "reference_outputs.npz", "target_outputs.npz",
            "verdict.json", "env.json", "repro.py", "commands.sh", "ISSUE.md", "README.md", "MANIFEST.json",
            "logs/polygraphy_inspect_model.log", "logs/polygraphy_run_onnxrt.log", "logs/repro.log",
            "logs/target_emulate.log", "inputs/input_0.bin"}
@@ -148,8 +148,10 @@ def test_issue_md_golden(tmp_path):
     ref = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
     error = compare_arrays("y", ref, np.full_like(ref, np.nan), Criterion())
     verdict = Verdict(Signature(Kind.NONFINITE, ("y",), "nan"), (error,), Criterion(), "ort", "trt:fp16", "fp16",
-                      target_meta={"mode": "weakly-typed", "builder_flags": ["TF32", "FP16"]})
+                      target_meta={"mode": "weakly-typed", "builder_flags": ["TF32", "FP16"],
+                                   "built_file": "model.onnx"})
     from reprokit.report import describe
+    from reprokit.report.trtcommands import trt_values
 
     env = {"tensorrt": {"distribution": "tensorrt", "version": "10.0.1.6"},
            "gpu": [{"name": "NVIDIA L4", "compute_capability": "8.9", "driver": "550.54"}],
@@ -168,7 +170,9 @@ def test_issue_md_golden(tmp_path):
                   archive_name="report.tar.gz", nodes=2, ops=["MatMul", "Softmax"], opset=17,
                   engine_packages="tensorrt polygraphy", repro_output="REPRODUCES\n[exit code 1]",
                   polygraphy_command=describe.polygraphy_command(spec, verdict, model),
-                  latest_release="Reproduced with TensorRT 10.0.1.6.", other_frameworks="Yes.")
+                  latest_release="Reproduced with TensorRT 10.0.1.6.", other_frameworks="Yes.",
+                  **trt_values(spec, verdict, model, {}, env, "tensorrt polygraphy",
+                               {"schema_fp32": [], "clamped": ["W"]}))
     golden = GOLDEN / "ISSUE.md"
     if os.environ.get("UPDATE_GOLDEN") == "1" or not golden.exists():
         golden.write_text(text)

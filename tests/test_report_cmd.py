@@ -98,10 +98,11 @@ def test_a_different_failure_is_not_reproduces(archive, tmp_path):
     assert "DIFFERENT FAILURE" in done.stdout and "REPRODUCES" not in done.stdout
 
 
-def test_missing_numpy_or_onnxruntime_is_exit_3_without_traceback(archive, tmp_path):
+def test_missing_numpy_or_onnxruntime_is_exit_4_without_traceback(archive, tmp_path):
+    """A missing package is the environment, as the CLI's exit 4 (issue 36: one code for "cannot run here")."""
     _, top = archive
     no_site = repro(top, tmp_path, "-I", "-S")  # no site-packages: numpy cannot be imported
-    assert no_site.returncode == 3, no_site.stdout + no_site.stderr
+    assert no_site.returncode == 4, no_site.stdout + no_site.stderr
     assert "Traceback" not in no_site.stdout + no_site.stderr
     assert "numpy" in no_site.stderr
     # onnxruntime that cannot be imported (a broken install shadows the real one)
@@ -109,7 +110,7 @@ def test_missing_numpy_or_onnxruntime_is_exit_3_without_traceback(archive, tmp_p
     (broken / "onnxruntime").mkdir(parents=True)
     (broken / "onnxruntime" / "__init__.py").write_text("raise ImportError('No module named onnxruntime.capi')\n")
     done = repro(top, tmp_path, env={**os.environ, "PYTHONPATH": str(broken)})
-    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.returncode == 4, done.stdout + done.stderr
     assert "COULD NOT RUN HERE" in done.stdout and "onnxruntime" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
 

@@ -50,7 +50,7 @@ from reprokit.engine.layerwise import (
     float_node_outputs,
 )
 from reprokit.engine.oracle import check_reference_finite
-from reprokit.engine.session import RunOptions, make_oracle, prepare
+from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
 from reprokit.errors import ReprokitError
 from reprokit.graph.index import inferred_value_info
 from reprokit.graph.io import save_model
@@ -133,6 +133,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
     with tempfile.TemporaryDirectory(prefix="reprokit-audit-") as work:
         oracle = make_oracle(target, options, os.path.join(work, "calls"))
         check_target_nodes(model_path, target)
+        admit_target(model_path, target)
         prepared = prepare(model_path, options, work)
         oracle.weights_dir = prepared.base_dir
         quantized.judge_with(oracle, prepared.model, options, command="audit")  # a quantized model: judged in steps

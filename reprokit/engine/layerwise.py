@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from reprokit.graph.io import save_model
-from reprokit.graph.model import float_tensor_names, mark_outputs
+from reprokit.graph.model import OBSERVE_KEY, float_tensor_names, mark_outputs
 from reprokit.spec import marking_changes_engine
 from reprokit.standalone.compare import OutputError, compare_arrays
 
@@ -99,7 +99,9 @@ def compare_layerwise(model, reference, target, criterion, marking_changes_engin
 def compare_marked_run(model, reference, result, oracle) -> LayerwiseReport:
     """The layerwise report of one target run with every float tensor marked (a worker
     result); a target that fails when tensors are marked gives an empty report saying so."""
-    marking = marking_changes_engine(oracle.target)
+    observed_by = str((result.meta or {}).get("observed_by") or "")
+    # read as debug tensors (TensorRT >= 10), the marked tensors leave the engine as it was built
+    marking = marking_changes_engine(oracle.target) and "debug tensors" not in observed_by.split(":")[0]
     if result.status != "ok":
         return LayerwiseReport([], marking, [f"target failed with tensors marked: {result.status}: {result.message[:200]}"])
     return compare_layerwise(model, reference, result.outputs, oracle.criterion, marking)
@@ -110,8 +112,11 @@ def run_layerwise(oracle, prepared, workdir: str) -> LayerwiseReport:
     os.makedirs(workdir, exist_ok=True)
     model = prepared.model
     names = [t for t, *_ in float_node_outputs(model)]
-    marked_path = save_model(mark_outputs(model, names), os.path.join(workdir, "marked.onnx"),
-                             base_dir=prepared.base_dir)
+    marked = mark_outputs(model, names)
+    # an engine with a way to read tensors without making them outputs (TensorRT >= 10's debug
+    # tensors) uses it for the tensors this asks to observe (issue 36)
+    marked.metadata_props.add(key=OBSERVE_KEY, value="layerwise")
+    marked_path = save_model(marked, os.path.join(workdir, "marked.onnx"), base_dir=prepared.base_dir)
     reference = oracle.run_reference(marked_path, prepared.feeds.arrays, names)
     target = oracle.run_target(marked_path, prepared.feeds.arrays, names)
     report = compare_marked_run(model, reference.outputs, target, oracle)

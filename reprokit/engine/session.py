@@ -15,6 +15,7 @@ import numpy as np
 
 from reprokit.engine import quantized, twinrun
 from reprokit.engine.backends import backend_class
+from reprokit.engine.backends.base import Backend
 from reprokit.engine.feedfiles import load_feeds, load_samples
 from reprokit.engine.folding import fold_prepared
 from reprokit.engine.inputs import Feeds, random_feeds
@@ -124,6 +125,15 @@ def load_ignored(path: str) -> dict[str, np.ndarray]:
     return masks
 
 
+def admit_target(model_path: str, target: str) -> None:
+    """The target's engine refuses, before any run, what it cannot run as asked on the user's
+    model (``trt:int8`` without Q/DQ on a strongly typed TensorRT: issue 36)."""
+    spec = parse_target(target)
+    backend = backend_class(spec.engine)
+    if backend.admit.__func__ is not Backend.admit.__func__:  # reads the file only where it matters
+        backend.admit(spec, load_model(os.fspath(model_path), load_weights=False))
+
+
 def make_oracle(target: str, options: RunOptions, workdir: str, *, target_env=None,
                 target_model: str | None = None) -> Oracle:
     """Parse both specs (usage errors surface here, before any work) and build the oracle.
@@ -226,6 +236,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     model = options.reference_model or model  # --reference-model: the reference's model is the one judged
     oracle = make_oracle(target, options, os.path.join(workdir, "calls"), target_model=converted)
     check_target_nodes(os.fspath(model), target)
+    admit_target(os.fspath(model), target)
     prepared = prepare(os.fspath(model), options, workdir, every_sample=True)
     oracle.weights_dir = prepared.base_dir
     if converted:

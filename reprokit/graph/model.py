@@ -185,6 +185,11 @@ def float_tensor_names(model) -> set[str]:
     return {name for name, vi in inferred_value_info(model).items() if vi.type.tensor_type.elem_type in floats}
 
 
+# metadata key of a model whose extra outputs are only observed (layerwise): an engine may read
+# them another way than as outputs (TensorRT's debug tensors keep its fusions)
+OBSERVE_KEY = "reprokit.observe"
+
+
 def mark_outputs(model, names: list[str]):
     """Copy of the model with ``names`` added as graph outputs (types from shape inference)."""
     import onnx

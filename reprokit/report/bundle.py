@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit import __version__
-from reprokit.convert import convert_float_model
+from reprokit.convert import convert_float_model_report
 from reprokit.engine.backends import backend_class
 from reprokit.engine.bug import shows_bug
 from reprokit.engine.envinfo import fingerprint
@@ -41,6 +41,8 @@ from reprokit.report.describe import (
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
 from reprokit.report.twincommands import reference_run, target_run, twin_commands
+from reprokit.report.reprorun import repro_argv
+from reprokit.report.trtcommands import beyond_range, trt_values
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
@@ -157,14 +159,19 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
     bins = _write_inputs_for_tools(stage, feeds)
     spec, bundled, needed = _bundle_check_files(stage, spec)
-    converted_by_reprokit = spec.engine == "trt" or (spec.engine == "ort" and spec.has("cuda"))
+    conversion = None
+    # the explicit-precision model a strongly typed TensorRT (or ort:cuda,fp16) builds; emulate
+    # archives carry it too, so a maintainer on TensorRT 11 can run them (issue 36)
+    converted_by_reprokit = spec.engine in ("trt", "emulate") or (spec.engine == "ort" and spec.has("cuda"))
     if converted_by_reprokit and (spec.has("fp16") or spec.has("bf16")):
         narrow = "fp16" if spec.has("fp16") else "bf16"
         keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
         inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
         if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
             name_unnamed_nodes(inline)
-        save_model(convert_float_model(inline, narrow, keep), os.path.join(stage, f"model.{narrow}.onnx"))
+        converted, report = convert_float_model_report(inline, narrow, keep)
+        save_model(converted, os.path.join(stage, f"model.{narrow}.onnx"))
+        conversion = {"schema_fp32": list(report.schema_fp32), "clamped": beyond_range(inline, narrow)}
     with open(os.path.join(stage, "verdict.json"), "w") as handle:
         json.dump({**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
                    "redaction": redaction, "timeout": options.timeout}, handle, indent=2, default=str)
@@ -175,6 +182,9 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         json.dump(env, handle, indent=2)
     archive_name = f"{name}.{fmt}"
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
+    values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
+    # repro.py's TensorRT facts and GPU-refusal words, as reprokit's own
+    values["settings"].update(trt_facts=values.pop("trt_facts"), gpu_refused=values.pop("gpu_refused"))
     values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
     if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
         values.update(twin_commands(spec, verdict, bins))
@@ -190,7 +200,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     event("running the bundled repro.py")
     # repro.py gives each engine call the run's --timeout itself (a hang is a verdict there too);
     # the margin covers its own start and the reference run
-    repro = _run([sys.executable, "repro.py"], stage, timeout=max(60.0, options.timeout + 60.0))
+    repro = _run(repro_argv(), stage, timeout=max(60.0, options.timeout + 60.0))
     reproduces = repro.returncode == 1 and "REPRODUCES" in repro.stdout
     if not reproduces:
         notes.append(f"WARNING: repro.py did not reproduce here (exit {repro.returncode}); see logs/repro.log")

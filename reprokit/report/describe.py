@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import shlex
 
+from reprokit.engine.backends.trt_setup import has_qdq
 from reprokit.engine.oracle import Kind
 from reprokit.errors import ReprokitError
+from reprokit.report.trtcommands import trt_forms
 from reprokit.spec import parse_target
 
 FP16_MAX = 65504.0
@@ -120,6 +122,9 @@ def describe(verdict, spec, model, context) -> str:
         parts.append("Found with reprokit's storage emulator (every tensor stored in fp16/bf16, arithmetic in "
                      "fp32, as TensorRT's FP16 kernels do) on a machine without a GPU; `commands.sh` has the "
                      "TensorRT command that checks the same thing on a GPU.")
+    notes = [n for n in verdict.target_meta.get("notes") or [] if isinstance(n, str)]
+    if notes:  # what changed what ran (a calibration, a conversion's limits): said, never hidden
+        parts.append("Noted by the engine run: " + "; ".join(notes) + ".")
     if verdict.target_meta.get("mode"):
         parts.append(f"TensorRT was driven {verdict.target_meta['mode']}"
                      + (f" with builder flags {', '.join(verdict.target_meta.get('builder_flags', []))}." if verdict.target_meta.get("builder_flags") else "."))
@@ -173,25 +178,8 @@ def environment_lines(env, meta: dict | None = None) -> dict[str, str]:
 
 def polygraphy_command(spec, verdict, model) -> str:
     """polygraphy's own comparison of the target against ONNX Runtime on the bundled inputs."""
-    tol = verdict.criterion
-    tail = ["--onnxrt", "--load-inputs", "inputs.json", "--atol", f"{tol.atol:g}", "--rtol", f"{tol.rtol:g}",
-            "--check-error-stat", "mean"]
-    if spec.engine == "trt" or spec.engine == "emulate":
-        flags = ["--trt"]
-        if spec.engine == "emulate":
-            flags.append("--fp16" if spec.has("fp16") else "--bf16")
-            flags.append("--tf32")
-        else:
-            flags += [f"--{p}" for p in ("fp16", "bf16", "int8", "fp8") if spec.has(p)]
-            if not spec.has("no-tf32"):
-                flags.append("--tf32")
-            if spec.has("strongly-typed"):
-                flags.append("--strongly-typed")
-            if spec.has("opt-level"):
-                flags += ["--builder-optimization-level", str(spec.get("opt-level"))]
-            if spec.has("workspace"):
-                flags += ["--pool-limit", f"workspace:{spec.get('workspace')}M"]
-        return shlex.join(["polygraphy", "run", "model.onnx", *flags, *tail])
+    if spec.engine in ("trt", "emulate"):  # the form reprokit built (both are in commands.sh)
+        return primary_form(trt_forms_for(spec, verdict, model, {})).polygraphy
     if spec.engine == "ort":
         providers = ["--providers", "cuda"] if spec.has("cuda") else []
         return shlex.join(["polygraphy", "run", "model.onnx", "--onnxrt", *providers, "--load-inputs", "inputs.json"])
@@ -202,6 +190,20 @@ def polygraphy_command(spec, verdict, model) -> str:
             argv = [token.replace(key, value) for token in argv]
         return shlex.join(argv)
     return shlex.join(["python", "repro.py"])  # no polygraphy runner for this engine
+
+
+def trt_forms_for(spec, verdict, model, bins: dict[str, str], env: dict | None = None):
+    """Both TensorRT forms (weakly and strongly typed) of a trt/emulate archive's model."""
+    return trt_forms(spec, verdict.criterion, bins, built_typing=verdict.target_meta.get("mode"),
+                     qdq=has_qdq(model), env=env)
+
+
+def primary_form(forms):
+    """The form reprokit built; for emulate (no TensorRT ran) the weakly typed one, the builder
+    flag its users set; never a form that cannot build the reported precision."""
+    weak, strong = forms
+    first, second = (strong, weak) if strong.built else (weak, strong)
+    return first if first.polygraphy else second
 
 
 def trtexec_command(spec, bins: dict[str, str]) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from reprokit.engine import quantized, twinrun
 from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.recall import verdict_from_json
-from reprokit.engine.session import RunOptions, make_oracle, prepare
+from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
 from reprokit.errors import InputError
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import save_model
@@ -69,6 +69,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     judged = options.reference_model or model_path  # --reference-model: cuts are made of the fp32 model
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"), target_model=converted)
     check_target_nodes(judged, target)
+    admit_target(model_path, target)
     prepared = prepare(judged, options, state_dir, every_sample=True)
     if converted:
         prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))

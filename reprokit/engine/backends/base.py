@@ -74,6 +74,11 @@ class Backend:
     def validate(cls, spec: TargetSpec) -> None:
         """Reject option combinations that make no sense (after per-option parsing)."""
 
+    @classmethod
+    def admit(cls, spec: TargetSpec, model) -> None:
+        """Refuse (a ReprokitError) a target this engine cannot run as asked on the user's model
+        (a ModelProto, weights not loaded), before any run. Candidates cut from it are not asked."""
+
     def refuse_containers(self, feeds: dict) -> None:
         """For engines that take tensors only: a sequence or optional input is an input error
         (exit 3) that says which engines take them, never a crash inside the engine."""

@@ -34,10 +34,16 @@ from reprokit.engine.backends.trt_setup import (
     classify_failure,
     compute_capabilities,
     fp32_nodes,
+    has_qdq,
     load_tensorrt,
+    refuse_unbuildable,
+    rtx_requested,
 )
+from reprokit.engine.backends.trt_versions import facts_for
+from reprokit.engine.envinfo import tensorrt_version
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.graph.index import node_names
+from reprokit.graph.model import OBSERVE_KEY
 from reprokit.spec import OptionDoc, TargetSpec
 
 
@@ -96,6 +102,18 @@ class TrtBackend(Backend):
                 hint="add fp16, bf16, int8 or fp8, e.g. trt:fp16,fp32-nodes=NODE",
             )
 
+    @classmethod
+    def admit(cls, spec: TargetSpec, model) -> None:
+        """Refuse, before any run, what the installed TensorRT cannot build as asked: INT8/FP8 on a
+        model without Q/DQ where only explicit quantization exists (11, RTX, strongly-typed), FP8
+        without Q/DQ anywhere. Read from the installed version's facts, without importing TensorRT
+        (where none is installed the run says so, exit 4)."""
+        rtx = rtx_requested()
+        version = tensorrt_version()["version"]
+        if not (spec.has("int8") or spec.has("fp8")) or (version is None and not rtx):
+            return
+        refuse_unbuildable(spec, facts_for(version, rtx), has_qdq(model))
+
     def precision(self) -> str:
         # bf16 before fp16: it keeps fewer mantissa bits, so its error is the larger one
         for name in ("fp8", "int8", "bf16", "fp16"):
@@ -123,8 +141,8 @@ class TrtBackend(Backend):
         self.refuse_containers(feeds)
         module, rtx = load_tensorrt()
         version = str(getattr(module, "__version__", "?"))
-        settings = builder_settings(self.spec, _major(version), rtx)
         model = onnx.load(model_path, load_external_data=False)
+        settings = builder_settings(self.spec, version, rtx, has_qdq=has_qdq(model))
         unknown = sorted(set(settings.fp32_nodes) - set(node_names(model.graph)))
         if unknown:
             raise InputError(
@@ -135,12 +153,14 @@ class TrtBackend(Backend):
             "mode": settings.mode, "trt_version": version, "trt_module": module.__name__,
             "builder_flags": list(settings.builder_flags), "strongly_typed": settings.strongly_typed,
             "converted_to": settings.convert_to, "fp32_nodes": list(settings.fp32_nodes),
-            "notes": list(settings.notes),
+            "notes": list(settings.notes), "trt_facts": settings.facts, "calibrated": settings.calibrate,
+            "built_file": "model.onnx",
         }  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="reprokit-trt-") as tmp:
             path = model_path
             if settings.convert_to:
                 path = self._convert(model_path, settings, tmp, meta)
+                meta["built_file"] = f"model.{settings.convert_to}.onnx"  # its name in an archive
             with capture_polygraphy_log() as log:
                 try:
                     outputs = _build_and_run(
@@ -190,9 +210,10 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
             network, _pin_fp32(trt, settings.fp32_nodes, model, matched), "reprokit-fp32-nodes"
         )
         meta["fp32_layers"] = matched
+    observed = _observed(model, output_names)
     if output_names:
         network = ptrt.PostprocessNetwork(
-            network, _mark_exactly(list(output_names)), "reprokit-mark-outputs"
+            network, _mark_exactly(list(output_names), observed, meta), "reprokit-mark-outputs"
         )
     kwargs = dict(settings.create_config)
     if settings.workspace_bytes:
@@ -200,6 +221,11 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
     profile = _static_profile(model, feeds)
     if profile is not None:
         kwargs["profiles"] = [profile]
+    if settings.calibrate:
+        # what `polygraphy run --int8 --load-inputs inputs.json` does: polygraphy's Calibrator
+        # (IInt8EntropyCalibrator2 by default) over the very inputs this run feeds
+        wanted_inputs = {vi.name for vi in model.graph.input}
+        kwargs["calibrator"] = ptrt.Calibrator(data_loader=[{k: v for k, v in feeds.items() if k in wanted_inputs}])
     if settings.config_loader == "CreateConfigRTX":
         from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
 
@@ -224,6 +250,8 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
         meta["fp32_nodes_unmatched"] = [n for n in settings.fp32_nodes if n not in matched]
     outputs = {}
     for name in list(output_names) if output_names else list(raw):
+        if name not in raw and name in observed:  # fused away (unfused debug tensors): reported missing
+            continue
         value = np.array(raw[name], copy=True)  # the runner reuses its host buffers
         narrow = value.dtype.kind == "f" and value.itemsize < 4  # marked fp16 tensors
         outputs[name] = value.astype(np.float32) if narrow else value
@@ -246,8 +274,19 @@ def _static_profile(model, feeds):
     return profile if dynamic else None
 
 
-def _mark_exactly(names: list[str]):
-    """Make exactly ``names`` the network outputs (polygraphy's marking treats '[' as a glob)."""
+def _observed(model, output_names) -> set[str]:
+    """The requested names a layerwise run only observes: tensors other nodes read, in a model
+    marked for observation (graph.model.OBSERVE_KEY). Elsewhere (shrink's candidates) none."""
+    if not output_names or not any(p.key == OBSERVE_KEY for p in model.metadata_props):
+        return set()
+    read = {name for node in model.graph.node for name in node.input}
+    return set(output_names) & read
+
+
+def _mark_exactly(names: list[str], observed: set[str], meta: dict):
+    """Make exactly ``names`` the network outputs (polygraphy's marking treats '[' as a glob);
+    ``observed`` ones are read as debug tensors where this TensorRT has them (10.0+): the
+    engine keeps its fusions, unlike with every tensor marked as an output (issue 36)."""
 
     def mark_exactly(network):
         tensors = {
@@ -264,8 +303,23 @@ def _mark_exactly(names: list[str]):
             )
         for tensor in [network.get_output(i) for i in range(network.num_outputs)]:
             network.unmark_output(tensor)
+        debug = set()
+        if observed and hasattr(network, "mark_unfused_tensors_as_debug_tensors"):
+            network.mark_unfused_tensors_as_debug_tensors()  # what survives fusion, fusions unchanged
+            debug = observed
+            meta["observed_by"] = ("unfused debug tensors (mark_unfused_tensors_as_debug_tensors): fusions kept; "
+                                   "a tensor fused away is missing from the table")
+        elif observed and hasattr(network, "mark_debug"):
+            for name in observed:
+                network.mark_debug(tensors[name])
+            debug = observed
+            meta["observed_by"] = "debug tensors (mark_debug), not network outputs"
+        elif observed:
+            meta["observed_by"] = ("network outputs: this TensorRT has no debug tensors (8.6), so marking "
+                                   "may stop fusions and measure another engine")
         for name in names:
-            network.mark_output(tensors[name])
+            if name not in debug:
+                network.mark_output(tensors[name])
 
     return mark_exactly
 

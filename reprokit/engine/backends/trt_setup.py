@@ -16,20 +16,23 @@ import sys
 from dataclasses import dataclass, field
 
 from reprokit.engine.backends.base import BuildError
+from reprokit.engine.backends.trt_versions import TrtFacts, Typing, facts_for
 from reprokit.errors import EngineUnavailable, ReprokitError, UsageError
+from reprokit.graph.index import iter_nodes
 from reprokit.spec import TargetSpec
 
 TRT_HINT = (
     "pip install 'reprokit[tensorrt]' (needs an NVIDIA GPU and driver); for TensorRT-RTX: "
-    "pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings and set POLYGRAPHY_USE_TENSORRT_RTX=1"
+    "pip install tensorrt-rtx-cu13 (module tensorrt_rtx, with its -libs and -bindings wheels) and set "
+    "POLYGRAPHY_USE_TENSORRT_RTX=1"
 )
 RTX_HINT = (
-    "pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings (POLYGRAPHY_USE_TENSORRT_RTX=1 "
+    "pip install tensorrt-rtx-cu13 (POLYGRAPHY_USE_TENSORRT_RTX=1 "
     "asks for TensorRT-RTX); or unset POLYGRAPHY_USE_TENSORRT_RTX and pip install 'reprokit[tensorrt]'"
 )
 _NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
 # TensorRT's words when the GPU or its driver, not the model, is the problem.
-_GPU_REFUSED = re.compile(
+GPU_REFUSED = re.compile(
     r"compute capability|\bSM ?\d+\b.*not supported|GPU (architecture )?(is )?not supported|"
     r"CUDA initialization failure|no CUDA-capable device|cudaErrorNoDevice|insufficient driver|"
     r"driver version is insufficient|Could not load the CUDA runtime",
@@ -59,6 +62,16 @@ class BuilderSettings:
     fp32_layers: bool = False  # weak typing: pin the layers of fp32_nodes to FP32
     builder_flags: tuple[str, ...] = ()  # the BuilderFlags this asks for, for reports
     notes: tuple[str, ...] = ()
+    facts: str = ""  # the key of the TrtFacts line this was decided from (trt_versions.FACTS)
+    calibrate: bool = False  # weak INT8 on a model without Q/DQ: polygraphy's calibrator, same feeds
+
+
+def has_qdq(model) -> bool:
+    """Does the ONNX model (a ModelProto) quantize explicitly: a QuantizeLinear/DequantizeLinear node
+    in its graph, its subgraphs or its functions?"""
+    graphs = [model.graph, *(f for f in model.functions)]
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear")
+               for g in graphs for n in (iter_nodes(g) if g is model.graph else g.node))
 
 
 def fp32_nodes(spec: TargetSpec) -> tuple[str, ...]:
@@ -80,13 +93,16 @@ def compute_capabilities(spec: TargetSpec) -> list[tuple[int, int]]:
     return out
 
 
-def builder_settings(spec: TargetSpec, trt_major: int, rtx: bool) -> BuilderSettings:
-    """Loader arguments for ``spec`` on TensorRT ``trt_major`` (or TensorRT-RTX when ``rtx``)."""
-    if not rtx and trt_major < 8:
-        raise EngineUnavailable(
-            f"TensorRT {trt_major} is too old: reprokit needs 8.6 or later", hint=TRT_HINT
-        )
-    strong = rtx or trt_major >= 11 or spec.has("strongly-typed")
+def builder_settings(spec: TargetSpec, version: int | str, rtx: bool, *, has_qdq: bool = True) -> BuilderSettings:
+    """Loader arguments for ``spec`` on TensorRT ``version`` ("10.13.0", or a major number), or on
+    TensorRT-RTX when ``rtx``, read from that version's line of :data:`trt_versions.FACTS`.
+    ``has_qdq``: whether the model holds Q/DQ nodes (INT8/FP8 without them: calibrated or refused)."""
+    text = f"{version}.0" if isinstance(version, int) else str(version)
+    if not rtx and _major(text) < 8:
+        raise EngineUnavailable(f"TensorRT {text} is too old: reprokit needs 8.6 or later", hint=TRT_HINT)
+    facts = facts_for(text, rtx)
+    refuse_unbuildable(spec, facts)  # the Q/DQ refusal is the original model's (TrtBackend.admit)
+    strong = facts.default_typing is Typing.STRONG or spec.has("strongly-typed")
     tf32 = not spec.has("no-tf32")
     nodes = fp32_nodes(spec)
     common: dict = {}
@@ -104,13 +120,16 @@ def builder_settings(spec: TargetSpec, trt_major: int, rtx: bool) -> BuilderSett
         flags = ["TF32"] if tf32 else []
         flags += [p.upper() for p in _NARROW_FLAGS if wanted[p]]
         kwargs = {"tf32": tf32, **wanted, **common}
+        calibrate = wanted["int8"] and not has_qdq  # implicit INT8: calibrated as polygraphy --int8 does
         if nodes:
             kwargs["precision_constraints"] = "obey"
             flags.append("OBEY_PRECISION_CONSTRAINTS")
         return BuilderSettings(
             mode="weakly-typed", strongly_typed=False, config_loader="CreateConfig",
             create_config=kwargs, fp32_nodes=nodes, fp32_layers=bool(nodes),
-            builder_flags=tuple(flags), **shared,
+            builder_flags=tuple(flags), facts=facts.key, calibrate=calibrate,
+            notes=("INT8 calibrated by polygraphy's calibrator over the same inputs (no Q/DQ in the model), "
+                   "as `polygraphy run --int8 --load-inputs` does",) if calibrate else (), **shared,
         )  # fmt: skip
     if spec.has("fp16") and spec.has("bf16"):
         raise UsageError(
@@ -119,7 +138,10 @@ def builder_settings(spec: TargetSpec, trt_major: int, rtx: bool) -> BuilderSett
         )
     convert_to = next((p for p in ("fp16", "bf16") if spec.has(p)), None)
     notes = []
-    if spec.has("int8") or spec.has("fp8"):
+    if (spec.has("int8") or spec.has("fp8")) and not has_qdq:  # a shrink candidate cut off its Q/DQ
+        notes.append("strongly typed: INT8/FP8 come only from Q/DQ nodes; this model has none left, "
+                     "TensorRT computes it in the float types it states")
+    elif spec.has("int8") or spec.has("fp8"):
         notes.append("strongly typed: INT8/FP8 come from the model's Q/DQ nodes, no builder flag")
     if nodes and not convert_to:
         notes.append("fp32-nodes has no effect: the model is not converted, it stays float32")
@@ -134,8 +156,37 @@ def builder_settings(spec: TargetSpec, trt_major: int, rtx: bool) -> BuilderSett
     return BuilderSettings(
         mode="strongly-typed", strongly_typed=True, config_loader=loader, create_config=kwargs,
         config_flags=after, convert_to=convert_to, fp32_nodes=nodes if convert_to else (),
-        builder_flags=("TF32",) if tf32 else (), notes=tuple(notes), **shared,
+        builder_flags=("TF32",) if tf32 else (), notes=tuple(notes), facts=facts.key, **shared,
     )  # fmt: skip
+
+
+def refuse_unbuildable(spec: TargetSpec, facts: TrtFacts, has_qdq: bool = True) -> None:
+    """Refuse a target this TensorRT cannot build as asked, rather than build something else and
+    report it under the asked precision (issue 36): the verdict never names a precision that did
+    not run. Facts from :mod:`trt_versions` (NVIDIA's 10.x→11.x migration guide)."""
+    name = f"{facts.product} {facts.key}"
+    strong = facts.default_typing is Typing.STRONG or spec.has("strongly-typed")
+    if spec.has("strongly-typed") and not facts.strongly_typed_flag:
+        raise EngineUnavailable(f"{name} has no strongly typed networks (NetworkDefinitionCreationFlag."
+                                "STRONGLY_TYPED is TensorRT 10.0's)",
+                                hint="drop strongly-typed on TensorRT 8.6, or use TensorRT 10 or later")
+    if not strong and spec.has("bf16") and not facts.narrow_by_flag("bf16"):
+        raise EngineUnavailable(f"{name} has no BF16 builder flag (BuilderFlag.BF16 is TensorRT 10.0's)",
+                                hint="use trt:fp16 on TensorRT 8.6, or TensorRT 10 or later for bf16")
+    wanted = [p for p in ("int8", "fp8") if spec.has(p)]
+    if not wanted or has_qdq:
+        return
+    words = "/".join(p.upper() for p in wanted)
+    quantize = ("quantize the model first (Q/DQ nodes): onnxruntime.quantization.quantize_static, or NVIDIA "
+                "ModelOpt (python -m modelopt.onnx.quantization --onnx_path model.onnx --quantize_mode int8); "
+                "or check trt:fp16")
+    if strong:
+        raise UsageError(f"`{spec}` on a model without Q/DQ nodes: {name} builds only explicitly quantized "
+                         f"{words} (its precision builder flags and calibrators are gone), so the engine would run "
+                         f"in float and the verdict would name {words} that never ran", hint=quantize)
+    if spec.has("fp8"):
+        raise UsageError(f"`{spec}` on a model without Q/DQ nodes: TensorRT has no FP8 calibrator, FP8 comes "
+                         "only from FP8 Q/DQ nodes", hint=quantize.replace("int8", "fp8"))
 
 
 def load_tensorrt():
@@ -228,7 +279,7 @@ def capture_polygraphy_log():
 def classify_failure(messages: list[str], rtx: bool = False) -> ReprokitError:
     """Turn TensorRT's messages about a failed build/run into the error reprokit reports."""
     lines = list(dict.fromkeys(m.strip() for m in messages if m and m.strip()))
-    refused = [m for m in lines if _GPU_REFUSED.search(m)]
+    refused = [m for m in lines if GPU_REFUSED.search(m)]
     name = "TensorRT-RTX" if rtx else "TensorRT"
     if refused:
         return EngineUnavailable(
