@@ -40,9 +40,9 @@ from reprokit.report.describe import (
 )
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
-from reprokit.report.twincommands import reference_run, target_run, twin_commands
 from reprokit.report.reprorun import repro_argv
 from reprokit.report.trtcommands import beyond_range, trt_values
+from reprokit.report.twincommands import reference_run, target_run, twin_commands
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
