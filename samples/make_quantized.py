@@ -4,10 +4,14 @@ calibration set that under-covers the inputs it is later fed: the shape of the I
 ("check your calibration data: if it doesn't cover the range seen at inference, the
 quantization scales are wrong").
 
-    python samples/make_quantized.py [--out DIR] [--only mobilenetv2,vit,ppocr_det]
+    python samples/make_quantized.py [--out DIR] [--only mobilenetv2,vit,ppocr_det] [--tensorrt]
 
 Writes, per model: ``<name>.fp32.onnx`` (the float model), ``<name>.qdq.onnx`` (quantized),
 ``<name>.inputs.npz`` (the inference feeds, σ 1.5) — calibrated on 4 samples at σ 0.5.
+With ``--tensorrt`` also ``<name>.trtq.onnx``: the same calibration quantized the way TensorRT's
+parser takes it (int8 symmetric activations and weights, biases left float): quantize_static's
+defaults (an int32 bias DequantizeLinear; uint8 with a non-zero zero point) are refused by the
+TensorRT-RTX 1.7 builder (docs/quantized.md, "TensorRT").
 
 - ``mobilenetv2``: HuggingFace MobileNetV2 from a config (random weights, no hub download),
   int8 activations, int8 per-channel weights;
@@ -149,8 +153,10 @@ def draw(shapes: dict[str, tuple[int, ...]], sigma: float, seed: int, *, image: 
 
 
 def quantize(fp32_path: str, qdq_path: str, recipe: Recipe, *, nodes_to_exclude: list[str] | None = None,
-             calibration_sigma: float = CALIBRATION_SIGMA) -> None:
-    """``quantize_static`` in QDQ format on CALIBRATION_SAMPLES feeds at ``calibration_sigma``."""
+             calibration_sigma: float = CALIBRATION_SIGMA, tensorrt: bool = False) -> None:
+    """``quantize_static`` in QDQ format on CALIBRATION_SAMPLES feeds at ``calibration_sigma``;
+    ``tensorrt``: int8 symmetric activations and weights, biases not quantized (what TensorRT's
+    ONNX parser accepts: no int32 DequantizeLinear input, zero points all 0)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -168,15 +174,17 @@ def quantize(fp32_path: str, qdq_path: str, recipe: Recipe, *, nodes_to_exclude:
         def get_next(self):
             return next(self._it, None)
 
-    activation = QuantType.QInt8 if recipe.activation == "int8" else QuantType.QUInt8
+    activation = QuantType.QInt8 if recipe.activation == "int8" or tensorrt else QuantType.QUInt8
+    extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False} if tensorrt else {}
     quantize_static(fp32_path, qdq_path, Reader(), quant_format=QuantFormat.QDQ, activation_type=activation,
                     weight_type=QuantType.QInt8, per_channel=recipe.per_channel,
                     nodes_to_exclude=nodes_to_exclude or [],
-                    op_types_to_quantize=list(recipe.op_types) if recipe.op_types else None)
+                    op_types_to_quantize=list(recipe.op_types) if recipe.op_types else None,
+                    extra_options=extra)
 
 
-def make(name: str, out: str) -> tuple[str, str, str]:
-    """(fp32 path, qdq path, inputs path) of sample ``name`` under ``out``."""
+def make(name: str, out: str, *, tensorrt: bool = False) -> tuple[str, ...]:
+    """(fp32 path, qdq path, inputs path[, trtq path]) of sample ``name`` under ``out``."""
     recipe = RECIPES[name]
     os.makedirs(out, exist_ok=True)
     fp32 = os.path.join(out, f"{name}.fp32.onnx")
@@ -185,17 +193,22 @@ def make(name: str, out: str) -> tuple[str, str, str]:
     recipe.make_fp32(fp32)
     quantize(fp32, qdq, recipe)
     np.savez(inputs, **draw(_static_inputs(fp32), FEED_SIGMA, SEED, image=recipe.image))
-    return fp32, qdq, inputs
+    if not tensorrt:
+        return fp32, qdq, inputs
+    trtq = os.path.join(out, f"{name}.trtq.onnx")
+    quantize(fp32, trtq, recipe, tensorrt=True)
+    return fp32, qdq, inputs, trtq
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "quantized"))
     parser.add_argument("--only", default=",".join(RECIPES))
+    parser.add_argument("--tensorrt", action="store_true", help="also <name>.trtq.onnx, quantized as TensorRT's parser takes it")
     args = parser.parse_args(argv)
     for name in args.only.split(","):
         try:
-            paths = make(name, args.out)
+            paths = make(name, args.out, tensorrt=args.tensorrt)
         except ImportError as exc:
             print(f"skipped {name}: {exc}", file=sys.stderr)
             continue

@@ -235,21 +235,23 @@ def qdq_small_scale() -> onnx.ModelProto:
     )
 
 
-def conv_relu_conv(channels: int = 4) -> onnx.ModelProto:
-    """A float CNN for quantize_static to quantize (the tests calibrate it themselves)."""
-    # x[1,4,8,8] -> Conv(W1) -> c1 -> Relu -> r1 -> Conv(W2) -> y[1,4,8,8]
+def conv_relu_conv(channels: int = 4, bias: bool = False) -> onnx.ModelProto:
+    """A float CNN for quantize_static to quantize (the tests calibrate it themselves); ``bias``:
+    the first Conv has a bias B1 (quantize_static quantizes it to int32 by default)."""
+    # x[1,4,8,8] -> Conv(W1[, B1]) -> c1 -> Relu -> r1 -> Conv(W2) -> y[1,4,8,8]
     rng = np.random.default_rng(3)
     w1 = rng.uniform(-0.5, 0.5, (channels, channels, 3, 3))
     w2 = rng.uniform(-0.5, 0.5, (channels, channels, 3, 3))
+    b1 = [const("B1", rng.uniform(-0.1, 0.1, channels))] if bias else []
     return make(
         [
-            helper.make_node("Conv", ["x", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["x", "W1"] + (["B1"] if bias else []), ["c1"], name="conv1", pads=[1, 1, 1, 1]),
             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
             helper.make_node("Conv", ["r1", "W2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
         ],
         [vi("x", [1, channels, 8, 8])],
         [vi("y", [1, channels, 8, 8])],
-        [const("W1", w1), const("W2", w2)],
+        [const("W1", w1), const("W2", w2)] + b1,
     )
 
 

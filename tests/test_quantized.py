@@ -375,3 +375,41 @@ def test_the_fp32_twin_of_a_quantized_mobilenetv2_puts_back_the_relu6_the_quanti
     truth = _run(onnx.load(fp32), feeds)["logits"]
     twin = _run(quant.fp32_twin(model), feeds)["logits"]
     assert np.linalg.norm(twin - truth) / np.linalg.norm(truth) < 0.1
+
+
+def test_a_target_that_fails_on_a_quantized_model_is_the_engines_with_no_number(tmp_path):
+    """OpenVINO 2026.4 does not compile quantize_static's all-zero quantized bias (a build error):
+    `check` said "both: the engine differs from fake-quant by more than a step" — a number that
+    never existed. Now the cause is the engine's, and the words say it did not run."""
+    pytest.importorskip("openvino", reason="openvino is not installed")
+    from reprokit.api import RunOptions, check
+
+    path = models.save(models.qdq_zero_bias_add(), tmp_path / "zero_bias.onnx")
+    result = check(path, "openvino:f32", options=RunOptions())
+    assert result.verdict.kind.value == "build-error"
+    assert result.quantized.cause == "engine-failed"
+    assert "did not run the quantized model (build-error)" in result.quantized.sentence()
+    assert "more than a step" not in result.quantized.sentence()
+
+
+def test_tensorrt_limits_name_int32_biases_and_shifted_zero_points_and_the_printed_recipe_clears_them(tmp_path):
+    """TensorRT's ONNX parser refuses an int32 DequantizeLinear input (quantize_static quantizes
+    Conv biases to int32 by default) and non-zero zero points (asymmetric uint8): the TensorRT-RTX
+    1.7 builder on the H100 refused both (docs/gpu/issue40-rtx-qdq.log). The words name both, and
+    the recipe they print (symmetric int8, biases left float), applied by quantize_static, leaves
+    neither."""
+    import sys
+
+    from reprokit.engine.quantized import tensorrt_limits
+
+    fp32 = models.save(models.conv_relu_conv(bias=True), tmp_path / "fp32.onnx")
+    default = onnx.load(_quantize(fp32, str(tmp_path / "qdq.onnx")))
+    words = tensorrt_limits(default)
+    assert "DequantizeLinear with an int32 input" in words and "QuantizeBias': False" in words
+    assert "non-zero zero point" in tensorrt_limits(models.qdq_zero_bias_add())
+    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
+    import make_quantized
+
+    recipe = make_quantized.Recipe("test", None, "uint8", per_channel=True)
+    make_quantized.quantize(fp32, str(tmp_path / "trtq.onnx"), recipe, tensorrt=True)
+    assert tensorrt_limits(onnx.load(str(tmp_path / "trtq.onnx"))) == ""

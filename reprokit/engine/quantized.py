@@ -121,9 +121,13 @@ class Attribution:
     kernels: str = (
         ""  # what the target says of its integer kernels (OpenVINO: how many ops ran in i8/u8)
     )
+    failure: str = ""  # the target's verdict kind when it failed to build or run: no number to attribute
+    limits: str = ""  # what of the model TensorRT's parser documents it does not take (tensorrt_limits)
 
     @property
     def cause(self) -> str:
+        if self.failure:
+            return "engine-failed"
         if self.twin_note:  # no twin: only the engine's side was measured
             return "engine" if self.engine_exceeds else "engine-agrees"
         if self.engine_exceeds and self.quantization_exceeds:
@@ -145,8 +149,12 @@ class Attribution:
             "none": "neither: the engine agrees with fake-quant within a step, fake-quant with the fp32 twin",
             "engine-agrees": "not the engine's: it agrees with the Q/DQ semantics (fake-quant) within a step; "
             "the quantization's own error was not measured",
+            "engine-failed": f"the engine's: it did not run the quantized model ({self.failure}), so no "
+            "number compares it with fake-quant",
         }
         text = words[self.cause]
+        if self.limits:
+            text += f"; {self.limits}"
         if self.cause == "engine" and self.twin_note:
             text = (
                 "the engine's: it differs from the Q/DQ semantics (fake-quant) by more than a quantization "
@@ -168,6 +176,8 @@ class Attribution:
             "quantization_tolerance": self.tolerance,
             "twin_note": self.twin_note,
             "kernels": self.kernels,
+            "failure": self.failure,
+            "tensorrt_limits": self.limits,
         }
 
 
@@ -178,9 +188,12 @@ def attribute(
     *,
     twin_note: str = "",
     tolerance: float = DEFAULT_TOLERANCE["int8"],
+    model=None,
 ) -> Attribution:
     """Whose divergence: the target's verdict against fake-quant (already judged in steps), and
-    the fp32 twin's outputs against fake-quant (rel-l2 at ``tolerance``)."""
+    the fp32 twin's outputs against fake-quant (rel-l2 at ``tolerance``). A target that failed
+    (build error, crash, timeout) is the engine's with no number; on ``trt`` targets the words
+    name what of ``model`` TensorRT's parser does not take (``tensorrt_limits``)."""
     engine = {e.name: float(e.error) for e in verdict.outputs}
     engine_exceeds = verdict.diverges
     quantization: dict = {}
@@ -200,7 +213,35 @@ def attribute(
         tolerance,
         twin_note,
         _kernels(verdict.target, verdict.target_meta),
+        verdict.kind.value if verdict.diverges and verdict.kind.value not in ("mismatch", "nonfinite") else "",
+        tensorrt_limits(model) if model is not None and verdict.target.startswith("trt") else "",
     )
+
+
+def tensorrt_limits(model) -> str:
+    """What of a Q/DQ model TensorRT's ONNX parser refuses, in the user's terms, or "": an int32
+    DequantizeLinear input (a bias quantize_static quantized) and a non-zero zero point
+    (asymmetric uint8). Measured on the TensorRT-RTX 1.7 builder (docs/quantized.md, "TensorRT"):
+    both are parse errors, and the same calibration quantized symmetric int8 with float biases
+    builds."""
+    from onnx import TensorProto, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    int32 = [n.name or n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"
+             and n.input[0] in inits and inits[n.input[0]].data_type == TensorProto.INT32]
+    shifted = [n.name or n.output[0] for n in model.graph.node
+               if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2
+               and n.input[2] in inits and numpy_helper.to_array(inits[n.input[2]]).any()]
+    found = []
+    if int32:
+        found.append(f"{len(int32)} DequantizeLinear with an int32 input (quantized biases, e.g. {int32[0]})")
+    if shifted:
+        found.append(f"{len(shifted)} Q/DQ nodes with a non-zero zero point (e.g. {shifted[0]})")
+    if not found:
+        return ""
+    return ("TensorRT's ONNX parser refuses " + " and ".join(found) + ": quantize for it with "
+            "quantize_static(..., activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, "
+            "extra_options={'ActivationSymmetric': True, 'WeightSymmetric': True, 'QuantizeBias': False})")
 
 
 def _kernels(target: str, meta: dict) -> str:

@@ -261,7 +261,8 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         twin, why = quantized.run_twin(oracle, prepared.model, feeds.arrays, workdir)
         if twin is not None and options.quant_reference == quantized.QuantReference.FP32.value:
             verdict = quantized.against_twin(oracle, result, twin)
-        attribution = quantized.attribute(runs[shown][3], reference.outputs, twin, twin_note=why)
+        attribution = quantized.attribute(runs[shown][3], reference.outputs, twin, twin_note=why,
+                                          model=prepared.model)
     samples = []
     if prepared.samples:
         samples = [SampleVerdict(k, run[3]) for k, run in enumerate(runs)]
