@@ -15,6 +15,7 @@ from reprokit.engine import twinrun
 from reprokit.engine.backends.trt_setup import rtx_requested
 from reprokit.engine.bug import tested_by
 from reprokit.engine.session import RunOptions
+from reprokit.errors import NothingToReduce
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import external_locations, load_model, save_model, staged_data
 from reprokit.report.bundle import pack
@@ -240,10 +241,22 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
     if window and os.path.exists(window["path"]):
         # the smallest window that drifts on its own travels instead of the whole model
         context = {"attribution": result.summary["attribution"], "window": window}
-        packed = pack(window["path"], target, os.path.join(result.out_dir, f"report.{fmt}"),
-                      options=replace(options, inputs=window["inputs"], sample=None, input_shapes={}, val_ranges={}),
-                      fmt=fmt, redact=redact, context=context, on_event=on_event)
-        return _record_report(result.out_dir, result.summary, packed)
+        try:
+            packed = pack(window["path"], target, os.path.join(result.out_dir, f"report.{fmt}"),
+                          options=replace(options, inputs=window["inputs"], sample=None, input_shapes={},
+                                          val_ranges={}),
+                          fmt=fmt, redact=redact, context=context, on_event=on_event)
+            return _record_report(result.out_dir, result.summary, packed)
+        except NothingToReduce as exc:
+            # judged alone as a model of its own, the window can fall within the tolerance (a
+            # quantized model: its outputs lose the Q nodes after them, so no longer judged in
+            # steps): the whole model, which diverges, travels instead; said, never dropped
+            note = (f"the drift window does not diverge when packed alone ({exc.message}); the archive holds "
+                    "the whole model instead")
+            result.notes.append(note)
+            result.summary.setdefault("warnings", []).append(note)
+            if on_event is not None:
+                on_event(note)
     folder = os.path.dirname(os.path.abspath(model_path))
     size = os.path.getsize(model_path) + sum(
         os.path.getsize(os.path.join(folder, loc)) for loc in external_locations(load_model(model_path, load_weights=False))
