@@ -143,6 +143,31 @@ def test_the_reproducer_is_reprokits_own_rendering(packed, tmp_path):
         runnable(top, recorded, quoted)
 
 
+def test_the_reproducer_for_a_tensorrt_target_carries_reprokits_tensorrt_facts(packed, tmp_path):
+    """A cell asked for a trt target renders reprokit's reproducer with reprokit's own TensorRT
+    facts, as pack writes them. Without them its repro.py stopped on a KeyError (exit 70, an
+    "error" row) wherever a tensorrt module imports. A FAKE ``tensorrt`` module (only a
+    ``__version__`` too old for strongly typed builds; the version gate is under test, not
+    TensorRT) stands on PYTHONPATH: the reproducer says it cannot run here (4)."""
+    import subprocess
+    import sys
+
+    from reprokit.report.reproducer import runnable
+    from reprokit.report.verify import open_archive
+
+    top, recorded = open_archive(packed, str(tmp_path / "x"))
+    plan = runnable(top, recorded, packed, target="trt:strongly-typed,fp16")
+    Path(top, "own.py").write_text(plan.script)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "tensorrt.py").write_text("__version__ = '8.6.1'\n")
+    env = {**os.environ, "PYTHONPATH": str(fake)}
+    ran = subprocess.run([sys.executable, "own.py", "--target", "trt:strongly-typed,fp16"], cwd=top,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert ran.returncode == 4, ran.stdout[-1500:] + ran.stderr[-1500:]
+    assert "COULD NOT RUN HERE" in ran.stdout and "KeyError" not in ran.stderr
+
+
 @pytest.mark.parametrize(
     "code,stdout,outcome",
     [

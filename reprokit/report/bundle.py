@@ -41,7 +41,7 @@ from reprokit.report.describe import (
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
 from reprokit.report.reprorun import repro_argv
-from reprokit.report.trtcommands import beyond_range, trt_values
+from reprokit.report.trtcommands import beyond_range, repro_facts, trt_values
 from reprokit.report.twincommands import reference_run, target_run, twin_commands
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
@@ -184,7 +184,7 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     values = _template_values(result, spec, env, context, archive_name, model, bins, options)
     values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
     # repro.py's TensorRT facts and GPU-refusal words, as reprokit's own
-    values["settings"].update(trt_facts=values.pop("trt_facts"), gpu_refused=values.pop("gpu_refused"))
+    values["settings"].update(repro_facts())
     values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
     if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
         values.update(twin_commands(spec, verdict, bins))

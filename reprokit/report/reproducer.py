@@ -26,6 +26,7 @@ from reprokit.report.archive import files_under
 from reprokit.report.bundle import _module_source
 from reprokit.report.render import render, templates_dir
 from reprokit.report.schema import check_verdict
+from reprokit.report.trtcommands import repro_facts
 from reprokit.report.verify import archive_policy, recorded_timeout, trusted_archive_spec
 
 SCRIPT = "repro.py"  # where the cell writes the script it runs (the archive's own is not kept)
@@ -122,6 +123,7 @@ def standalone_reproducer(recorded: dict, archive_path: str, *, target: str | No
         "bundled": [],
         "needs": [],
         "expected_detail": signature.detail,
+        **repro_facts(),  # reprokit's own TensorRT facts, as pack writes them
     }
     words = "see verdict.json (values the archive recorded are in SETTINGS below, as literals)"
     values = {

@@ -226,6 +226,13 @@ def _pinned(env: dict, name: str) -> str:
     return f"{name}=={version}" if version else name
 
 
+def repro_facts() -> dict:
+    """What repro.py's SETTINGS hold of reprokit's own TensorRT knowledge (never an archive's):
+    the facts per version and the words of a GPU refusal. Pack and the matrix's reproducer
+    (report/reproducer.py) both put exactly this in."""
+    return {"trt_facts": [f.to_json() for f in FACTS], "gpu_refused": GPU_REFUSED.pattern}
+
+
 def trt_values(
     spec, verdict, model, bins, env, engine_packages: str, conversion: dict | None = None
 ) -> dict:
@@ -236,9 +243,7 @@ def trt_values(
         "trt_forms": [],
         "converted": "",
         "converted_file": None,
-        "trt_facts": [f.to_json() for f in FACTS],
-        "gpu_refused": GPU_REFUSED.pattern,
-    }  # repro.py reads the facts
+    }
     if spec.engine not in ("trt", "emulate"):
         return values
     forms = trt_forms(
