@@ -299,6 +299,8 @@ def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
         "own_final_kind": summary.get("verdict", {}).get("signature", {}).get("kind"),
         "judged": verdict,
         "kept": verdict["kind"] == feeds["kind"],
+        # another kind accepted by the causal test (an Inf that causes the original's mismatch)
+        "causal": bool(summary.get("no_slippage", {}).get("accepted", {}).get("shows it: causal test")),
         "steps": summary.get("steps"),
         "activations_mib": dir_mib(os.path.join(out, ".reprokit", "activations")),
         "state_dir_mib": dir_mib(os.path.join(out, ".reprokit")),
@@ -471,6 +473,8 @@ def table(results: list[dict]) -> str:
                          f"fp32-nodes={r['attribution']['fp32_nodes'][:60]}…", "—", "—"]
             else:
                 kept = ("yes" if r["kept"] else "no") + f" ({r['judged']['kind']})"
+                if not r["kept"] and r.get("causal"):
+                    kept = f"causes it ({r['judged']['kind']} → original's kind, causal test)"
                 one = {True: "yes", False: "no"}.get(r.get("one_minimal"), "—")
                 cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")),
                          fmt(build_estimate(r)), fmt(r["wall_s"]),
