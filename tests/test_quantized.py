@@ -48,6 +48,15 @@ class _Store(dict):
         return self[name].shape, self[name].dtype
 
 
+def _make_quantized():
+    """samples/make_quantized.py, the quantizer of the bundled recipes (a script, not a package)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
+    return importlib.import_module("make_quantized")
+
+
 def _capture(model, feeds):
     every = [o for node in model.graph.node for o in node.output if o]
     return _Store(_run(model, feeds, every))
@@ -161,12 +170,10 @@ def _mobilenet_dynamic(tmp_path):
         "transformers", reason="transformers is not installed (samples/make_quantized.py needs it)"
     )
     pytest.importorskip("torch", reason="torch is not installed")
-    import sys
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
-    import make_quantized
+    make_quantized = _make_quantized()
 
     fp32 = str(tmp_path / "mobilenetv2.fp32.onnx")
     make_quantized.make_mobilenetv2(fp32)
@@ -211,10 +218,8 @@ def test_fp16_emulation_keeps_quantization_scales_in_fp32(tmp_path):
 def _quantize(fp32: str, out: str, exclude=()) -> str:
     """onnxruntime's quantize_static as samples/make_quantized.py calls it: QDQ, int8, per-channel,
     4 calibration samples at sigma 0.5."""
-    import sys
 
-    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
-    import make_quantized
+    make_quantized = _make_quantized()
 
     recipe = make_quantized.Recipe("test", None, "int8", per_channel=True)
     make_quantized.quantize(fp32, out, recipe, nodes_to_exclude=list(exclude))
@@ -296,12 +301,10 @@ def test_an_int8_activation_at_a_cut_is_fed_as_data_never_frozen_into_the_model(
     """QOperator format (QLinearConv chains): the int8 tensor between two QLinearConv nodes is an
     activation; cut there, it must stay a graph input fed with the captured value (small integer
     cuts — shapes, indices — are frozen in as constants; an engine would fold a frozen activation)."""
-    import sys
 
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
-    import make_quantized
+    make_quantized = _make_quantized()
 
     fp32 = models.save(models.conv_relu_conv(), tmp_path / "fp32.onnx")
     qop = str(tmp_path / "qop.onnx")
@@ -360,10 +363,8 @@ def test_the_fp32_twin_of_a_quantized_mobilenetv2_puts_back_the_relu6_the_quanti
         "transformers", reason="transformers is not installed (samples/make_quantized.py needs it)"
     )
     pytest.importorskip("torch", reason="torch is not installed")
-    import sys
 
-    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
-    import make_quantized
+    make_quantized = _make_quantized()
 
     fp32 = str(tmp_path / "mobilenetv2.fp32.onnx")
     make_quantized.make_mobilenetv2(fp32)
@@ -398,7 +399,6 @@ def test_tensorrt_limits_name_int32_biases_and_shifted_zero_points_and_the_print
     1.7 builder on the H100 refused both (docs/gpu/issue40-rtx-qdq.log). The words name both, and
     the recipe they print (symmetric int8, biases left float), applied by quantize_static, leaves
     neither."""
-    import sys
 
     from reprokit.engine.quantized import tensorrt_limits
 
@@ -407,8 +407,7 @@ def test_tensorrt_limits_name_int32_biases_and_shifted_zero_points_and_the_print
     words = tensorrt_limits(default)
     assert "DequantizeLinear with an int32 input" in words and "QuantizeBias': False" in words
     assert "non-zero zero point" in tensorrt_limits(models.qdq_zero_bias_add())
-    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
-    import make_quantized
+    make_quantized = _make_quantized()
 
     recipe = make_quantized.Recipe("test", None, "uint8", per_channel=True)
     make_quantized.quantize(fp32, str(tmp_path / "trtq.onnx"), recipe, tensorrt=True)
@@ -427,10 +426,8 @@ def test_an_accumulated_quantized_run_whose_window_agrees_alone_packs_the_whole_
     )
     pytest.importorskip("torch", reason="torch is not installed")
     import json
-    import sys
 
-    sys.path.insert(0, str(models.__file__).rsplit("/", 2)[0] + "/samples")
-    import make_quantized
+    make_quantized = _make_quantized()
 
     _, qdq, inputs = make_quantized.make("vit", str(tmp_path / "models"))
     out = tmp_path / "out"
