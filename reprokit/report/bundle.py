@@ -188,6 +188,9 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
     values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
     if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
         values.update(twin_commands(spec, verdict, bins))
+        # the user's converted cut is the explicit-precision model: no weakly typed form of the fp32
+        # cut and no conversion of reprokit's own stand beside it
+        values.update(trt_forms=[], converted="", converted_file=None)
     values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
                               expected_detail=verdict.signature.detail)
     values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link

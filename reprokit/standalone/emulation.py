@@ -418,6 +418,8 @@ def clamped_constants(model, narrow: str) -> list[tuple[str, float]]:
     tensors += [(n.output[0], a.t) for n in model.graph.node if n.op_type == "Constant" and n.output
                 for a in n.attribute if a.name == "value"]
     for name, tensor in tensors:
+        if tensor.data_location == tensor.EXTERNAL:  # weights not loaded: a big table, not a mask constant
+            continue
         value = numpy_helper.to_array(tensor)
         if value.dtype.kind == "f" and value.size and np.isinf(value).any():
             found.append((name, float("inf")))
