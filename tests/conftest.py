@@ -187,3 +187,33 @@ def interrupt_when(proc, ready, signum=signal.SIGINT, wait: float = 120) -> str:
             proc.kill()
             proc.wait()
     return err
+
+
+def index_reachable() -> bool:
+    """Whether PyPI answers: the matrix tests build real environments from it."""
+    import urllib.request
+
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/onnxruntime/", timeout=10).close()
+        return True
+    except OSError:
+        return False
+
+
+def private_env_cache(tmp_path_factory):
+    """A fixture body: REPROKIT_ENV_CACHE points at a fresh folder while the fixture lives
+    (skipped, saying why, without uv or the package index)."""
+    from reprokit.matrix.envs import find_uv
+
+    if find_uv() is None:
+        pytest.skip("uv is not installed: pip install 'reprokit[matrix]'")
+    if not index_reachable():
+        pytest.skip("the package index (pypi.org) is not reachable: environments cannot be built")
+    folder = tmp_path_factory.mktemp("envs")
+    old = os.environ.get("REPROKIT_ENV_CACHE")
+    os.environ["REPROKIT_ENV_CACHE"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("REPROKIT_ENV_CACHE", None)
+    else:
+        os.environ["REPROKIT_ENV_CACHE"] = old

@@ -13,10 +13,9 @@ import os
 import subprocess
 import sys
 import tarfile
-import urllib.request
 
 import pytest
-from conftest import REPO
+from conftest import REPO, index_reachable, private_env_cache
 
 pytestmark = pytest.mark.slow
 
@@ -25,30 +24,9 @@ PACK_REQUIREMENTS = (f"onnxruntime=={BROKEN}", "numpy", "onnx", "onnx-graphsurge
                      "jinja2", "ml-dtypes", "packaging")
 
 
-def _index_reachable() -> bool:
-    try:
-        urllib.request.urlopen("https://pypi.org/simple/onnxruntime/", timeout=10).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def matrix_cache(tmp_path_factory):
-    from reprokit.matrix.envs import find_uv
-
-    if find_uv() is None:
-        pytest.skip("uv is not installed: pip install 'reprokit[matrix]'")
-    if not _index_reachable():
-        pytest.skip("the package index (pypi.org) is not reachable: environments cannot be built")
-    folder = tmp_path_factory.mktemp("envs")
-    old = os.environ.get("REPROKIT_ENV_CACHE")
-    os.environ["REPROKIT_ENV_CACHE"] = str(folder)
-    yield folder
-    if old is None:
-        os.environ.pop("REPROKIT_ENV_CACHE", None)
-    else:
-        os.environ["REPROKIT_ENV_CACHE"] = old
+    yield from private_env_cache(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -192,7 +170,7 @@ def test_matrix_clean_frees_what_it_built_and_nothing_else(tmp_path):
 
     if find_uv() is None:
         pytest.skip("uv is not installed: pip install 'reprokit[matrix]'")
-    if not _index_reachable():
+    if not index_reachable():
         pytest.skip("the package index (pypi.org) is not reachable: environments cannot be built")
     cache = tmp_path / "envs"
     os.environ["REPROKIT_ENV_CACHE"], old = str(cache), os.environ.get("REPROKIT_ENV_CACHE")

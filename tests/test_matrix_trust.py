@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, pack_matmul_softmax, run_cli
+from conftest import assert_user_error, pack_matmul_softmax, private_env_cache, run_cli
 
 from reprokit.errors import InputError, UsageError
 from reprokit.report.archive import safe_extract, write_archive, write_manifest
@@ -191,29 +190,9 @@ def test_only_exit_1_with_its_line_reproduces(code, stdout, outcome):
 # -- real cells ------------------------------------------------------------------------------------
 
 
-def _index_reachable() -> bool:
-    try:
-        urllib.request.urlopen("https://pypi.org/simple/onnxruntime/", timeout=10).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def env_cache(tmp_path_factory):
-    from reprokit.matrix.envs import find_uv
-
-    if find_uv() is None:
-        pytest.skip("uv is not installed: pip install 'reprokit[matrix]'")
-    if not _index_reachable():
-        pytest.skip("the package index (pypi.org) is not reachable: environments cannot be built")
-    folder = tmp_path_factory.mktemp("envs")
-    old = os.environ.get("REPROKIT_ENV_CACHE")
-    os.environ["REPROKIT_ENV_CACHE"] = str(folder)
-    yield folder
-    os.environ.pop("REPROKIT_ENV_CACHE") if old is None else os.environ.__setitem__(
-        "REPROKIT_ENV_CACHE", old
-    )
+    yield from private_env_cache(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,14 @@ class _Store(dict):
         return self[name].shape, self[name].dtype
 
 
+def _needs_exports() -> None:
+    """The HuggingFace exports of samples/make_quantized.py need transformers and torch."""
+    pytest.importorskip(
+        "transformers", reason="transformers is not installed (samples/make_quantized.py needs it)"
+    )
+    pytest.importorskip("torch", reason="torch is not installed")
+
+
 def _make_quantized():
     """samples/make_quantized.py, the quantizer of the bundled recipes (a script, not a package)."""
     import importlib
@@ -166,10 +174,7 @@ def test_check_says_the_divergence_is_the_quantizations_when_calibration_under_c
 
 def _mobilenet_dynamic(tmp_path):
     """HuggingFace MobileNetV2 (random weights) dynamically quantized by onnxruntime."""
-    pytest.importorskip(
-        "transformers", reason="transformers is not installed (samples/make_quantized.py needs it)"
-    )
-    pytest.importorskip("torch", reason="torch is not installed")
+    _needs_exports()
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -359,10 +364,7 @@ def test_the_fp32_twin_of_a_quantized_mobilenetv2_puts_back_the_relu6_the_quanti
     stand for it; a twin that only drops the pair loses ReLU6 (it was 3.7e6 off the float model).
     The twin puts the Clip back with the bounds the quantizer left behind: it is then the float
     model up to the weights' rounding."""
-    pytest.importorskip(
-        "transformers", reason="transformers is not installed (samples/make_quantized.py needs it)"
-    )
-    pytest.importorskip("torch", reason="torch is not installed")
+    _needs_exports()
 
     make_quantized = _make_quantized()
 
@@ -421,10 +423,7 @@ def test_an_accumulated_quantized_run_whose_window_agrees_alone_packs_the_whole_
     the Q nodes after them, so they are no longer judged in steps): shrink ended exit 6 "nothing
     to pack" with no archive (seen on the H100 under ort:cuda too). Now the whole model travels,
     the summary and console say why, and the archive reproduces under verify."""
-    pytest.importorskip(
-        "transformers", reason="transformers is not installed (samples/make_quantized.py needs it)"
-    )
-    pytest.importorskip("torch", reason="torch is not installed")
+    _needs_exports()
     import json
 
     make_quantized = _make_quantized()
