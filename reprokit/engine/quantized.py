@@ -54,17 +54,35 @@ class QuantPolicy:
     downstream of quantized ops by rel-l2 at the int8 tolerance; the rest by the base criterion."""
 
     ops: tuple[tuple[str, int], ...]  # the quantization ops found, with counts
-    steps: dict  # tensor -> step
+    steps: dict  # tensor -> step (the scale; an FP8 tensor's unit spacing)
     downstream: frozenset
     fallback: float = DEFAULT_TOLERANCE["int8"]
+    # tensor -> FP8 format, for tensors on an FP8 grid: their step is the format's spacing at the
+    # tensor's largest reference value (3 mantissa bits: a relative grid, not int8's uniform one)
+    float8: dict = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         ops = ", ".join(f"{count} {op}" for op, count in self.ops)
+        fp8 = (
+            " (FP8 tensors: the format's spacing at the tensor's largest value)"
+            if self.float8
+            else ""
+        )
         return (
             f"the model holds quantized ops ({ops}): outputs the model quantizes are judged in "
-            f"quantization steps (more than 1 step diverges), others after quantized ops at "
+            f"quantization steps{fp8} (more than 1 step diverges), others after quantized ops at "
             f"rel-l2 <= {self.fallback:g}"
         )
+
+    def step_of(self, name: str, max_abs_reference: float) -> float | None:
+        """The step ``name`` is judged in: its scale, or for an FP8 tensor the scale times the
+        format's spacing at the reference's largest magnitude; None where it has none."""
+        name = self._name(name)
+        step = self.steps.get(name)
+        kind = self.float8.get(name)
+        if not step or kind is None:
+            return step
+        return step * quant.float8_spacing(kind, max_abs_reference / step)
 
     def _name(self, name: str) -> str:
         return _MEMBER.sub("", name)
@@ -73,7 +91,7 @@ class QuantPolicy:
         out = []
         for error in errors:
             name = self._name(error.name)
-            step = self.steps.get(name)
+            step = self.step_of(name, error.max_abs_reference)
             if error.exact or error.shape_mismatch or not np.isfinite(error.max_abs):
                 out.append(error)
             elif step:
@@ -102,8 +120,12 @@ def policy_for(model, index, *, tolerance_given: bool) -> QuantPolicy | None:
     ops = quant.holds_quantized(model)
     if not ops or tolerance_given:
         return None
+    grids = quant.tensor_grids(model, index)
     return QuantPolicy(
-        tuple(sorted(ops.items())), quant.tensor_steps(model, index), quant.downstream(model, index)
+        tuple(sorted(ops.items())),
+        {tensor: step for tensor, (step, _) in grids.items()},
+        quant.downstream(model, index),
+        float8={tensor: kind for tensor, (_, kind) in grids.items() if kind in quant.FLOAT8},
     )
 
 
@@ -212,7 +234,7 @@ def attribute(
         exceeds,
         tolerance,
         twin_note,
-        _kernels(verdict.target, verdict.target_meta),
+        _kernels(verdict.target, verdict.target_meta, _low_precision(model)),
         verdict.kind.value if verdict.diverges and verdict.kind.value not in ("mismatch", "nonfinite") else "",
         tensorrt_limits(model) if model is not None and verdict.target.startswith("trt") else "",
     )
@@ -244,8 +266,17 @@ def tensorrt_limits(model) -> str:
             "extra_options={'ActivationSymmetric': True, 'WeightSymmetric': True, 'QuantizeBias': False})")
 
 
-def _kernels(target: str, meta: dict) -> str:
-    """What the target's run says of integer kernels: the comparison tests int8 only where they ran."""
+def _low_precision(model) -> str:
+    """"fp8" for a model whose Q/DQ nodes are all FP8, else "int8": the kernels' words."""
+    if model is None:
+        return "int8"
+    types = quant.qdq_types(model)
+    return "fp8" if types and types <= set(quant.FLOAT8) else "int8"
+
+
+def _kernels(target: str, meta: dict, low: str = "int8") -> str:
+    """What the target's run says of low-precision kernels: the comparison tests them only where
+    they ran (``low``: "int8" or "fp8", the model's Q/DQ types)."""
     count = meta.get("int8_ops")
     if count is None:
         return ""
@@ -253,10 +284,10 @@ def _kernels(target: str, meta: dict) -> str:
         return f"{target} did not say which kernels ran"
     if count == 0:
         return (
-            f"no int8 kernel ran: {target} computed every op in float, so this compares fake-quant "
+            f"no {low} kernel ran: {target} computed every op in float, so this compares fake-quant "
             "with fake-quant"
         )
-    return f"{count} ops ran in int8 on {target}"
+    return f"{count} ops ran in {low} on {target}"
 
 
 def judge_with(oracle, model, options, *, command: str = "check") -> QuantPolicy | None:

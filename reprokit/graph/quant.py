@@ -153,11 +153,58 @@ def _constant_value(model, index, name: str):
     return None
 
 
-def tensor_steps(model, index) -> dict[str, float]:
-    """tensor → its quantization step (the largest scale, for per-channel scales): the output of a
-    DequantizeLinear, the input of a QuantizeLinear (it is rounded to that grid next), and what
-    grid-keeping ops (reshape, transpose, relu, max-pool …) make of a dequantized tensor."""
-    steps: dict[str, float] = {}
+def element_type(model, index, node) -> str:
+    """The element type a QuantizeLinear/DequantizeLinear quantizes to ("int8", "uint8",
+    "float8e4m3fn" …): its zero point's type, a Q's ``output_dtype`` (opset 21), a DQ's constant
+    input's type; "uint8" (the spec's default) when none says."""
+    from onnx import TensorProto
+
+    if len(node.input) > 2 and node.input[2]:
+        if node.input[2] in index.initializers:
+            return TensorProto.DataType.Name(index.initializers[node.input[2]].data_type).lower()
+        zero = _constant_value(model, index, node.input[2])
+        if zero is not None:
+            return np.asarray(zero).dtype.name.replace("_", "")
+    for attr in node.attribute:
+        if attr.name == "output_dtype" and attr.i:
+            return TensorProto.DataType.Name(attr.i).lower()
+    if node.op_type == DQ and node.input[0] in index.initializers:
+        return TensorProto.DataType.Name(index.initializers[node.input[0]].data_type).lower()
+    return "uint8"
+
+
+def qdq_types(model) -> frozenset[str]:
+    """The element types the model's Q/DQ nodes quantize to (empty: no Q/DQ)."""
+    index = _Lookup.of(model)
+    return frozenset(element_type(model, index, n) for n in model.graph.node if n.op_type in (Q, DQ))
+
+
+# FP8 formats: (largest finite value, mantissa bits, exponent of the smallest normal). Their grid
+# is relative — the spacing near v is 2^(floor(log2 v) - mantissa bits) — so one "step" depends
+# on the magnitude, unlike int8's uniform scale.
+FLOAT8 = {
+    "float8e4m3fn": (448.0, 3, -6),
+    "float8e4m3fnuz": (240.0, 3, -7),
+    "float8e5m2": (57344.0, 2, -14),
+    "float8e5m2fnuz": (57344.0, 2, -15),
+}
+
+
+def float8_spacing(kind: str, value: float) -> float:
+    """The spacing of the FP8 format ``kind``'s grid at magnitude ``value`` (in units of the scale):
+    one rounding flip there; subnormals share the smallest normal's spacing."""
+    top, mantissa, emin = FLOAT8[kind]
+    value = min(abs(float(value)), top)
+    exponent = max(int(np.floor(np.log2(value))) if value > 0 else emin, emin)
+    return float(2.0 ** (exponent - mantissa))
+
+
+def tensor_grids(model, index) -> dict[str, tuple[float, str]]:
+    """tensor → (scale, element type) of the grid it lies on (the largest scale, for per-channel
+    scales): the output of a DequantizeLinear, the input of a QuantizeLinear (it is rounded to that
+    grid next), and what grid-keeping ops (reshape, transpose, relu, max-pool …) make of a
+    dequantized tensor."""
+    grids: dict[str, tuple[float, str]] = {}
     for node in model.graph.node:
         if node.op_type in (Q, DQ) and len(node.input) > 1:
             scale = _constant_value(model, index, node.input[1])
@@ -165,13 +212,20 @@ def tensor_steps(model, index) -> dict[str, float]:
                 continue
             step = float(np.max(np.abs(scale)))
             tensor = node.output[0] if node.op_type == DQ else node.input[0]
-            steps[tensor] = max(step, steps.get(tensor, 0.0))
-    for node in model.graph.node:  # topological: a chain of grid-keeping ops inherits the step
-        if node.op_type in _GRID_KEEPING and node.input and node.input[0] in steps:
+            if step >= grids.get(tensor, (0.0, ""))[0]:
+                grids[tensor] = (step, element_type(model, index, node))
+    for node in model.graph.node:  # topological: a chain of grid-keeping ops inherits the grid
+        if node.op_type in _GRID_KEEPING and node.input and node.input[0] in grids:
             for out in node.output:
-                if out and out not in steps:
-                    steps[out] = steps[node.input[0]]
-    return steps
+                if out and out not in grids:
+                    grids[out] = grids[node.input[0]]
+    return grids
+
+
+def tensor_steps(model, index) -> dict[str, float]:
+    """tensor → its quantization step (the scale of :func:`tensor_grids`; for an FP8 grid the
+    scale of its unit spacing, see :func:`float8_spacing`)."""
+    return {tensor: step for tensor, (step, _) in tensor_grids(model, index).items()}
 
 
 def downstream(model, index) -> frozenset[str]:
@@ -328,28 +382,20 @@ _RANGES = {
     "uint16": (0, 65535),
     "int4": (-8, 7),
     "uint4": (0, 15),
+    **{kind: (-top, top) for kind, (top, _, _) in FLOAT8.items()},
 }
 
 
 def q_range(model, index, node, rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The float range [lo, hi] a QuantizeLinear represents (per channel: arrays shaped to
     broadcast against an input of ``rank`` dims along its axis)."""
-    from onnx import helper
-
     scale = np.asarray(_constant_value(model, index, node.input[1]), np.float32)
     zero = (
         _constant_value(model, index, node.input[2])
         if len(node.input) > 2 and node.input[2]
         else None
     )
-    kind = "uint8"
-    if zero is not None:
-        init = index.initializers.get(node.input[2])
-        kind = (
-            helper.tensor_dtype_to_np_dtype(init.data_type).name
-            if init is not None
-            else np.asarray(zero).dtype.name
-        )
+    kind = element_type(model, index, node)
     qmin, qmax = _RANGES.get(kind, (-128, 127))
     z = np.zeros_like(scale) if zero is None else np.asarray(zero).astype(np.float32)
     if scale.ndim == 1 and scale.size > 1 and rank:
@@ -436,7 +482,9 @@ def clipping(model, index, values) -> list[Clipping]:
         elif fused == "Relu":
             x = np.maximum(x, 0)
         lo, hi = q_range(model, index, node, x.ndim)
-        half = (hi - lo) / 255 / 2  # half a step: rounding, not clipping
+        kind = element_type(model, index, node)
+        # half a step at the range's edge: rounding, not clipping (FP8's grid is widest there)
+        half = hi / FLOAT8[kind][0] * float8_spacing(kind, FLOAT8[kind][0]) / 2 if kind in FLOAT8 else (hi - lo) / 255 / 2
         outside = (x > hi + half) | (x < lo - half)
         share = float(np.mean(outside)) if x.size else 0.0
         if share > 0:

@@ -199,12 +199,18 @@ def keep_precise(core, model, model_path: str, keep: list[str], tmp: str):
 
 
 def int8_ops(compiled) -> int:
-    """Operations the compiled model runs in i8/u8 (its low-precision transformations turned Q/DQ
-    pairs into integer kernels); 0 when every op runs in float, whatever the model's Q/DQ say."""
+    """Operations the compiled model runs in i8/u8 or f8 (its low-precision transformations turned
+    Q/DQ pairs into integer or FP8 kernels); 0 when every op runs in float, whatever the model's
+    Q/DQ say. An FP8 Q/DQ model on the CPU (2026.4) keeps only f8 constants and Converts to and
+    from f8 (rounding, computed in float): those are no FP8 kernel."""
     count = 0
     for op in compiled.get_runtime_model().get_ops():
         info = op.get_rt_info()
-        if "runtimePrecision" in info and info["runtimePrecision"].astype(str) in ("i8", "u8"):
+        precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else ""
+        kind = info["layerType"].astype(str) if "layerType" in info else ""
+        if precision in ("f8e4m3", "f8e5m2") and kind not in ("Convert", "Const", "Reorder"):
+            count += 1
+        elif precision in ("i8", "u8"):
             count += 1
     return count
 

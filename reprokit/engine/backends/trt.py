@@ -36,6 +36,7 @@ from reprokit.engine.backends.trt_setup import (
     fp32_nodes,
     has_qdq,
     load_tensorrt,
+    refuse_other_quantization,
     refuse_unbuildable,
     rtx_requested,
 )
@@ -107,7 +108,10 @@ class TrtBackend(Backend):
         """Refuse, before any run, what the installed TensorRT cannot build as asked: INT8/FP8 on a
         model without Q/DQ where only explicit quantization exists (11, RTX, strongly-typed), FP8
         without Q/DQ anywhere. Read from the installed version's facts, without importing TensorRT
-        (where none is installed the run says so, exit 4)."""
+        (where none is installed the run says so, exit 4). On a Q/DQ model the precision is the
+        Q/DQ nodes' own type on every TensorRT: ``trt:fp8`` on int8 Q/DQ (or ``trt:int8`` on FP8
+        Q/DQ) would name a precision that never ran, so it is refused whatever is installed."""
+        refuse_other_quantization(spec, model)
         rtx = rtx_requested()
         version = tensorrt_version()["version"]
         if not (spec.has("int8") or spec.has("fp8")) or (version is None and not rtx):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.trt_versions import TrtFacts, Typing, facts_for
 from reprokit.errors import EngineUnavailable, ReprokitError, UsageError
+from reprokit.graph import quant
 from reprokit.graph.index import iter_nodes
 from reprokit.spec import TargetSpec
 
@@ -187,6 +188,30 @@ def refuse_unbuildable(spec: TargetSpec, facts: TrtFacts, has_qdq: bool = True) 
     if spec.has("fp8"):
         raise UsageError(f"`{spec}` on a model without Q/DQ nodes: TensorRT has no FP8 calibrator, FP8 comes "
                          "only from FP8 Q/DQ nodes", hint=quantize.replace("int8", "fp8"))
+
+
+def refuse_other_quantization(spec: TargetSpec, model) -> None:
+    """``trt:fp8`` on a model whose Q/DQ nodes quantize to no FP8 type, or ``trt:int8`` on one
+    with only FP8 Q/DQ: explicit quantization takes its precision from the Q/DQ types (no builder
+    flag makes an int8 Q/DQ pair FP8), so the verdict would name a precision that did not run."""
+    types = quant.qdq_types(model)
+    if not types:
+        return  # no Q/DQ: refuse_unbuildable's question (calibrators, strongly typed)
+    fp8 = types & set(quant.FLOAT8)
+    if spec.has("fp8") and not fp8:
+        raise UsageError(
+            f"`{spec}` on a model whose Q/DQ nodes are {'/'.join(sorted(types))}, no FP8: TensorRT runs "
+            "Q/DQ in the type they name, so the engine would run that and the verdict would name FP8",
+            hint="use trt:int8 for this model, or quantize it to FP8: quantize_static(..., "
+            "activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN, "
+            "calibrate_method=CalibrationMethod.Distribution) (docs/quantized.md)",
+        )
+    if spec.has("int8") and not spec.has("fp8") and not types - fp8:
+        raise UsageError(
+            f"`{spec}` on a model whose Q/DQ nodes are all FP8 ({'/'.join(sorted(types))}): TensorRT "
+            "runs Q/DQ in the type they name, so the verdict would name INT8 that never ran",
+            hint="use trt:fp8 for this model (docs/quantized.md)",
+        )
 
 
 def load_tensorrt():
