@@ -4,14 +4,17 @@ calibration set that under-covers the inputs it is later fed: the shape of the I
 ("check your calibration data: if it doesn't cover the range seen at inference, the
 quantization scales are wrong").
 
-    python samples/make_quantized.py [--out DIR] [--only mobilenetv2,vit,ppocr_det] [--tensorrt]
+    python samples/make_quantized.py [--out DIR] [--only mobilenetv2,vit,ppocr_det] [--tensorrt] [--fp8]
 
 Writes, per model: ``<name>.fp32.onnx`` (the float model), ``<name>.qdq.onnx`` (quantized),
 ``<name>.inputs.npz`` (the inference feeds, σ 1.5) — calibrated on 4 samples at σ 0.5.
 With ``--tensorrt`` also ``<name>.trtq.onnx``: the same calibration quantized the way TensorRT's
 parser takes it (int8 symmetric activations and weights, biases left float): quantize_static's
 defaults (an int32 bias DequantizeLinear; uint8 with a non-zero zero point) are refused by the
-TensorRT-RTX 1.7 builder (docs/quantized.md, "TensorRT").
+TensorRT-RTX 1.7 builder (docs/quantized.md, "TensorRT"). With ``--fp8`` also ``<name>.fp8.onnx``:
+FP8 (float8e4m3fn) activations and weights, opset 19, Conv/MatMul/Gemm only — onnxruntime's FP8
+calibration takes only the Distribution method, and on every op it gives the constant Pad values
+a zero scale (a NaN reference) — which TensorRT-RTX 1.7 builds as it is (docs/quantized.md, "FP8").
 
 - ``mobilenetv2``: HuggingFace MobileNetV2 from a config (random weights, no hub download),
   int8 activations, int8 per-channel weights;
@@ -153,12 +156,14 @@ def draw(shapes: dict[str, tuple[int, ...]], sigma: float, seed: int, *, image: 
 
 
 def quantize(fp32_path: str, qdq_path: str, recipe: Recipe, *, nodes_to_exclude: list[str] | None = None,
-             calibration_sigma: float = CALIBRATION_SIGMA, tensorrt: bool = False) -> None:
+             calibration_sigma: float = CALIBRATION_SIGMA, tensorrt: bool = False, fp8: bool = False) -> None:
     """``quantize_static`` in QDQ format on CALIBRATION_SAMPLES feeds at ``calibration_sigma``;
     ``tensorrt``: int8 symmetric activations and weights, biases not quantized (what TensorRT's
-    ONNX parser accepts: no int32 DequantizeLinear input, zero points all 0)."""
+    ONNX parser accepts: no int32 DequantizeLinear input, zero points all 0); ``fp8``: float8e4m3fn
+    activations and weights (Distribution calibration, per tensor, Conv/MatMul/Gemm)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
+        CalibrationMethod,
         QuantFormat,
         QuantType,
         quantize_static,
@@ -174,6 +179,12 @@ def quantize(fp32_path: str, qdq_path: str, recipe: Recipe, *, nodes_to_exclude:
         def get_next(self):
             return next(self._it, None)
 
+    if fp8:
+        quantize_static(fp32_path, qdq_path, Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN,
+                        calibrate_method=CalibrationMethod.Distribution, nodes_to_exclude=nodes_to_exclude or [],
+                        op_types_to_quantize=["Conv", "MatMul", "Gemm"])
+        return
     activation = QuantType.QInt8 if recipe.activation == "int8" or tensorrt else QuantType.QUInt8
     extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False} if tensorrt else {}
     quantize_static(fp32_path, qdq_path, Reader(), quant_format=QuantFormat.QDQ, activation_type=activation,
@@ -183,8 +194,8 @@ def quantize(fp32_path: str, qdq_path: str, recipe: Recipe, *, nodes_to_exclude:
                     extra_options=extra)
 
 
-def make(name: str, out: str, *, tensorrt: bool = False) -> tuple[str, ...]:
-    """(fp32 path, qdq path, inputs path[, trtq path]) of sample ``name`` under ``out``."""
+def make(name: str, out: str, *, tensorrt: bool = False, fp8: bool = False) -> tuple[str, ...]:
+    """(fp32 path, qdq path, inputs path[, trtq path][, fp8 path]) of sample ``name`` under ``out``."""
     recipe = RECIPES[name]
     os.makedirs(out, exist_ok=True)
     fp32 = os.path.join(out, f"{name}.fp32.onnx")
@@ -193,11 +204,14 @@ def make(name: str, out: str, *, tensorrt: bool = False) -> tuple[str, ...]:
     recipe.make_fp32(fp32)
     quantize(fp32, qdq, recipe)
     np.savez(inputs, **draw(_static_inputs(fp32), FEED_SIGMA, SEED, image=recipe.image))
-    if not tensorrt:
-        return fp32, qdq, inputs
-    trtq = os.path.join(out, f"{name}.trtq.onnx")
-    quantize(fp32, trtq, recipe, tensorrt=True)
-    return fp32, qdq, inputs, trtq
+    paths = [fp32, qdq, inputs]
+    if tensorrt:
+        paths.append(os.path.join(out, f"{name}.trtq.onnx"))
+        quantize(fp32, paths[-1], recipe, tensorrt=True)
+    if fp8:
+        paths.append(os.path.join(out, f"{name}.fp8.onnx"))
+        quantize(fp32, paths[-1], recipe, fp8=True)
+    return tuple(paths)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "quantized"))
     parser.add_argument("--only", default=",".join(RECIPES))
     parser.add_argument("--tensorrt", action="store_true", help="also <name>.trtq.onnx, quantized as TensorRT's parser takes it")
+    parser.add_argument("--fp8", action="store_true", help="also <name>.fp8.onnx, quantized to FP8 (float8e4m3fn, opset 19)")
     args = parser.parse_args(argv)
     for name in args.only.split(","):
         try:
-            paths = make(name, args.out, tensorrt=args.tensorrt)
+            paths = make(name, args.out, tensorrt=args.tensorrt, fp8=args.fp8)
         except ImportError as exc:
             print(f"skipped {name}: {exc}", file=sys.stderr)
             continue

@@ -66,11 +66,15 @@ class Judgement:
 
 def same_failure(original: Signature, other: Signature) -> bool:
     """The kind and message rule: the same failure class; for a build error or crash the same
-    normalized message. Output names may differ (cut subgraphs)."""
+    normalized message; a mismatch of shapes is another failure than a mismatch of values (an
+    engine that returns an empty constant as a scalar is no int8 drift). Output names may differ
+    (cut subgraphs)."""
     if original.kind != other.kind:
         return False
     if original.kind in (Kind.BUILD_ERROR, Kind.CRASH):
         return original.detail == other.detail
+    if original.kind is Kind.MISMATCH:
+        return (original.detail == "shape") == (other.detail == "shape")
     return True
 
 
