@@ -10,6 +10,7 @@ cannot import it), shrinking in :mod:`reprokit.shrink.steps`, packing in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 
@@ -48,7 +49,10 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     with ``layerwise``, also where the divergence starts, as audit and shrink say it."""
     result = session.check(model, target, options=options, layerwise=layerwise, workdir=workdir)
     if result.layerwise is not None:
-        result.layerwise.start = _divergence_start(target, options or RunOptions(), result, model)
+        options = options or RunOptions()
+        if result.quantized is not None and options.reference_model:  # the float model was the quantization's
+            options = dataclasses.replace(options, reference_model=None)
+        result.layerwise.start = _divergence_start(target, options, result, model)
     return result
 
 

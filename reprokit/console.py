@@ -83,7 +83,7 @@ def print_check(result, model_path: str, top: int = 10) -> None:
     if attribution is not None:
         out.print(f"  cause      {escape(attribution.sentence())}")
         for name, value in attribution.quantization.items():
-            out.print(f"             fake-quant vs fp32 twin: {escape(name)} rel-l2 {value:.3g}"
+            out.print(f"             fake-quant vs {escape(attribution.against.removeprefix('the '))}: {escape(name)} rel-l2 {value:.3g}"
                       f" (tolerance {attribution.tolerance:g})")
     for note in result.prepared.notes:
         out.print(f"  [yellow]note[/]       {note}")
@@ -315,7 +315,8 @@ def _print_calibration(calib: dict | None) -> None:
         out.print(f"  calibration {escape(calib['note'])}")
         return
     clips = calib["clipping"]
-    out.print(f"  calibration fake-quant vs fp32 twin rel-l2 {fmt(calib['error'])} (tolerance {calib['tolerance']:g}); "
+    against = escape(calib.get("against", "the fp32 twin").removeprefix("the "))
+    out.print(f"  calibration fake-quant vs {against} rel-l2 {fmt(calib['error'])} (tolerance {calib['tolerance']:g}); "
               f"{len(clips)} QuantizeLinear clip  [dim](reference runs only)[/]")
     for row in clips[:5]:
         without = "" if row["error_without"] is None else f"; left out: {fmt(row['error_without'])}"

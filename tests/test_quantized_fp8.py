@@ -147,3 +147,23 @@ def test_a_trt_precision_other_than_the_models_qdq_type_is_refused_before_any_bu
     onnx.save(model, path)
     done = cli("check", path, "--target", target)
     assert_user_error(done, 2, contains=words, hint_contains="trt:")
+
+
+def test_audit_of_an_fp8_model_names_the_clipping_node_and_prints_an_fp8_quantization(tmp_path):
+    """Calibrated for |x| <= 1, fed up to 3: the input's Q pair clips (±448 scales), leaving it out
+    brings fake-quant back to its twin, and the printed quantize_static call quantizes to FP8 again."""
+    from reprokit.audit import audit
+    from reprokit.engine.session import RunOptions
+
+    path = str(tmp_path / "fp8.onnx")
+    onnx.save(_fp8_matmul(x_range=1.0), path)
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, **_feeds())
+    result = audit(
+        path, "ort", None, options=RunOptions(inputs=str(inputs)), sweep=False, explain_inputs=False
+    )
+    calib = result.payload["calibration"]
+    assert calib["clipping"][0]["node"] == "x_QuantizeLinear"
+    assert calib["cause"] == ["x_QuantizeLinear"] and calib["fix_within_tolerance"]
+    assert "activation_type=QuantType.QFLOAT8E4M3FN" in calib["printed_fix"]
+    assert calib["printed_fix"].endswith("nodes_to_exclude=['matmul'])")

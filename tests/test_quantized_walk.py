@@ -49,3 +49,100 @@ def test_an_empty_constant_returned_as_a_scalar_is_another_bug_than_a_value_mism
     assert shape.verdict.diverges and shape.verdict.signature.detail == "shape"
     assert judge(values.verdict.signature, shape.verdict).decision is Decision.OTHER_BUG
     assert judge(shape.verdict.signature, shape.verdict).decision is Decision.SIGNATURE
+
+
+def _quantized_pair(tmp_path):
+    """models.conv_relu_conv and that float model quantized by quantize_static (int8 per channel,
+    calibrated at sigma 0.5), fed at sigma 1.5: the calibration under-covers the inputs."""
+    import models
+    from test_quantized import _quantize
+
+    fp32 = models.save(models.conv_relu_conv(), tmp_path / "fp32.onnx")
+    qdq = _quantize(fp32, str(tmp_path / "qdq.onnx"))
+    inputs = tmp_path / "inputs.npz"
+    x = (np.random.default_rng(0).standard_normal((1, 4, 8, 8)) * 1.5).astype(np.float32)
+    np.savez(inputs, x=x)
+    return fp32, qdq, str(inputs), x
+
+
+def test_check_compares_the_quantization_with_the_users_own_float_model(tmp_path):
+    """--reference-model FLOAT.onnx on a quantized MODEL: the quantization's error is fake-quant
+    against the user's float model (not the derived twin, whose weights are the int8 ones), its
+    names matched by position where an export renamed them, and the cause line names the file."""
+    from test_quantized import _run
+
+    from reprokit.api import RunOptions, check
+
+    fp32, qdq, inputs, x = _quantized_pair(tmp_path)
+    renamed = onnx.load(fp32)  # an export that renamed the input and output: matched by position
+    for node in renamed.graph.node:
+        node.input[:] = ["image" if n == "x" else n for n in node.input]
+        node.output[:] = ["scores" if n == "y" else n for n in node.output]
+    renamed.graph.input[0].name, renamed.graph.output[0].name = "image", "scores"
+    user = str(tmp_path / "exported.onnx")
+    onnx.save(renamed, user)
+    result = check(qdq, "ort", options=RunOptions(inputs=inputs, reference_model=user))
+    fake_quant = _run(onnx.load(qdq), {"x": x})["y"]
+    truth = _run(onnx.load(fp32), {"x": x})["y"]
+    expected = np.linalg.norm(fake_quant - truth) / np.linalg.norm(truth)
+    assert result.quantized.quantization["y"] == pytest.approx(expected, rel=1e-5)
+    assert result.quantized.against == "your float model exported.onnx"
+    assert result.quantized.cause == "quantization"
+    assert "your float model exported.onnx" in result.quantized.sentence()
+    assert any("matched by position (x -> image)" in n for n in result.prepared.notes)
+    # the derived twin (int8 weights dequantized) is another model: another number
+    twin = check(qdq, "ort", options=RunOptions(inputs=inputs))
+    assert twin.quantized.against == "the fp32 twin"
+    assert twin.quantized.quantization["y"] != result.quantized.quantization["y"]
+
+
+def test_the_users_float_model_is_refused_where_it_answers_nothing(tmp_path, cli):
+    """shrink compares with fake-quant only (exit 2, nothing written); a "float" model that is itself
+    quantized is no reference for the quantization (exit 3)."""
+    from conftest import assert_user_error
+
+    fp32, qdq, inputs, _ = _quantized_pair(tmp_path)
+    out = tmp_path / "out"
+    done = cli(
+        "shrink",
+        qdq,
+        "--target",
+        "ort",
+        "--inputs",
+        inputs,
+        "--reference-model",
+        fp32,
+        "-o",
+        str(out),
+    )
+    assert_user_error(
+        done,
+        2,
+        contains="--reference-model on a quantized model is for check",
+        hint_contains="check",
+    )
+    assert not out.exists()
+    done = cli("check", qdq, "--target", "ort", "--inputs", inputs, "--reference-model", qdq)
+    assert_user_error(done, 3, contains="holds quantized ops: it is no float model")
+
+
+def test_audit_measures_the_calibration_against_the_users_float_model(tmp_path):
+    """audit --reference-model FLOAT.onnx on a quantized MODEL: the calibration diagnosis (which Q
+    node clips, which causes it, the fix tested) measures fake-quant against the user's float model."""
+    from test_quantized import _run
+
+    from reprokit.audit import audit
+    from reprokit.engine.session import RunOptions
+
+    fp32, qdq, inputs, x = _quantized_pair(tmp_path)
+    options = RunOptions(inputs=inputs, reference_model=fp32)
+    calib = audit(qdq, "ort", None, options=options, sweep=False, explain_inputs=False).payload[
+        "calibration"
+    ]
+    truth = _run(onnx.load(fp32), {"x": x})["y"]
+    fake_quant = _run(onnx.load(qdq), {"x": x})["y"]
+    assert calib["against"] == "your float model fp32.onnx"
+    assert calib["error"] == pytest.approx(
+        np.linalg.norm(fake_quant - truth) / np.linalg.norm(truth), rel=1e-5
+    )
+    assert calib["cause"][0] == "x_QuantizeLinear" and calib["error_fixed"] < calib["error"]

@@ -10,6 +10,7 @@ click; raises ReprokitError subclasses only.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -34,7 +35,7 @@ from reprokit.audit.sweep import (
     run_setting,
     workaround,
 )
-from reprokit.engine import quantized
+from reprokit.engine import floatref, quantized
 from reprokit.engine.folding import (
     SKIPPED,
     disagreement,
@@ -127,6 +128,8 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
     ``ranges_only``: the range audit alone — one reference call, no target call, no engine
     build (the target spec only says which narrow type to audit against)."""
     options = options or RunOptions()
+    float_model = options.reference_model  # a quantized MODEL's float original (engine/floatref.py)
+    options = dataclasses.replace(options, reference_model=None)
     event = on_event or (lambda text: None)
     started = time.monotonic()
     ledger = Ledger()
@@ -137,6 +140,7 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         prepared = prepare(model_path, options, work)
         oracle.weights_dir = prepared.base_dir
         quantized.judge_with(oracle, prepared.model, options, command="audit")  # a quantized model: judged in steps
+        user = floatref.for_audit(prepared.model, float_model) if float_model else None
         notes = list(prepared.notes)
         feeds = prepared.feeds.arrays
         # Every target call of the verdict and the sweep runs the model as given (the user's
@@ -191,7 +195,8 @@ def audit(model_path: str, target: str, out_dir: str | None = None, *, options=N
         payload = _payload(model, model_path, target, oracle, prepared, notes, verdict, ranges, layer, suspects,
                            rows, explained, kept_nodes, ledger, started, sweep)
         payload["isolated"] = isolated
-        diagnosis = calibration.diagnose(oracle, prepared.model, feeds, os.path.join(work, "calibration"), event)
+        diagnosis = calibration.diagnose(oracle, prepared.model, feeds, os.path.join(work, "calibration"), event,
+                                         float_model=user)
         payload["calibration"] = diagnosis.to_json() if diagnosis is not None else None
         payload["precision"] = tested.to_json() if tested is not None else None
         payload["divergence_start"] = divergence_start(layer, isolated["diverging_nodes"] if isolated else None)

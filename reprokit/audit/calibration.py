@@ -66,11 +66,19 @@ class Diagnosis:
     # the error with EVERY clipping pair's scale widened to what the inputs reach: a calibration
     # set that covers the inputs (tested; None where nothing clips or the error is within tolerance)
     all_widened_error: float | None = None
+    against: str = "the fp32 twin"  # what the error is measured against: the twin or your float model
+    fp8: bool = False  # every Q/DQ is FP8: the printed call quantizes to FP8 as the model was
 
     @property
     def printed_fix(self) -> str:
         if not self.cause:
             return ""
+        if self.fp8:  # onnxruntime's FP8 calibration takes only the Distribution method
+            return (
+                "quantize_static(model_fp32, model_fp8, calibration_reader, quant_format=QuantFormat.QDQ, "
+                "activation_type=QuantType.QFLOAT8E4M3FN, weight_type=QuantType.QFLOAT8E4M3FN, "
+                f"calibrate_method=CalibrationMethod.Distribution, nodes_to_exclude={list(self.exclude)!r})"
+            )
         return (
             f"quantize_static(model_fp32, model_int8, calibration_reader, quant_format=QuantFormat.QDQ, "
             f"nodes_to_exclude={list(self.exclude)!r})"
@@ -89,6 +97,7 @@ class Diagnosis:
             "widened_error": self.widened_error,
             "all_widened_error": self.all_widened_error,
             "note": self.note,
+            "against": self.against,
             "clipping": [s.to_json() for s in self.suspects],
         }
 
@@ -137,8 +146,11 @@ def diagnose(
     work: str,
     event=lambda text: None,
     tolerance: float = DEFAULT_TOLERANCE["int8"],
+    float_model=None,
 ) -> Diagnosis | None:
-    """The calibration diagnosis of ``model`` on ``feeds`` (None: it holds no QuantizeLinear)."""
+    """The calibration diagnosis of ``model`` on ``feeds`` (None: it holds no QuantizeLinear).
+    ``float_model``: the user's float model (engine/floatref.FloatReference), measured against in
+    place of the fp32 twin."""
     if not any(n.op_type == quant.Q for n in model.graph.node):
         return None
     os.makedirs(work, exist_ok=True)
@@ -153,12 +165,18 @@ def diagnose(
         return outputs
 
     outputs = [o.name for o in model.graph.output]
-    try:
-        twin = quant.fp32_twin(model)
-    except ValueError as exc:
-        return Diagnosis(0.0, tolerance, (), (), None, (), None, note=str(exc))
-    event("calibration: the fp32 twin and every QuantizeLinear's input (reference runs)")
-    truth = {k: v for k, v in reference(twin, "twin").items() if k in outputs}
+    against = float_model.label if float_model is not None else "the fp32 twin"
+    fp8 = quant.qdq_types(model) <= set(quant.FLOAT8)
+    if float_model is not None:
+        event(f"calibration: {against} and every QuantizeLinear's input (reference runs)")
+        truth = {k: v for k, v in float_model.run(oracle, feeds).items() if k in outputs}
+    else:
+        try:
+            twin = quant.fp32_twin(model)
+        except ValueError as exc:
+            return Diagnosis(0.0, tolerance, (), (), None, (), None, note=str(exc))
+        event("calibration: the fp32 twin and every QuantizeLinear's input (reference runs)")
+        truth = {k: v for k, v in reference(twin, "twin").items() if k in outputs}
     q_inputs = sorted({n.input[0] for n in model.graph.node if n.op_type == quant.Q} - set(outputs))
     captured = reference(model, "quantized", q_inputs)
     values = dict(captured) | dict(feeds)
@@ -196,7 +214,7 @@ def diagnose(
     note = (
         ""
         if base > tolerance
-        else f"fake-quant is within {tolerance:g} of the fp32 twin: calibration holds"
+        else f"fake-quant is within {tolerance:g} of {against}: calibration holds"
     )
     return Diagnosis(
         base,
@@ -208,4 +226,6 @@ def diagnose(
         widened_error,
         note,
         all_widened,
+        against,
+        fp8,
     )

@@ -42,6 +42,7 @@ from reprokit.console import (
     print_torch,
     print_verify,
 )
+from reprokit.engine import floatref
 from reprokit.engine.backends import backend_class, engine_names
 from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.inputs import (
@@ -158,6 +159,8 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
 def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw):
     """Bundle a small diverging MODEL into a report archive ready to file."""
     reads = files_read(model, kw)
+    if kw.get("reference_model") and not kw.get("torch_entry"):  # a quantized MODEL: check's, refused
+        floatref.refuse_outside_check(model, kw["reference_model"], "pack")
     stem = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", out_path)
     ensure_out_file(out_path)
     claim_file(out_path, reads, force=force)
@@ -206,7 +209,8 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
     """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
     reads = files_read(model, kw)
     options = make_run_options(kw, "audit")
-    if options.reference_model:
+    # a quantized MODEL's float original is taken (the calibration diagnosis measures against it)
+    if options.reference_model and (kw.get("torch_entry") or not floatref.is_quantized_file(model)):
         raise UsageError("audit does not take --reference-model yet",
                          hint="reprokit shrink CONVERTED.onnx --reference-model FP32.onnx finds the node and the "
                               "AutoCast exclusion that fixes it")

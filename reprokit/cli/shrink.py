@@ -34,6 +34,7 @@ from reprokit.console import (
     err,
     print_shrink,
 )
+from reprokit.engine import floatref
 from reprokit.engine.inputs import parse_shape_args, parse_val_ranges
 from reprokit.errors import ArchiveNotReproduced, ExitCode, InputError, ReprokitError, UsageError
 from reprokit.files import claim_folder
@@ -143,6 +144,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     reads = files_read(model, kw)
     options = make_run_options(kw, "shrink")
     parse_target(target)  # a bad spec or a missing check script fails before any work
+    if options.reference_model and not kw.get("torch_entry"):  # so does the float model of a quantized MODEL
+        floatref.refuse_outside_check(model, options.reference_model, "shrink")
     # so does an output that would replace a file the run reads or one the user wrote
     claim_folder(out_dir, SHRINK_FILES + torch_files(kw) + (() if no_pack else (f"report.{fmt}",))
                  + (tuple(f"audit/{p}" for p in AUDIT_FILES) if with_audit or with_overlay else ()),

@@ -145,6 +145,7 @@ class Attribution:
     )
     failure: str = ""  # the target's verdict kind when it failed to build or run: no number to attribute
     limits: str = ""  # what of the model TensorRT's parser documents it does not take (tensorrt_limits)
+    against: str = "the fp32 twin"  # the quantization's reference: the derived twin, or your float model
 
     @property
     def cause(self) -> str:
@@ -163,12 +164,12 @@ class Attribution:
     def sentence(self) -> str:
         words = {
             "engine": "the engine's: it differs from the Q/DQ semantics (fake-quant) by more than a "
-            "quantization step; the quantization itself stays close to the fp32 twin",
+            f"quantization step; the quantization itself stays close to {self.against}",
             "quantization": "the quantization's (scales, calibration): the fake-quant model already "
-            "differs from its fp32 twin; the engine agrees with fake-quant within a step",
+            f"differs from {self.against}; the engine agrees with fake-quant within a step",
             "both": "both: the engine differs from fake-quant by more than a step, and fake-quant "
-            "differs from the fp32 twin",
-            "none": "neither: the engine agrees with fake-quant within a step, fake-quant with the fp32 twin",
+            f"differs from {self.against}",
+            "none": f"neither: the engine agrees with fake-quant within a step, fake-quant with {self.against}",
             "engine-agrees": "not the engine's: it agrees with the Q/DQ semantics (fake-quant) within a step; "
             "the quantization's own error was not measured",
             "engine-failed": f"the engine's: it did not run the quantized model ({self.failure}), so no "
@@ -200,6 +201,7 @@ class Attribution:
             "kernels": self.kernels,
             "failure": self.failure,
             "tensorrt_limits": self.limits,
+            "quantization_reference": self.against,
         }
 
 
@@ -211,6 +213,7 @@ def attribute(
     twin_note: str = "",
     tolerance: float = DEFAULT_TOLERANCE["int8"],
     model=None,
+    against: str = "the fp32 twin",
 ) -> Attribution:
     """Whose divergence: the target's verdict against fake-quant (already judged in steps), and
     the fp32 twin's outputs against fake-quant (rel-l2 at ``tolerance``). A target that failed
@@ -237,6 +240,7 @@ def attribute(
         _kernels(verdict.target, verdict.target_meta, _low_precision(model)),
         verdict.kind.value if verdict.diverges and verdict.kind.value not in ("mismatch", "nonfinite") else "",
         tensorrt_limits(model) if model is not None and verdict.target.startswith("trt") else "",
+        against,
     )
 
 

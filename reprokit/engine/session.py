@@ -6,6 +6,7 @@ of click, passes or archives; raises ReprokitError subclasses only.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reprokit.engine import quantized, twinrun
+from reprokit.engine import floatref, quantized, twinrun
 from reprokit.engine.backends import backend_class
 from reprokit.engine.backends.base import Backend
 from reprokit.engine.feedfiles import load_feeds, load_samples
@@ -232,6 +233,15 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     if workdir is None:
         own_tmp = tempfile.TemporaryDirectory(prefix="reprokit-check-")
         workdir = own_tmp.name
+    float_model = None
+    if options.reference_model and floatref.is_quantized_file(os.fspath(model)):
+        # a quantized MODEL: --reference-model is the float model it was quantized from, the
+        # quantization's reference in place of the derived twin (engine/floatref.py)
+        float_model, options = options.reference_model, dataclasses.replace(options, reference_model=None)
+        if options.tolerance is not None or options.atol is not None or options.rtol is not None:
+            raise UsageError(f"--reference-model {float_model} on a quantized model with a tolerance of your own: "
+                             "the model is then judged as any model, and nothing compares it with your float model",
+                             hint="drop --tol/--atol/--rtol to compare with your float model (docs/quantized.md)")
     converted = os.fspath(model) if options.reference_model else None
     model = options.reference_model or model  # --reference-model: the reference's model is the one judged
     oracle = make_oracle(target, options, os.path.join(workdir, "calls"), target_model=converted)
@@ -242,6 +252,9 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     if converted:
         prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
     policy = quantized.judge_with(oracle, prepared.model, options)
+    user = floatref.match(prepared.model, float_model) if float_model else None  # matched before any run
+    if user is not None and user.note:
+        prepared.notes.append(f"{user.label}: {user.note}")
     runs = []
     for feeds in prepared.samples or [prepared.feeds]:  # a multi-sample --inputs: each sample judged
         reference = oracle.run_reference(prepared.path, feeds.arrays)
@@ -258,11 +271,16 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     feeds, reference, result, verdict = runs[shown]
     attribution = None
     if policy is not None:  # whose divergence: the engine's or the quantization's (docs/quantized.md)
-        twin, why = quantized.run_twin(oracle, prepared.model, feeds.arrays, workdir)
+        against = "the fp32 twin"
+        if user is not None:
+            twin, why, against = user.run(oracle, feeds.arrays), "", user.label
+        else:
+            twin, why = quantized.run_twin(oracle, prepared.model, feeds.arrays, workdir)
         if twin is not None and options.quant_reference == quantized.QuantReference.FP32.value:
             verdict = quantized.against_twin(oracle, result, twin)
         attribution = quantized.attribute(runs[shown][3], reference.outputs, twin, twin_note=why,
-                                          model=prepared.model)
+                                          model=prepared.model, against=against)
+
     samples = []
     if prepared.samples:
         samples = [SampleVerdict(k, run[3]) for k, run in enumerate(runs)]

@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from reprokit.engine import quantized, twinrun
+from reprokit.engine import floatref, quantized, twinrun
 from reprokit.engine.activations import ActivationStore, tensor_bytes
 from reprokit.engine.recall import verdict_from_json
 from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
@@ -65,6 +65,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     os.makedirs(state_dir, exist_ok=True)
     user_target = target
     target = _with_timing_cache(target, state_dir)
+    floatref.refuse_outside_check(model_path, options.reference_model, "shrink")
     converted = model_path if options.reference_model else None
     judged = options.reference_model or model_path  # --reference-model: cuts are made of the fp32 model
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"), target_model=converted)
