@@ -66,7 +66,9 @@ class Diagnosis:
     # the error with EVERY clipping pair's scale widened to what the inputs reach: a calibration
     # set that covers the inputs (tested; None where nothing clips or the error is within tolerance)
     all_widened_error: float | None = None
-    against: str = "the fp32 twin"  # what the error is measured against: the twin or your float model
+    against: str = (
+        "the fp32 twin"  # what the error is measured against: the twin or your float model
+    )
     fp8: bool = False  # every Q/DQ is FP8: the printed call quantizes to FP8 as the model was
 
     @property

@@ -83,8 +83,12 @@ def match(quantized_model, float_path: str) -> FloatReference:
             "check then derives the fp32 twin from MODEL",
         )
     notes = []
-    inputs = _pair(_graph_inputs(quantized_model), _graph_inputs(float_model), "inputs", float_path, notes)
-    outputs = _pair(_graph_outputs(quantized_model), _graph_outputs(float_model), "outputs", float_path, notes)
+    inputs = _pair(
+        _graph_inputs(quantized_model), _graph_inputs(float_model), "inputs", float_path, notes
+    )
+    outputs = _pair(
+        _graph_outputs(quantized_model), _graph_outputs(float_model), "outputs", float_path, notes
+    )
     return FloatReference(os.fspath(float_path), inputs, outputs, "; ".join(notes))
 
 

@@ -176,7 +176,9 @@ def element_type(model, index, node) -> str:
 def qdq_types(model) -> frozenset[str]:
     """The element types the model's Q/DQ nodes quantize to (empty: no Q/DQ)."""
     index = _Lookup.of(model)
-    return frozenset(element_type(model, index, n) for n in model.graph.node if n.op_type in (Q, DQ))
+    return frozenset(
+        element_type(model, index, n) for n in model.graph.node if n.op_type in (Q, DQ)
+    )
 
 
 # FP8 formats: (largest finite value, mantissa bits, exponent of the smallest normal). Their grid
@@ -484,7 +486,11 @@ def clipping(model, index, values) -> list[Clipping]:
         lo, hi = q_range(model, index, node, x.ndim)
         kind = element_type(model, index, node)
         # half a step at the range's edge: rounding, not clipping (FP8's grid is widest there)
-        half = hi / FLOAT8[kind][0] * float8_spacing(kind, FLOAT8[kind][0]) / 2 if kind in FLOAT8 else (hi - lo) / 255 / 2
+        half = (
+            hi / FLOAT8[kind][0] * float8_spacing(kind, FLOAT8[kind][0]) / 2
+            if kind in FLOAT8
+            else (hi - lo) / 255 / 2
+        )
         outside = (x > hi + half) | (x < lo - half)
         share = float(np.mean(outside)) if x.size else 0.0
         if share > 0:
