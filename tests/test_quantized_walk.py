@@ -146,3 +146,30 @@ def test_audit_measures_the_calibration_against_the_users_float_model(tmp_path):
         np.linalg.norm(fake_quant - truth) / np.linalg.norm(truth), rel=1e-5
     )
     assert calib["cause"][0] == "x_QuantizeLinear" and calib["error_fixed"] < calib["error"]
+
+
+def test_the_printed_exclusion_names_the_node_that_makes_the_clipped_tensor(tmp_path):
+    """quantize_static quantizes a Conv's output as well as its readers' inputs: on the int8
+    MobileNetV2 the printed nodes_to_exclude named only the readers of the clipping pairs, and
+    quantizing again as printed left every pair in place (0.35 -> 0.35). The producer is named too."""
+    import models
+
+    from reprokit.audit import audit
+    from reprokit.engine.session import RunOptions
+
+    # qdq_conv_chain: x -> Q/DQ -> conv0 -> Q/DQ (range +-0.2: clips) -> relu0 -> Q/DQ (+-16) -> ... -> y
+    model = models.qdq_conv_chain(x_range=1.0, inner=0.2)
+    for init in model.graph.initializer:
+        if init.name.startswith("relu") and init.name.endswith("_scale"):
+            init.CopyFrom(numpy_helper.from_array(np.array(16.0 / 127, np.float32), init.name))
+    path = models.save(model, tmp_path / "qdq.onnx")
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.random.default_rng(0).uniform(0, 1, (1, 4, 6, 6)).astype(np.float32))
+    options = RunOptions(inputs=str(inputs))
+    calib = audit(path, "ort", None, options=options, sweep=False, explain_inputs=False).payload[
+        "calibration"
+    ]
+    rows = {row["node"]: row for row in calib["clipping"]}
+    assert rows["conv0_QuantizeLinear"]["producer"] == "conv0"
+    assert "conv0_QuantizeLinear" in calib["cause"]
+    assert calib["nodes_to_exclude"][:2] == ["conv0", "relu0"]

@@ -454,6 +454,9 @@ class Clipping:
     seen_min: float
     seen_max: float
     reader_ops: tuple[str, ...]  # names of the float nodes that read the dequantized value
+    # the float node that computes the clipped tensor ("" for a graph input): onnxruntime's
+    # quantizer also quantizes a quantized op's output, so excluding the readers alone leaves the pair
+    producer: str = ""
 
     @property
     def widen_by(self) -> float:
@@ -500,6 +503,13 @@ def clipping(model, index, values) -> list[Clipping]:
                 for out in index.node_outputs[dq]
                 for r in index.consumers.get(out, ())
             )
+            source = index.producer.get(node.input[0])
+            made_by = model.graph.node[source] if source is not None else None
+            producer = (
+                made_by.name
+                if made_by is not None and made_by.op_type not in (Q, DQ, "Constant")
+                else ""
+            )
             seen_min = float(np.min(x))
             found.append(
                 Clipping(
@@ -511,6 +521,7 @@ def clipping(model, index, values) -> list[Clipping]:
                     seen_min,
                     float(np.max(x)),
                     readers,
+                    producer,
                 )
             )
     return sorted(found, key=lambda c: -c.clipped)
