@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from reprokit.graph import quant
+from reprokit.graph import qtypes, quant
 from reprokit.graph.index import GraphIndex
 
 SCALE = 0.01  # the activation scale: feeds up to 3.0 reach 300 in FP8 units (spacing 32 there)
@@ -77,14 +77,14 @@ def _feeds(top: float = 3.0) -> dict:
 def test_fp8_tensors_lie_on_a_relative_grid_and_clip_past_448_scales():
     model = _fp8_matmul(x_range=1.0)  # calibrated for |x| <= 1, fed up to 3
     index = GraphIndex.build(model)
-    assert quant.qdq_types(model) == {"float8e4m3fn"}
+    assert qtypes.qdq_types(model) == {"float8e4m3fn"}
     grids = quant.tensor_grids(model, index)
     assert grids["x_dq"] == (pytest.approx(1.0 / 448), "float8e4m3fn")
     # 3 mantissa bits: spacing 1 from 8 to 16 units, 32 from 256 to 448, 2^-9 below the normals
-    assert quant.float8_spacing("float8e4m3fn", 10.0) == 1.0
-    assert quant.float8_spacing("float8e4m3fn", 300.0) == 32.0
-    assert quant.float8_spacing("float8e4m3fn", 1e-4) == 2.0**-9
-    lo, hi = quant.q_range(model, index, model.graph.node[0])
+    assert qtypes.float8_spacing("float8e4m3fn", 10.0) == 1.0
+    assert qtypes.float8_spacing("float8e4m3fn", 300.0) == 32.0
+    assert qtypes.float8_spacing("float8e4m3fn", 1e-4) == 2.0**-9
+    lo, hi = qtypes.q_range(model, index, model.graph.node[0])
     assert (float(lo), float(hi)) == (
         pytest.approx(-1.0),
         pytest.approx(1.0),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from reprokit.graph import quant
+from reprokit.graph import qtypes, quant
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import save_model
 from reprokit.graph.model import mark_outputs
@@ -169,7 +169,7 @@ def diagnose(
 
     outputs = [o.name for o in model.graph.output]
     against = float_model.label if float_model is not None else "the fp32 twin"
-    fp8 = quant.qdq_types(model) <= set(quant.FLOAT8)
+    fp8 = qtypes.qdq_types(model) <= set(qtypes.FLOAT8)
     if float_model is not None:
         event(f"calibration: {against} and every QuantizeLinear's input (reference runs)")
         truth = {k: v for k, v in float_model.run(oracle, feeds).items() if k in outputs}

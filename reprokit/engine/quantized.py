@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.errors import UsageError
-from reprokit.graph import quant
+from reprokit.graph import qtypes, quant
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import save_model
 from reprokit.standalone.compare import (
@@ -82,7 +82,7 @@ class QuantPolicy:
         kind = self.float8.get(name)
         if not step or kind is None:
             return step
-        return step * quant.float8_spacing(kind, max_abs_reference / step)
+        return step * qtypes.float8_spacing(kind, max_abs_reference / step)
 
     def _name(self, name: str) -> str:
         return _MEMBER.sub("", name)
@@ -125,7 +125,7 @@ def policy_for(model, index, *, tolerance_given: bool) -> QuantPolicy | None:
         tuple(sorted(ops.items())),
         {tensor: step for tensor, (step, _) in grids.items()},
         quant.downstream(model, index),
-        float8={tensor: kind for tensor, (_, kind) in grids.items() if kind in quant.FLOAT8},
+        float8={tensor: kind for tensor, (_, kind) in grids.items() if kind in qtypes.FLOAT8},
     )
 
 
@@ -274,8 +274,8 @@ def _low_precision(model) -> str:
     """"fp8" for a model whose Q/DQ nodes are all FP8, else "int8": the kernels' words."""
     if model is None:
         return "int8"
-    types = quant.qdq_types(model)
-    return "fp8" if types and types <= set(quant.FLOAT8) else "int8"
+    types = qtypes.qdq_types(model)
+    return "fp8" if types and types <= set(qtypes.FLOAT8) else "int8"
 
 
 def _kernels(target: str, meta: dict, low: str = "int8") -> str:

@@ -18,7 +18,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Q, DQ, DYNQ = "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"
+from reprokit.graph.qtypes import (
+    DQ,
+    FLOAT8,
+    Lookup,
+    Q,
+    constant_value,
+    element_type,
+    float8_spacing,
+    q_range,
+)
+
+DYNQ = "DynamicQuantizeLinear"
 # ops that compute on integers (QOperator format, dynamic quantization) and their scale slots
 INTEGER_OPS = {
     "QLinearConv": (1, 4, 6),
@@ -140,67 +151,6 @@ def splits_unit(nodes, unit_of: dict[int, frozenset[int]]) -> frozenset[int] | N
     return None
 
 
-def _constant_value(model, index, name: str):
-    from onnx import numpy_helper
-
-    if name in index.initializers:
-        return numpy_helper.to_array(index.initializers[name])
-    producer = index.producer.get(name)
-    if producer is not None and model.graph.node[producer].op_type == "Constant":
-        for attr in model.graph.node[producer].attribute:
-            if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
-    return None
-
-
-def element_type(model, index, node) -> str:
-    """The element type a QuantizeLinear/DequantizeLinear quantizes to ("int8", "uint8",
-    "float8e4m3fn" …): its zero point's type, a Q's ``output_dtype`` (opset 21), a DQ's constant
-    input's type; "uint8" (the spec's default) when none says."""
-    from onnx import TensorProto
-
-    if len(node.input) > 2 and node.input[2]:
-        if node.input[2] in index.initializers:
-            return TensorProto.DataType.Name(index.initializers[node.input[2]].data_type).lower()
-        zero = _constant_value(model, index, node.input[2])
-        if zero is not None:
-            return np.asarray(zero).dtype.name.replace("_", "")
-    for attr in node.attribute:
-        if attr.name == "output_dtype" and attr.i:
-            return TensorProto.DataType.Name(attr.i).lower()
-    if node.op_type == DQ and node.input[0] in index.initializers:
-        return TensorProto.DataType.Name(index.initializers[node.input[0]].data_type).lower()
-    return "uint8"
-
-
-def qdq_types(model) -> frozenset[str]:
-    """The element types the model's Q/DQ nodes quantize to (empty: no Q/DQ)."""
-    index = _Lookup.of(model)
-    return frozenset(
-        element_type(model, index, n) for n in model.graph.node if n.op_type in (Q, DQ)
-    )
-
-
-# FP8 formats: (largest finite value, mantissa bits, exponent of the smallest normal). Their grid
-# is relative — the spacing near v is 2^(floor(log2 v) - mantissa bits) — so one "step" depends
-# on the magnitude, unlike int8's uniform scale.
-FLOAT8 = {
-    "float8e4m3fn": (448.0, 3, -6),
-    "float8e4m3fnuz": (240.0, 3, -7),
-    "float8e5m2": (57344.0, 2, -14),
-    "float8e5m2fnuz": (57344.0, 2, -15),
-}
-
-
-def float8_spacing(kind: str, value: float) -> float:
-    """The spacing of the FP8 format ``kind``'s grid at magnitude ``value`` (in units of the scale):
-    one rounding flip there; subnormals share the smallest normal's spacing."""
-    top, mantissa, emin = FLOAT8[kind]
-    value = min(abs(float(value)), top)
-    exponent = max(int(np.floor(np.log2(value))) if value > 0 else emin, emin)
-    return float(2.0 ** (exponent - mantissa))
-
-
 def tensor_grids(model, index) -> dict[str, tuple[float, str]]:
     """tensor → (scale, element type) of the grid it lies on (the largest scale, for per-channel
     scales): the output of a DequantizeLinear, the input of a QuantizeLinear (it is rounded to that
@@ -209,7 +159,7 @@ def tensor_grids(model, index) -> dict[str, tuple[float, str]]:
     grids: dict[str, tuple[float, str]] = {}
     for node in model.graph.node:
         if node.op_type in (Q, DQ) and len(node.input) > 1:
-            scale = _constant_value(model, index, node.input[1])
+            scale = constant_value(model, index, node.input[1])
             if scale is None or scale.size == 0:
                 continue
             step = float(np.max(np.abs(scale)))
@@ -280,7 +230,7 @@ def fp32_twin(model, only: set[str] | None = None):
 
     twin = onnx.ModelProto.FromString(model.SerializeToString())
     graph = twin.graph
-    index = _Lookup.of(twin)
+    index = Lookup.of(twin)
     if only is None:
         for node in graph.node:
             if node.op_type in INTEGER_OPS or node.op_type == DYNQ:
@@ -321,12 +271,12 @@ def fp32_twin(model, only: set[str] | None = None):
             continue
         if only is not None:
             continue
-        value = _constant_value(twin, index, node.input[0])
+        value = constant_value(twin, index, node.input[0])
         if value is None:
             continue
-        scale = _constant_value(twin, index, node.input[1])
+        scale = constant_value(twin, index, node.input[1])
         zero = (
-            _constant_value(twin, index, node.input[2])
+            constant_value(twin, index, node.input[2])
             if len(node.input) > 2 and node.input[2]
             else None
         )
@@ -375,53 +325,6 @@ def _clip_bounds(model, q) -> tuple[float, float] | None:
             tensors += [a.t for a in node.attribute if a.name == "value"]
     found = [float(numpy_helper.to_array(t)) for t in tensors if not t.dims and t.data_type == 1]
     return (min(found), max(found)) if len(found) == 2 else None
-
-
-_RANGES = {
-    "int8": (-128, 127),
-    "uint8": (0, 255),
-    "int16": (-32768, 32767),
-    "uint16": (0, 65535),
-    "int4": (-8, 7),
-    "uint4": (0, 15),
-    **{kind: (-top, top) for kind, (top, _, _) in FLOAT8.items()},
-}
-
-
-def q_range(model, index, node, rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The float range [lo, hi] a QuantizeLinear represents (per channel: arrays shaped to
-    broadcast against an input of ``rank`` dims along its axis)."""
-    scale = np.asarray(_constant_value(model, index, node.input[1]), np.float32)
-    zero = (
-        _constant_value(model, index, node.input[2])
-        if len(node.input) > 2 and node.input[2]
-        else None
-    )
-    kind = element_type(model, index, node)
-    qmin, qmax = _RANGES.get(kind, (-128, 127))
-    z = np.zeros_like(scale) if zero is None else np.asarray(zero).astype(np.float32)
-    if scale.ndim == 1 and scale.size > 1 and rank:
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        shape = [1] * rank
-        shape[axis % rank] = scale.size
-        scale, z = scale.reshape(shape), z.reshape(shape)
-    return (qmin - z) * scale, (qmax - z) * scale
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    """The two facts _constant_value reads (GraphIndex would import this module back)."""
-
-    initializers: dict
-    producer: dict
-
-    @classmethod
-    def of(cls, model) -> _Lookup:
-        graph = model.graph
-        return cls(
-            {t.name: t for t in graph.initializer},
-            {o: i for i, node in enumerate(graph.node) for o in node.output if o},
-        )
 
 
 def _resolve(alias: dict[str, str], name: str) -> str:
@@ -474,7 +377,7 @@ def clipping(model, index, values) -> list[Clipping]:
     for node in model.graph.node:
         if node.op_type != Q or node.input[0] not in values or len(node.input) < 2:
             continue
-        if _constant_value(model, index, node.input[1]) is None:
+        if constant_value(model, index, node.input[1]) is None:
             continue
         fused = fused_activation(model, node)
         x = np.asarray(values[node.input[0]], np.float32)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.trt_versions import TrtFacts, Typing, facts_for
 from reprokit.errors import EngineUnavailable, ReprokitError, UsageError
-from reprokit.graph import quant
+from reprokit.graph import qtypes
 from reprokit.graph.index import iter_nodes
 from reprokit.spec import TargetSpec
 
@@ -194,10 +194,10 @@ def refuse_other_quantization(spec: TargetSpec, model) -> None:
     """``trt:fp8`` on a model whose Q/DQ nodes quantize to no FP8 type, or ``trt:int8`` on one
     with only FP8 Q/DQ: explicit quantization takes its precision from the Q/DQ types (no builder
     flag makes an int8 Q/DQ pair FP8), so the verdict would name a precision that did not run."""
-    types = quant.qdq_types(model)
+    types = qtypes.qdq_types(model)
     if not types:
         return  # no Q/DQ: refuse_unbuildable's question (calibrators, strongly typed)
-    fp8 = types & set(quant.FLOAT8)
+    fp8 = types & set(qtypes.FLOAT8)
     if spec.has("fp8") and not fp8:
         raise UsageError(
             f"`{spec}` on a model whose Q/DQ nodes are {'/'.join(sorted(types))}, no FP8: TensorRT runs "

@@ -106,10 +106,13 @@ MEANING = {
     "bf16": ("builder flag BF16 (10.0+; 8.6 has none)",
              "no flag: reprokit converts the model to bf16 and builds `model.bf16.onnx`"),
     "int8": ("builder flag INT8; without Q/DQ nodes implicit quantization calibrated by polygraphy's "
-             "calibrator over the same inputs as the printed `polygraphy run --int8 --load-inputs`",
-             "only a model with Q/DQ nodes; a model without them is refused (quantize it first)"),
-    "fp8": ("builder flag FP8, for FP8 Q/DQ nodes only (no FP8 calibrator: a model without them is refused)",
-            "only a model with FP8 Q/DQ nodes; a model without them is refused"),
+             "calibrator over the same inputs as the printed `polygraphy run --int8 --load-inputs`; a model "
+             "whose Q/DQ nodes are all FP8 is refused",
+             "only a model with int8 Q/DQ nodes; a model without them, or with FP8 ones only, is refused "
+             "(quantize it first)"),
+    "fp8": ("builder flag FP8, for FP8 Q/DQ nodes only (no FP8 calibrator: a model without them, or with int8 "
+            "ones only, is refused)",
+            "only a model with FP8 Q/DQ nodes; a model without them, or with int8 ones only, is refused"),
     "fp32-nodes": ("those layers get precision float32 and OBEY_PRECISION_CONSTRAINTS "
                    "(polygraphy `--layer-precisions N:float32 --precision-constraints obey`)",
                    "Casts keep those nodes float32 inside the converted model"),
