@@ -57,6 +57,12 @@ def _number(value, where: str, *, nullable: bool = False) -> None:
         raise _Deviation(f"{where} must be a finite number >= 0, got {value!r}")
 
 
+def _step(value, where: str) -> None:
+    _number(value, where)
+    if value == 0:  # a step of 0 would judge any difference as infinitely many steps
+        raise _Deviation(f"{where} must be a number > 0, got 0")
+
+
 def _list(value, where: str, item) -> None:
     if not isinstance(value, list):
         raise _Deviation(f"{where} must be a list, got {_show(value)}")
@@ -112,6 +118,17 @@ def _verdict(payload) -> None:
         _field(policy, "regexes", "check_policy.", lambda v, w: _list(v, w, _string), required=False)
         for key in ("fail_codes", "ignore_codes"):
             _field(policy, key, "check_policy.", lambda v, w: _list(v, w, _integer), required=False)
+    quant = payload.get("quant_steps")
+    if quant is not None:  # a quantized model's steps: numbers and names, which repro.py and verify judge with
+        _object(quant, "quant_steps")
+        _field(quant, "steps", "quant_steps.", _object)
+        for name, step in quant["steps"].items():
+            _step(step, f"quant_steps.steps[{name[:60]!r}]")
+        _field(quant, "after_quantized", "quant_steps.", lambda v, w: _list(v, w, _string), required=False)
+        _field(quant, "fallback", "quant_steps.", _number, required=False)
+        _field(quant, "ops", "quant_steps.", _object, required=False)
+        for op, count in quant.get("ops", {}).items():
+            _integer(count, f"quant_steps.ops[{op[:60]!r}]")
     if payload.get("redaction") is not None:
         _object(payload["redaction"], "redaction")
 

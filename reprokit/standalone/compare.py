@@ -9,7 +9,7 @@ error is the count of differing elements. Complex outputs compare on both parts.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -215,6 +215,25 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         ref_inf, mismatched, error, bool(exceeds),
         reference_note=(degenerate_reference(ref) or "") if full and not exact else "", exact=exact,
     )
+
+
+def judge_in_steps(error: OutputError, step: float | None, after_quantized: bool, fallback: float,
+                   base: Criterion) -> OutputError:
+    """One output of a quantized model, judged as reprokit judges it (engine/quantized.py; repro.py
+    embeds this, so an archive judges exactly as the CLI did). ``step``: the output's quantization
+    step (None: the model does not quantize it); ``after_quantized``: it is computed after a
+    quantized op, then rel-l2 holds at ``fallback`` (the int8 tolerance) instead of the base one.
+    Exact, reshaped and non-finite errors stay as they are."""
+    if error.exact or error.shape_mismatch or not np.isfinite(error.max_abs):
+        return error
+    if step:
+        gap = error.max_abs / step
+        # one step is one rounding flip (half-even vs half-away, a wider accumulator): more than
+        # one (beyond float noise on the step itself) diverges
+        return replace(error, error=gap, exceeds=bool(gap > 1 + 1e-3))
+    if after_quantized and base.metric is Metric.REL_L2:
+        return replace(error, exceeds=bool(error.rel_l2 > max(fallback, base.tolerance)))
+    return error
 
 
 def _as_float64(array) -> np.ndarray:
