@@ -67,6 +67,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         raise UsageError("--redact does not work with --reference-model yet (two models to redact alike)",
                          hint="pack without --redact")
     event = on_event or (lambda text: None)
+    spec = parse_target(target)  # parsed once: the bundle and the manifest read the typed spec
     fmt = fmt or ("zip" if out_path.endswith(".zip") else "tar.gz")
     name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path)) or "report"
     notes: list[str] = []
@@ -88,13 +89,13 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
                        base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
         event("writing the bundle")
-        reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event)
+        reproduces = _write_bundle(stage, result, spec, options, context, redaction, name, fmt, notes, event)
         if audit_dir and redact:
             notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
         elif audit_dir:
             # the folder's ledger (.reprokit/owned.json, reprokit/files.py) is not part of the audit
             shutil.copytree(audit_dir, os.path.join(stage, "audit"), ignore=shutil.ignore_patterns(".reprokit"))
-        extra = {"reprokit": __version__, "target": str(parse_target(target))}
+        extra = {"reprokit": __version__, "target": str(spec)}
         if context and context.get("torch"):  # --torch: the export settings and the exporter column
             with open(os.path.join(stage, "torch.json"), "w") as handle:
                 json.dump(context["torch"], handle, indent=2, default=str)
@@ -116,7 +117,8 @@ def _redacted(result, target, options, tmp, notes):
         path = save_model(red.model, os.path.join(tmp, f"redacted-{randomize}.onnx"))
         inputs = os.path.join(tmp, f"redacted-{randomize}.npz")
         save_npz(inputs, red.feeds)
-        again = check(path, target, options=_with_inputs(options, inputs), workdir=os.path.join(tmp, f"red-{randomize}"))
+        again = check(path, target, options=_with_inputs(options, inputs, red.names),
+                      workdir=os.path.join(tmp, f"red-{randomize}"))
         if shows_bug(result.verdict.signature, again.verdict):
             info = {"renamed_tensors": len(red.names), "randomized_weights": len(red.randomized),
                     "weights": "replaced by random values (same shape, mean, std)" if randomize else "KEPT",
@@ -135,15 +137,20 @@ def _kind_words(signature) -> str:
     return signature.kind.value + (f" ({signature.detail})" if signature.detail else "")
 
 
-def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
+def _with_inputs(options: RunOptions, inputs: str, names: dict) -> RunOptions:
+    """The options that check the redacted model: its one sample, and a recorded step table (a
+    quantized shrink's) under the redacted names."""
     from dataclasses import replace
 
-    return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={})  # one sample now
+    table = options.quant_steps
+    if table is not None:
+        table = {**table, "steps": {names.get(k, k): v for k, v in table["steps"].items()},
+                 "after_quantized": [names.get(k, k) for k in table.get("after_quantized", ())]}
+    return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={}, quant_steps=table)
 
 
-def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event) -> bool:
+def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, name, fmt, notes, event) -> bool:
     verdict = result.verdict
-    spec = parse_target(target)
     feeds = result.prepared.feeds.arrays
     model = result.prepared.model
     save_model(model, os.path.join(stage, "model.onnx"), base_dir=result.prepared.base_dir, self_contained=True)
