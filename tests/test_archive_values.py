@@ -117,6 +117,8 @@ def test_a_quantized_archive_reproduces_in_the_steps_the_cli_judged(archive):
     issue = (top / "ISSUE.md").read_text()
     assert "more than 1 step diverges (ya step 0.0625, yb step 0.0156)" in issue
     assert "| 3 quantization steps |" in issue
+    assert "differs from ONNX Runtime (CPU, fp32) by 3 quantization steps of 0.0625" in issue
+    assert "rel-l2 error 3 against" not in issue  # the step count is no rel-l2 (said so at f7b6e68)
     verified = run_cli("verify", result.archive)
     assert verified.returncode == 1 and "REPRODUCES" in verified.stdout, (
         verified.stdout + verified.stderr

@@ -317,7 +317,8 @@ def _template_values(result, spec, env, context, archive_name, model, bins, reco
     ops = sorted({n.op_type for n in nodes})
     return {
         "version": __version__, "title": title(verdict, spec, env, ops), "verdict": verdict,
-        "description": describe(verdict, spec, model, context), "context": context,
+        "description": describe(verdict, spec, model, context, (recorded.get("quant_steps") or {}).get("steps")),
+        "context": context,
         "mode": verdict.target_meta.get("mode", spec.engine), "sweep": (context or {}).get("sweep"),
         "env_lines": environment_lines(env, verdict.target_meta), "archive_name": archive_name, "nodes": len(nodes), "ops": ops,
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), "?"),
