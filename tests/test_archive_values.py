@@ -190,3 +190,29 @@ def test_a_tampered_step_table_is_refused_before_anything_runs(archive, tmp_path
     assert proc.returncode == 3 and "quant_steps.steps" in proc.stderr and message in proc.stderr, (
         proc.stderr
     )
+
+
+def test_a_redacted_pack_judges_in_the_recorded_steps_under_the_redacted_names(archive, tmp_path):
+    """pack after a quantized shrink gets the shrink's step table (RunOptions.quant_steps); with
+    --redact the outputs are renamed, and the table is renamed with them: without that the redacted
+    model's outputs had no step, were judged at rel-l2 1e-2 (3e-3: agrees) and pack refused."""
+    from reprokit.api import RunOptions
+    from reprokit.report.bundle import pack
+
+    _, folder, top = archive
+    table = json.loads((top / "verdict.json").read_text())["quant_steps"]
+    packed = pack(
+        str(folder / "model.onnx"),
+        "emulate:fp16",
+        str(tmp_path / "red.tar.gz"),
+        redact=True,
+        options=RunOptions(inputs=str(folder / "inputs.npz"), quant_steps=table),
+    )
+    assert packed.reproduces and packed.verdict.signature.outputs
+    with tarfile.open(packed.archive) as tar:
+        verdict = json.load(
+            next(tar.extractfile(m) for m in tar.getmembers() if m.name.endswith("/verdict.json"))
+        )
+    steps = verdict["quant_steps"]["steps"]
+    assert sorted(steps.values()) == [S1, S2] and not {"ya", "yb"} & set(steps)
+    assert steps[packed.verdict.signature.outputs[0]] == S2  # ya's step, under its generic name
