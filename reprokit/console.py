@@ -109,8 +109,7 @@ def print_check(result, model_path: str, top: int = 10) -> None:
         for line in lines[1:]:
             out.print("                  " + escape(line))
     if verdict.outputs:  # a quantized model's outputs it quantizes read in steps (engine/quantized.py)
-        metric = verdict.criterion.metric.value + (" | steps" if verdict.quantized else "")
-        out.print(error_table(verdict.outputs, metric))
+        out.print(error_table(verdict.outputs, _error_column(verdict)))
     if result.layerwise is not None:
         print_layerwise(result.layerwise, top)
 
@@ -137,6 +136,11 @@ def _shape_text(error) -> str:
     if getattr(error, "shape_mismatch", False):
         shape += " (target " + ("x".join(map(str, error.target_shape)) or "scalar") + ")"
     return shape
+
+
+def _error_column(verdict) -> str:
+    """The error column's heading: a quantized model's outputs it quantizes read in steps (engine/quantized.py)."""
+    return verdict.criterion.metric.value + (" | steps" if verdict.quantized else "")
 
 
 def error_table(errors, metric: str, title: str | None = None) -> Table:
@@ -260,7 +264,7 @@ def print_shrink(result) -> None:
                       "(the exit status is the signature); if they are different bugs, pick yours with --fail-regex")
     verdict = result.verdict
     if verdict is not None and verdict.outputs:
-        out.print(error_table(verdict.outputs, verdict.criterion.metric.value, title="minimal model"))
+        out.print(error_table(verdict.outputs, _error_column(verdict), title="minimal model"))
     out.print(f"  wrote      {os.path.join(result.out_dir, 'minimal.onnx')}, inputs.npz, summary.json"
               + (f", {s['report']}" if s.get("report") else ""))
     for note in result.notes:
@@ -285,7 +289,7 @@ def print_verify(result, archive: str) -> None:
     out.print(f"  recorded   {recorded['signature']['kind']} under {recorded['target']}")
     out.print(f"  here       {result.verdict.signature.describe() if result.verdict.diverges else 'agree'} under {result.target}")
     if result.verdict.outputs:
-        out.print(error_table(result.verdict.outputs, result.verdict.criterion.metric.value))
+        out.print(error_table(result.verdict.outputs, _error_column(result.verdict)))
     if result.reproduces:
         out.print("[bold red]REPRODUCES[/]")
     else:

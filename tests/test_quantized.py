@@ -417,14 +417,17 @@ def test_tensorrt_limits_name_int32_biases_and_shifted_zero_points_and_the_print
 
 
 @pytest.mark.slow
-def test_an_accumulated_quantized_run_whose_window_agrees_alone_packs_the_whole_model(tmp_path, cli):
+def test_an_accumulated_quantized_run_packs_its_drift_window_judged_in_the_shrinks_steps(tmp_path, cli):
     """A HuggingFace ViT quantized by quantize_static under ort:opt (its int8 kernels): shrink finds
-    an accumulated error and a drift window, but the window packed alone agrees (its outputs lose
-    the Q nodes after them, so they are no longer judged in steps): shrink ended exit 6 "nothing
-    to pack" with no archive (seen on the H100 under ort:cuda too). Now the whole model travels,
-    the summary and console say why, and the archive reproduces under verify."""
+    an accumulated error and a 13-node drift window. Packed alone, the window's outputs have lost
+    the Q nodes after them, so pack judged them at rel-l2 where the shrink judged them in steps:
+    the window agreed and shrink ended exit 6 "nothing to pack" (seen on the H100 under ort:cuda
+    too), then (f7b6e68) the whole 222-node model travelled instead. Now the shrink records the
+    window's steps (summary.json window.quant_steps), pack judges with them, and the window's
+    archive reproduces under verify."""
     _needs_exports()
     import json
+    import tarfile
 
     make_quantized = _make_quantized()
 
@@ -433,8 +436,15 @@ def test_an_accumulated_quantized_run_whose_window_agrees_alone_packs_the_whole_
     shrunk = cli("shrink", qdq, "--inputs", inputs, "--target", "ort:opt", "-o", str(out), timeout=900)
     assert shrunk.returncode == 0, shrunk.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "accumulated"
-    assert any("does not diverge when packed alone" in w for w in summary["warnings"])
-    assert "the archive holds the whole model instead" in shrunk.stdout + shrunk.stderr
+    assert summary["status"] == "accumulated" and summary["report_reproduces"]
+    window = summary["window"]
+    assert not any("does not diverge when packed alone" in w for w in summary.get("warnings", []))
+    assert window["quant_steps"]["steps"] and set(window["quant_steps"]["steps"]) <= set(window["outputs"])
+    with tarfile.open(out / "report.tar.gz") as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/model.onnx"))
+        packed = onnx.load_from_string(tar.extractfile(member).read())
+        issue = next(tar.extractfile(m) for m in tar.getmembers() if m.name.endswith("/ISSUE.md")).read().decode()
+    assert len(packed.graph.node) == window["nodes"] < 222  # the window travels, not the whole model
+    assert "in quantization steps where the model quantizes the output" in issue  # not "against 0.0001"
     verified = cli("verify", str(out / "report.tar.gz"), timeout=300)
     assert verified.returncode == 1 and "REPRODUCES" in verified.stdout

@@ -25,8 +25,6 @@ import os
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from reprokit.errors import UsageError
 from reprokit.graph import qtypes, quant
 from reprokit.graph.index import GraphIndex
@@ -37,6 +35,8 @@ from reprokit.standalone.compare import (
     Metric,
     OutputError,
     compare_arrays,
+    judge_in_steps,
+    step_at,
 )
 
 _MEMBER = re.compile(r"^rk\d+/")  # a packed member's tensors carry its prefix (graph/pack.py)
@@ -78,11 +78,7 @@ class QuantPolicy:
         """The step ``name`` is judged in: its scale, or for an FP8 tensor the scale times the
         format's spacing at the reference's largest magnitude; None where it has none."""
         name = self._name(name)
-        step = self.steps.get(name)
-        kind = self.float8.get(name)
-        if not step or kind is None:
-            return step
-        return step * qtypes.float8_spacing(kind, max_abs_reference / step)
+        return step_at(self.steps.get(name), self.float8.get(name), max_abs_reference)
 
     def _name(self, name: str) -> str:
         return _MEMBER.sub("", name)
@@ -91,23 +87,31 @@ class QuantPolicy:
         out = []
         for error in errors:
             name = self._name(error.name)
-            step = self.step_of(name, error.max_abs_reference)
-            if error.exact or error.shape_mismatch or not np.isfinite(error.max_abs):
-                out.append(error)
-            elif step:
-                gap = error.max_abs / step
-                # one step is one rounding flip (half-even vs half-away, a wider accumulator):
-                # more than one (beyond float noise on the step itself) diverges
-                out.append(dataclasses.replace(error, error=gap, exceeds=gap > 1 + 1e-3))
-            elif name in self.downstream and base.metric is Metric.REL_L2:
-                out.append(
-                    dataclasses.replace(
-                        error, exceeds=error.rel_l2 > max(self.fallback, base.tolerance)
-                    )
-                )
-            else:
-                out.append(error)
+            out.append(judge_in_steps(error, self.step_of(name, error.max_abs_reference), name in self.downstream, self.fallback, base))
         return out
+
+    def recorded(self, outputs) -> dict:
+        """The judgement of ``outputs`` (a model's graph outputs) as plain data, what an archive's
+        verdict.json records (``quant_steps``) so that repro.py and verify judge as this run did."""
+        names = [self._name(n) for n in outputs]
+        return {
+            "steps": {n: float(self.steps[n]) for n in names if self.steps.get(n)},
+            "after_quantized": [n for n in names if not self.steps.get(n) and n in self.downstream],
+            "fallback": float(self.fallback),
+            "ops": dict(self.ops),
+            "float8": {n: self.float8[n] for n in names if n in self.float8},
+        }
+
+    @classmethod
+    def from_recorded(cls, table: dict) -> QuantPolicy:
+        """The policy ``recorded`` wrote (a checked verdict.json's ``quant_steps``)."""
+        return cls(
+            tuple(sorted((str(op), int(n)) for op, n in table.get("ops", {}).items())),
+            {str(n): float(step) for n, step in table["steps"].items()},
+            frozenset(str(n) for n in table.get("after_quantized", ())),
+            float(table.get("fallback", DEFAULT_TOLERANCE["int8"])),
+            {str(n): str(kind) for n, kind in table.get("float8", {}).items()},
+        )
 
     def unit(self, name: str) -> str:
         """How the error of ``name`` reads: ``steps`` or the criterion's metric."""

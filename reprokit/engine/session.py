@@ -69,6 +69,9 @@ class RunOptions:
     reference_model: str | None = None
     quant_reference: str = "fake-quant"  # quantized models: fake-quant (the engine's error) or fp32 (engine/quantized.py)
     ignore_positions: str | None = None  # .npz of boolean masks per graph output: True = left out of the comparison
+    # a quantized model's recorded judgement (QuantPolicy.recorded: an archive's verdict.json, or
+    # the shrink's for its minimal model): its outputs judged in these steps, not the model's own
+    quant_steps: dict | None = None
 
     def policy(self) -> CheckPolicy:
         """When a cmd target's run counts as a failure (polygraphy's --check rules)."""
@@ -209,6 +212,7 @@ class CheckResult:
     target_log: str = ""  # the engine's own messages (worker output tail)
     samples: list = field(default_factory=list)  # SampleVerdict per sample of a multi-sample --inputs
     quantized: object | None = None  # engine/quantized.Attribution: the engine's or the quantization's
+    quant: object | None = None  # engine/quantized.QuantPolicy the outputs were judged with, else None
 
 
 def _refuse_empty_comparison(verdict: Verdict, target: str) -> None:
@@ -255,6 +259,8 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
     user = floatref.match(prepared.model, float_model) if float_model else None  # matched before any run
     if user is not None and user.note:
         prepared.notes.append(f"{user.label}: {user.note}")
+    if options.quant_steps is not None:  # judged as the run that recorded it judged (verify, pack after shrink)
+        policy = oracle.quant = quantized.QuantPolicy.from_recorded(options.quant_steps)
     runs = []
     for feeds in prepared.samples or [prepared.feeds]:  # a multi-sample --inputs: each sample judged
         reference = oracle.run_reference(prepared.path, feeds.arrays)
@@ -293,6 +299,6 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         report = run_layerwise(oracle, prepared, os.path.join(workdir, "layerwise"))
     out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking,
                       target_log=f"{result.message}\n{result.log}".strip(), samples=samples,
-                      quantized=attribution)
+                      quantized=attribution, quant=policy)
     out._tmp = own_tmp  # keep memory-mapped outputs alive as long as the result
     return out

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.standalone.compare import FLOAT8_FORMATS, grid_spacing
+
 Q, DQ = "QuantizeLinear", "DequantizeLinear"
 
 
@@ -58,22 +60,14 @@ def qdq_types(model) -> frozenset[str]:
 
 # FP8 formats: (largest finite value, mantissa bits, exponent of the smallest normal). Their grid
 # is relative — the spacing near v is 2^(floor(log2 v) - mantissa bits) — so one "step" depends
-# on the magnitude, unlike int8's uniform scale.
-FLOAT8 = {
-    "float8e4m3fn": (448.0, 3, -6),
-    "float8e4m3fnuz": (240.0, 3, -7),
-    "float8e5m2": (57344.0, 2, -14),
-    "float8e5m2fnuz": (57344.0, 2, -15),
-}
+# on the magnitude, unlike int8's uniform scale. The table and the spacing live in
+# standalone/compare.py: repro.py embeds them, so an archive judges FP8 outputs as the CLI does.
+FLOAT8 = FLOAT8_FORMATS
 
 
 def float8_spacing(kind: str, value: float) -> float:
-    """The spacing of the FP8 format ``kind``'s grid at magnitude ``value`` (in units of the scale):
-    one rounding flip there; subnormals share the smallest normal's spacing."""
-    top, mantissa, emin = FLOAT8[kind]
-    value = min(abs(float(value)), top)
-    exponent = max(int(np.floor(np.log2(value))) if value > 0 else emin, emin)
-    return float(2.0 ** (exponent - mantissa))
+    """The spacing of the FP8 format ``kind``'s grid at magnitude ``value`` (in units of the scale)."""
+    return grid_spacing(kind, value)
 
 
 _RANGES = {

@@ -24,7 +24,6 @@ from reprokit.engine.backends import backend_class
 from reprokit.engine.bug import shows_bug
 from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
-from reprokit.engine.oracle import normalize_message
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, NothingToReduce, UsageError
 from reprokit.graph.io import inline_external_data, load_model, save_model
@@ -41,18 +40,12 @@ from reprokit.report.describe import (
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
 from reprokit.report.reprorun import repro_argv
-from reprokit.report.trtcommands import beyond_range, repro_facts, trt_values
+from reprokit.report.reprovalues import ENGINE_PACKAGES, criterion_words, repro_values
+from reprokit.report.trtcommands import beyond_range, trt_values
 from reprokit.report.twincommands import reference_run, target_run, twin_commands
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
-
-# What `pip install numpy onnx onnxruntime …` needs on top for each engine, and in words.
-ENGINE_PACKAGES = {"ort": "", "emulate": "", "openvino": "openvino", "trt": "tensorrt polygraphy", "cmd": ""}
-ENGINE_REQUIREMENT = {"ort": "nothing more", "emulate": "nothing more (the emulator is inside repro.py)",
-                      "openvino": "openvino", "trt": "tensorrt and polygraphy, on an NVIDIA GPU",
-                      "cmd": "the check command"}
-ALTERNATIVE = {"emulate": "ort", "openvino": "openvino:f32", "trt": "trt:no-tf32", "ort": "ort:opt", "cmd": "ort"}
 
 
 @dataclass
@@ -74,6 +67,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         raise UsageError("--redact does not work with --reference-model yet (two models to redact alike)",
                          hint="pack without --redact")
     event = on_event or (lambda text: None)
+    spec = parse_target(target)  # parsed once: the bundle and the manifest read the typed spec
     fmt = fmt or ("zip" if out_path.endswith(".zip") else "tar.gz")
     name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path)) or "report"
     notes: list[str] = []
@@ -95,13 +89,13 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
                        base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
         event("writing the bundle")
-        reproduces = _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event)
+        reproduces = _write_bundle(stage, result, spec, options, context, redaction, name, fmt, notes, event)
         if audit_dir and redact:
             notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
         elif audit_dir:
             # the folder's ledger (.reprokit/owned.json, reprokit/files.py) is not part of the audit
             shutil.copytree(audit_dir, os.path.join(stage, "audit"), ignore=shutil.ignore_patterns(".reprokit"))
-        extra = {"reprokit": __version__, "target": str(parse_target(target))}
+        extra = {"reprokit": __version__, "target": str(spec)}
         if context and context.get("torch"):  # --torch: the export settings and the exporter column
             with open(os.path.join(stage, "torch.json"), "w") as handle:
                 json.dump(context["torch"], handle, indent=2, default=str)
@@ -123,7 +117,8 @@ def _redacted(result, target, options, tmp, notes):
         path = save_model(red.model, os.path.join(tmp, f"redacted-{randomize}.onnx"))
         inputs = os.path.join(tmp, f"redacted-{randomize}.npz")
         save_npz(inputs, red.feeds)
-        again = check(path, target, options=_with_inputs(options, inputs), workdir=os.path.join(tmp, f"red-{randomize}"))
+        again = check(path, target, options=_with_inputs(options, inputs, red.names),
+                      workdir=os.path.join(tmp, f"red-{randomize}"))
         if shows_bug(result.verdict.signature, again.verdict):
             info = {"renamed_tensors": len(red.names), "randomized_weights": len(red.randomized),
                     "weights": "replaced by random values (same shape, mean, std)" if randomize else "KEPT",
@@ -142,15 +137,20 @@ def _kind_words(signature) -> str:
     return signature.kind.value + (f" ({signature.detail})" if signature.detail else "")
 
 
-def _with_inputs(options: RunOptions, inputs: str) -> RunOptions:
+def _with_inputs(options: RunOptions, inputs: str, names: dict) -> RunOptions:
+    """The options that check the redacted model: its one sample, and a recorded step table (a
+    quantized shrink's) under the redacted names."""
     from dataclasses import replace
 
-    return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={})  # one sample now
+    table = options.quant_steps
+    if table is not None:
+        table = {**table, "steps": {names.get(k, k): v for k, v in table["steps"].items()},
+                 "after_quantized": [names.get(k, k) for k in table.get("after_quantized", ())]}
+    return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={}, quant_steps=table)
 
 
-def _write_bundle(stage, result, target, options, context, redaction, name, fmt, notes, event) -> bool:
+def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, name, fmt, notes, event) -> bool:
     verdict = result.verdict
-    spec = parse_target(target)
     feeds = result.prepared.feeds.arrays
     model = result.prepared.model
     save_model(model, os.path.join(stage, "model.onnx"), base_dir=result.prepared.base_dir, self_contained=True)
@@ -172,33 +172,37 @@ def _write_bundle(stage, result, target, options, context, redaction, name, fmt,
         converted, report = convert_float_model_report(inline, narrow, keep)
         save_model(converted, os.path.join(stage, f"model.{narrow}.onnx"))
         conversion = {"schema_fp32": list(report.schema_fp32), "clamped": beyond_range(inline, narrow)}
+    recorded = {**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
+                "redaction": redaction, "timeout": options.timeout}
+    if result.quant is not None:  # a quantized model: its outputs' steps, so repro.py and verify judge alike
+        recorded["quant_steps"] = result.quant.recorded(o.name for o in model.graph.output)
+    recorded = json.loads(json.dumps(recorded, default=str))  # exactly what verdict.json holds
     with open(os.path.join(stage, "verdict.json"), "w") as handle:
-        json.dump({**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
-                   "redaction": redaction, "timeout": options.timeout}, handle, indent=2, default=str)
+        json.dump(recorded, handle, indent=2)
     env = fingerprint()
     if redaction:
         env = redact_env(env)
     with open(os.path.join(stage, "env.json"), "w") as handle:
         json.dump(env, handle, indent=2)
     archive_name = f"{name}.{fmt}"
-    values = _template_values(result, spec, env, context, archive_name, model, bins, options)
+    # repro.py's values: the one builder, from the verdict just recorded (the matrix's reproducer
+    # renders reprokit's own repro.py from an archive's verdict.json with it too)
+    repro = repro_values(recorded, target=str(spec), bundled=bundled, needs=needed)
+    values = _template_values(result, spec, env, context, archive_name, model, bins, recorded)
     values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
-    # repro.py's TensorRT facts and GPU-refusal words, as reprokit's own
-    values["settings"].update(repro_facts())
     values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
     if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
         values.update(twin_commands(spec, verdict, bins))
         # the user's converted cut is the explicit-precision model: no weakly typed form of the fp32
         # cut and no conversion of reprokit's own stand beside it
         values.update(trt_forms=[], converted="", converted_file=None)
-    values["settings"].update(target=str(spec), bundled=bundled, needs=needed,
-                              expected_detail=verdict.signature.detail)
+    values.update({key: repro[key] for key in ("settings", "engine_requirement", "alternative")})
     values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link
     if spec.engine == "cmd":
         values["command_heading"] = "The check command on the bundled files (also in `commands.sh`):"
         values["check_note"] = _check_note(bundled, needed)
     with open(os.path.join(stage, "repro.py"), "w") as handle:
-        handle.write(render("repro.py.j2", **values))
+        handle.write(render("repro.py.j2", **repro))
     os.chmod(os.path.join(stage, "repro.py"), 0o755)
     event("running the bundled repro.py")
     # repro.py gives each engine call the run's --timeout itself (a hang is a verdict there too);
@@ -306,47 +310,24 @@ def _polygraphy_array(value: np.ndarray) -> dict:
     return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
 
 
-def _template_values(result, spec, env, context, archive_name, model, bins, options) -> dict:
+def _template_values(result, spec, env, context, archive_name, model, bins, recorded) -> dict:
+    """The words of ISSUE.md, README.md and commands.sh (repro.py's are ``repro_values``')."""
     verdict = result.verdict
     nodes = [n for n in model.graph.node]
     ops = sorted({n.op_type for n in nodes})
-    from inspect import getsource
-
-    compare_source = _module_source("compare.py")
-    emulation_source = _module_source("names.py") + "\n\n" + _module_source("emulation.py")
-    arrays_source = _module_source("arrays.py")
-    policy_source = _module_source("checkpolicy.py")
-    settings = {
-        "target": verdict.target, "reference": verdict.reference, "metric": verdict.criterion.metric.value,
-        "tolerance": verdict.criterion.tolerance, "atol": verdict.criterion.atol, "rtol": verdict.criterion.rtol,
-        "expected_kind": verdict.kind.value, "summary": verdict.signature.describe(),
-        "check_policy": options.policy().to_json(), "timeout": options.timeout,
-    }
     return {
         "version": __version__, "title": title(verdict, spec, env, ops), "verdict": verdict,
-        "description": describe(verdict, spec, model, context), "context": context,
+        "description": describe(verdict, spec, model, context, (recorded.get("quant_steps") or {}).get("steps")),
+        "context": context,
         "mode": verdict.target_meta.get("mode", spec.engine), "sweep": (context or {}).get("sweep"),
         "env_lines": environment_lines(env, verdict.target_meta), "archive_name": archive_name, "nodes": len(nodes), "ops": ops,
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), "?"),
-        "engine_requirement": ENGINE_REQUIREMENT[spec.engine], "engine_packages": ENGINE_PACKAGES[spec.engine],
-        "alternative": ALTERNATIVE[spec.engine],
-        "reference": verdict.reference, "target": verdict.target, "criterion": verdict.criterion.describe(),
-        "settings": settings, "compare_source": compare_source, "emulation_source": emulation_source,
-        "arrays_source": arrays_source, "policy_source": policy_source, "normalize_source": getsource(normalize_message),
+        "engine_packages": ENGINE_PACKAGES[spec.engine],
+        "reference": verdict.reference, "target": verdict.target, "criterion": criterion_words(recorded),
         "polygraphy_command": polygraphy_command(spec, verdict, model), "trtexec_command": trtexec_command(spec, bins),
         "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env, verdict.reference),
         "repro_output": "",
     }
-
-
-def _module_source(name: str) -> str:
-    """A standalone reprokit module's source, without its __future__ import (repro.py has one) and
-    without its imports of modules embedded above it (lines marked "# repro.py: embedded above")."""
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(package_dir, "standalone", name)) as handle:
-        text = handle.read()
-    text = text.replace("from __future__ import annotations\n", "")
-    return "\n".join(line for line in text.split("\n") if not line.endswith("# repro.py: embedded above"))
 
 
 def _latest_release(spec, env) -> str:

@@ -81,7 +81,9 @@ def title(verdict, spec, env, ops) -> str:
             f"{', '.join(ops[:4])}{' …' if len(ops) > 4 else ''} on {device}")
 
 
-def describe(verdict, spec, model, context) -> str:
+def describe(verdict, spec, model, context, steps: dict | None = None) -> str:
+    """ISSUE.md's description. ``steps``: a quantized model's outputs judged in quantization steps
+    (verdict.json's ``quant_steps.steps``), whose error reads in steps, not in the metric."""
     nodes = list(model.graph.node)
     ops = ", ".join(f"`{n.op_type}`" + (f" (`{n.name}`)" if n.name else "") for n in nodes[:6])
     more = f" and {len(nodes) - 6} more" if len(nodes) > 6 else ""
@@ -92,6 +94,11 @@ def describe(verdict, spec, model, context) -> str:
     if verdict.kind is Kind.NONFINITE:
         sentence = (f"With {engine} the model produces {_nonfinite_words(verdict.signature.detail)} in {outputs}, "
                     f"where {reference_words(verdict.reference)} gives finite values.")
+    elif verdict.kind is Kind.MISMATCH and worst is not None and (steps or {}).get(worst.name):
+        sentence = (f"With {engine} the output {outputs} differs from {reference_words(verdict.reference)} by "
+                    f"{worst.error:.3g} quantization steps of {steps[worst.name]:.3g} (max abs error "
+                    f"{worst.max_abs:.3g}, rel-l2 {worst.rel_l2:.3g}), where one step is int8 rounding and more "
+                    "diverges.")
     elif verdict.kind is Kind.MISMATCH and worst is not None:
         sentence = (f"With {engine} the output {outputs} differs from {reference_words(verdict.reference)}: "
                     f"{verdict.criterion.metric.value} error {worst.error:.3g} against a tolerance of "

@@ -46,7 +46,17 @@ def render(name: str, **values) -> str:
     env.globals["fmt"] = fmt
     env.globals["reference_words"] = lambda reference: ", ".join(reference_parts(reference))
     env.filters["pylit"] = pylit
+    env.filters["doc"] = doc
     return env.get_template(name).render(**values)
+
+
+def doc(value) -> str:
+    """``value`` as words safe inside generated code's triple-quoted docstring: a backslash or
+    quote cannot end it or start an escape, and no control character (a NUL byte stops Python
+    reading the file) nor lone surrogate (no UTF-8 for it) gets in."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    text = "".join(c if c in "\n\t" or (c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF) else "?" for c in text)
+    return text
 
 
 def pylit(value) -> str:

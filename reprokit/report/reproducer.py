@@ -17,17 +17,13 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
-from inspect import getsource
 
-from reprokit import __version__
-from reprokit.engine.oracle import Kind, Signature, normalize_message
 from reprokit.errors import InputError
 from reprokit.report.archive import files_under
-from reprokit.report.bundle import _module_source
-from reprokit.report.render import render, templates_dir
+from reprokit.report.render import render
+from reprokit.report.reprovalues import repro_values
 from reprokit.report.schema import check_verdict
-from reprokit.report.trtcommands import repro_facts
-from reprokit.report.verify import archive_policy, recorded_timeout, trusted_archive_spec
+from reprokit.report.verify import archive_policy, trusted_archive_spec
 
 SCRIPT = "repro.py"  # where the cell writes the script it runs (the archive's own is not kept)
 OPT_IN = "--run-archive-code"
@@ -98,69 +94,18 @@ def _read(top: str, rel: str) -> bytes:
 
 
 def standalone_reproducer(recorded: dict, archive_path: str, *, target: str | None = None) -> str:
-    """reprokit's repro.py template rendered for the archive's recorded verdict: every value the
-    archive gives enters as a Python literal in SETTINGS; the words around it are reprokit's."""
+    """reprokit's repro.py template rendered for the archive's recorded verdict by the same builder
+    ``pack`` uses (report/reprovalues.py): every value the archive gives enters as a Python literal
+    in SETTINGS (or, in the docstring, escaped as text); the code is reprokit's."""
     check_verdict(recorded, archive_path)
     target = target or trusted_archive_spec(
         recorded["target"], "target", archive_path
     )  # never cmd: or a path
-    reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
-    criterion, sign = recorded["criterion"], recorded["signature"]
-    signature = Signature(
-        Kind(sign["kind"]), tuple(sign.get("outputs", ())), sign.get("detail", "")
-    )
-    settings = {
-        "target": target,
-        "reference": reference,
-        "metric": criterion["metric"],
-        "tolerance": criterion["tolerance"],
-        "atol": criterion["atol"],
-        "rtol": criterion["rtol"],
-        "expected_kind": signature.kind.value,
-        "summary": signature.describe(),
-        "check_policy": archive_policy(recorded, archive_path).to_json(),
-        "timeout": recorded_timeout(recorded),
-        "bundled": [],
-        "needs": [],
-        "expected_detail": signature.detail,
-        **repro_facts(),  # reprokit's own TensorRT facts, as pack writes them
+    checked = {
+        **recorded,
+        "reference": trusted_archive_spec(
+            recorded.get("reference", "ort"), "reference", archive_path
+        ),
+        "check_policy": archive_policy(recorded, archive_path).to_json(),  # its regexes bounded
     }
-    words = "see verdict.json (values the archive recorded are in SETTINGS below, as literals)"
-    values = {
-        "version": __version__,
-        "title": "reprokit's own reproducer for a report archive",
-        "settings": settings,
-        "engine_requirement": "the target's engine",
-        "reference": "the recorded reference",
-        "target": "the recorded target",
-        "criterion": "the recorded criterion",
-        "alternative": "ort",
-        **_embedded_sources(),
-    }
-    for name in _template_names() - set(values):  # words a newer template adds: never archive text
-        values[name] = words
-    return render(SCRIPT + ".j2", **values)
-
-
-def _embedded_sources() -> dict[str, str]:
-    """The standalone modules repro.py embeds, as ``pack`` embeds them."""
-    return {
-        "compare_source": _module_source("compare.py"),
-        "emulation_source": _module_source("names.py") + "\n\n" + _module_source("emulation.py"),
-        "arrays_source": _module_source("arrays.py"),
-        "policy_source": _module_source("checkpolicy.py"),
-        "normalize_source": getsource(normalize_message),
-    }
-
-
-def _template_names() -> set[str]:
-    import jinja2
-    import jinja2.meta
-
-    env = jinja2.Environment()
-    env.filters["pylit"] = lambda value: value
-    with open(os.path.join(templates_dir(), SCRIPT + ".j2")) as handle:
-        return jinja2.meta.find_undeclared_variables(env.parse(handle.read())) - {
-            "fmt",
-            "reference_words",
-        }
+    return render(SCRIPT + ".j2", **repro_values(checked, target=target))

@@ -15,7 +15,7 @@ import re
 
 from reprokit.engine.oracle import Kind
 from reprokit.errors import InputError
-from reprokit.standalone.compare import Metric
+from reprokit.standalone.compare import FLOAT8_FORMATS, Metric
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -55,6 +55,12 @@ def _number(value, where: str, *, nullable: bool = False) -> None:
         raise _Deviation(f"{where} must be a number{' or null' if nullable else ''}, got {_show(value)}")
     if not math.isfinite(value) or value < 0:
         raise _Deviation(f"{where} must be a finite number >= 0, got {value!r}")
+
+
+def _step(value, where: str) -> None:
+    _number(value, where)
+    if value == 0:  # a step of 0 would judge any difference as infinitely many steps
+        raise _Deviation(f"{where} must be a number > 0, got 0")
 
 
 def _list(value, where: str, item) -> None:
@@ -112,6 +118,20 @@ def _verdict(payload) -> None:
         _field(policy, "regexes", "check_policy.", lambda v, w: _list(v, w, _string), required=False)
         for key in ("fail_codes", "ignore_codes"):
             _field(policy, key, "check_policy.", lambda v, w: _list(v, w, _integer), required=False)
+    quant = payload.get("quant_steps")
+    if quant is not None:  # a quantized model's steps: numbers and names, which repro.py and verify judge with
+        _object(quant, "quant_steps")
+        _field(quant, "steps", "quant_steps.", _object)
+        for name, step in quant["steps"].items():
+            _step(step, f"quant_steps.steps[{name[:60]!r}]")
+        _field(quant, "after_quantized", "quant_steps.", lambda v, w: _list(v, w, _string), required=False)
+        _field(quant, "fallback", "quant_steps.", _number, required=False)
+        _field(quant, "ops", "quant_steps.", _object, required=False)
+        for op, count in quant.get("ops", {}).items():
+            _integer(count, f"quant_steps.ops[{op[:60]!r}]")
+        _field(quant, "float8", "quant_steps.", _object, required=False)
+        for name, kind in quant.get("float8", {}).items():
+            _string(kind, f"quant_steps.float8[{name[:60]!r}]", choices=set(FLOAT8_FORMATS))
     if payload.get("redaction") is not None:
         _object(payload["redaction"], "redaction")
 

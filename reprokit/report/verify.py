@@ -180,7 +180,9 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
                              tolerance=criterion["tolerance"], atol=criterion["atol"], rtol=criterion["rtol"],
                              timeout=timeout, fail_regex=policy.regexes, fail_codes=policy.fail_codes,
                              ignore_fail_codes=policy.ignore_codes,
-                             inputs=os.path.join(top, "inputs.npz"))
+                             inputs=os.path.join(top, "inputs.npz"),
+                             # a quantized model: its outputs judged in the steps the packing run used
+                             quant_steps=recorded.get("quant_steps"))
         model = os.path.join(top, "model.onnx")
         twin = os.path.join(top, "model.target.onnx")  # --reference-model: the converted cut, the target's
         if os.path.exists(twin):

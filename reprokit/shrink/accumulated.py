@@ -112,7 +112,9 @@ def _drift_window(run, reducer, label) -> dict | None:
             "of": found.of, "share": round(len(found.nodes) / found.of, 4), "start": found.start,
             "first": label(order[0]), "last": label(order[-1]), "error": error,
             "tolerance": reducer.oracle.criterion.tolerance, "verdict": said, "judged": judged,
-            "outputs": list(window.outputs)}
+            "outputs": list(window.outputs),
+            # pack judges the window's outputs in the steps this run judged them in (a quantized model)
+            "quant_steps": run.oracle.quant.recorded(window.outputs) if run.oracle.quant is not None else None}
 
 
 def _tested_workaround(run, reducer, label) -> dict:

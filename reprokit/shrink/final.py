@@ -164,6 +164,8 @@ def _done(run, reducer, writer, nodes, tried, note, model, feeds, reference, ver
         note = (note + "; " if note else "") + said
     writer.write(reducer, "done", final_verdict=verdict, minimal_model=model, feeds=feeds,
                  reference=reference, note=note)
+    if run.oracle.quant is not None:  # pack judges the minimal's outputs in the steps this run judged them in
+        writer.summary["quant_steps"] = run.oracle.quant.recorded(o.name for o in model.graph.output)
     notes = run.prepared.notes + ([note] if note else [])
     if run.options.reference_model:  # the user's fix is an AutoCast exclusion: found and tested here
         notes += offer_exclusion(run, writer, nodes)

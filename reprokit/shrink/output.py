@@ -216,8 +216,11 @@ def pack_result(result, target: str, options: RunOptions, *, fmt: str = "tar.gz"
         context["exclusion"] = summary["exclusion"]
     if summary.get("torch"):  # --torch: the archive records the export settings
         context["torch"] = summary["torch"]
+    # a quantized model: the minimal's outputs judged in the steps the shrink judged them in (its
+    # own graph may have lost the Q nodes that made them quantized tensors)
     model, options = result.minimal_path, replace(options, inputs=os.path.join(result.out_dir, "inputs.npz"),
-                                                  sample=None, input_shapes={}, val_ranges={})
+                                                  sample=None, input_shapes={}, val_ranges={},
+                                                  quant_steps=summary.get("quant_steps"))
     if options.reference_model:  # the converted cut is the target's model; minimal.onnx its reference
         model = twinrun.write_target_cut(options.reference_model, summary["model"], result.minimal_path,
                                          os.path.join(result.out_dir, "minimal.target.onnx"))
@@ -244,13 +247,14 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
         try:
             packed = pack(window["path"], target, os.path.join(result.out_dir, f"report.{fmt}"),
                           options=replace(options, inputs=window["inputs"], sample=None, input_shapes={},
-                                          val_ranges={}),
+                                          val_ranges={}, quant_steps=window.get("quant_steps")),
                           fmt=fmt, redact=redact, context=context, on_event=on_event)
             return _record_report(result.out_dir, result.summary, packed)
         except NothingToReduce as exc:
-            # judged alone as a model of its own, the window can fall within the tolerance (a
-            # quantized model: its outputs lose the Q nodes after them, so no longer judged in
-            # steps): the whole model, which diverges, travels instead; said, never dropped
+            # judged alone, the window can fall within the tolerance (a run before the window
+            # recorded its steps judged a quantized window's outputs at rel-l2; a target that
+            # drifts less on the window's own feeds): the whole model, which diverges, travels
+            # instead; said, never dropped
             note = (f"the drift window does not diverge when packed alone ({exc.message}); the archive holds "
                     "the whole model instead")
             result.notes.append(note)

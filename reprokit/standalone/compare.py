@@ -9,7 +9,7 @@ error is the count of differing elements. Complex outputs compare on both parts.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -215,6 +215,51 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         ref_inf, mismatched, error, bool(exceeds),
         reference_note=(degenerate_reference(ref) or "") if full and not exact else "", exact=exact,
     )
+
+
+# FP8 formats: (largest finite value, mantissa bits, exponent of the smallest normal)
+FLOAT8_FORMATS = {
+    "float8e4m3fn": (448.0, 3, -6),
+    "float8e4m3fnuz": (240.0, 3, -7),
+    "float8e5m2": (57344.0, 2, -14),
+    "float8e5m2fnuz": (57344.0, 2, -15),
+}
+
+
+def grid_spacing(kind: str, value: float) -> float:
+    """The spacing of the FP8 format ``kind``'s grid at magnitude ``value`` (in units of the
+    scale): one rounding flip there; subnormals share the smallest normal's spacing."""
+    top, mantissa, emin = FLOAT8_FORMATS[kind]
+    value = min(abs(float(value)), top)
+    exponent = max(int(np.floor(np.log2(value))) if value > 0 else emin, emin)
+    return float(2.0 ** (exponent - mantissa))
+
+
+def step_at(step: float | None, float8: str | None, max_abs_reference: float) -> float | None:
+    """The step an output is judged in: its scale, or for a tensor on an FP8 grid (``float8``:
+    its format) the scale times the format's spacing at the reference's largest magnitude."""
+    if not step or not float8:
+        return step
+    return step * grid_spacing(float8, max_abs_reference / step)
+
+
+def judge_in_steps(error: OutputError, step: float | None, after_quantized: bool, fallback: float,
+                   base: Criterion) -> OutputError:
+    """One output of a quantized model, judged as reprokit judges it (engine/quantized.py; repro.py
+    embeds this, so an archive judges exactly as the CLI did). ``step``: the output's quantization
+    step (None: the model does not quantize it); ``after_quantized``: it is computed after a
+    quantized op, then rel-l2 holds at ``fallback`` (the int8 tolerance) instead of the base one.
+    Exact, reshaped and non-finite errors stay as they are."""
+    if error.exact or error.shape_mismatch or not np.isfinite(error.max_abs):
+        return error
+    if step:
+        gap = error.max_abs / step
+        # one step is one rounding flip (half-even vs half-away, a wider accumulator): more than
+        # one (beyond float noise on the step itself) diverges
+        return replace(error, error=gap, exceeds=bool(gap > 1 + 1e-3))
+    if after_quantized and base.metric is Metric.REL_L2:
+        return replace(error, exceeds=bool(error.rel_l2 > max(fallback, base.tolerance)))
+    return error
 
 
 def _as_float64(array) -> np.ndarray:
