@@ -74,17 +74,34 @@ def _configs():
     return {
         "efficientnet": (
             lambda: tf.EfficientNetModel(
-                tf.EfficientNetConfig(width_coefficient=0.25, depth_coefficient=0.3, image_size=64,
-                                      hidden_dim=320)),
-            "pixel_values", (1, 3, 64, 64)),
+                tf.EfficientNetConfig(
+                    width_coefficient=0.25, depth_coefficient=0.3, image_size=64, hidden_dim=320
+                )
+            ),
+            "pixel_values",
+            (1, 3, 64, 64),
+        ),
         "mobilenetv2": (
-            lambda: tf.MobileNetV2Model(tf.MobileNetV2Config(depth_multiplier=0.35, image_size=64, tf_padding=False)),
-            "pixel_values", (1, 3, 64, 64)),
+            lambda: tf.MobileNetV2Model(
+                tf.MobileNetV2Config(depth_multiplier=0.35, image_size=64, tf_padding=False)
+            ),
+            "pixel_values",
+            (1, 3, 64, 64),
+        ),
         "bert": (
-            lambda: tf.BertModel(tf.BertConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=2,
-                                               intermediate_size=128, vocab_size=500,
-                                               max_position_embeddings=64)),
-            "input_ids", (1, 16)),
+            lambda: tf.BertModel(
+                tf.BertConfig(
+                    num_hidden_layers=3,
+                    hidden_size=64,
+                    num_attention_heads=2,
+                    intermediate_size=128,
+                    vocab_size=500,
+                    max_position_embeddings=64,
+                )
+            ),
+            "input_ids",
+            (1, 16),
+        ),
     }
 
 
@@ -113,7 +130,9 @@ def export(name: str, cache: str = CACHE) -> tuple[str, str]:
         for module in net.modules():  # BatchNorms of scale 1 with statistics from one batch
             if isinstance(module, torch.nn.Conv2d):
                 torch.nn.init.kaiming_normal_(module.weight)
-            if isinstance(module, torch.nn.BatchNorm2d):  # transformers draws their scales at std 0.02
+            if isinstance(
+                module, torch.nn.BatchNorm2d
+            ):  # transformers draws their scales at std 0.02
                 module.reset_parameters()
                 module.momentum = None  # a cumulative average: one batch sets it
         net.train()
@@ -137,8 +156,15 @@ def export(name: str, cache: str = CACHE) -> tuple[str, str]:
     os.makedirs(folder, exist_ok=True)
     tmp = model_path + ".part"
     with torch.no_grad():
-        torch.onnx.export(Wrap().eval(), (torch.from_numpy(x),), tmp, input_names=[key], output_names=["hidden"],
-                          opset_version=OPSET, dynamo=False)
+        torch.onnx.export(
+            Wrap().eval(),
+            (torch.from_numpy(x),),
+            tmp,
+            input_names=[key],
+            output_names=["hidden"],
+            opset_version=OPSET,
+            dynamo=False,
+        )
     np.savez(inputs_path, **{key: x})
     os.replace(tmp, model_path)
     return model_path, inputs_path
@@ -153,12 +179,18 @@ def _activations(model, feeds: dict) -> dict:
     marked = onnx.ModelProto()
     marked.CopyFrom(model)
     inferred = onnx.shape_inference.infer_shapes(marked)
-    floats = {v.name for v in inferred.graph.value_info if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+    floats = {
+        v.name
+        for v in inferred.graph.value_info
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT
+    }
     have = {o.name for o in marked.graph.output}
     for node in marked.graph.node:
         for out in node.output:
             if out in floats and out not in have:
-                marked.graph.output.append(onnx.helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+                marked.graph.output.append(
+                    onnx.helper.make_tensor_value_info(out, TensorProto.FLOAT, None)
+                )
     session = ort.InferenceSession(marked.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds)))
@@ -189,7 +221,9 @@ def planted_overflow(name: str, cache: str = CACHE) -> tuple[str, str, str]:
             continue
         if float(np.max(np.abs(values[tensor]))) < 0.5:
             continue
-        model = _with_pair(original, position, tensor, mul_name, float(np.max(np.abs(values[tensor]))))
+        model = _with_pair(
+            original, position, tensor, mul_name, float(np.max(np.abs(values[tensor])))
+        )
         if _overflows(model, feeds):  # the Inf reaches an output under fp16 storage
             break
     else:
@@ -201,8 +235,22 @@ def planted_overflow(name: str, cache: str = CACHE) -> tuple[str, str, str]:
 
 
 # Ops whose output is a float activation (no shape arithmetic).
-_COMPUTE = {"Conv", "MatMul", "Gemm", "Add", "Relu", "Sigmoid", "Mul", "Clip", "Tanh", "Erf", "Div",
-            "BatchNormalization", "Softmax", "Sub"}
+_COMPUTE = {
+    "Conv",
+    "MatMul",
+    "Gemm",
+    "Add",
+    "Relu",
+    "Sigmoid",
+    "Mul",
+    "Clip",
+    "Tanh",
+    "Erf",
+    "Div",
+    "BatchNormalization",
+    "Softmax",
+    "Sub",
+}
 
 
 def _with_pair(original, position: int, tensor: str, mul_name: str, largest: float):
@@ -215,7 +263,7 @@ def _with_pair(original, position: int, tensor: str, mul_name: str, largest: flo
     nodes = list(model.graph.node)
     k = np.float32(4 * FP16_MAX / largest)
     scaled, restored = "planted/scaled", "planted/restored"
-    for node in nodes[position + 1:]:  # later readers read the restored tensor
+    for node in nodes[position + 1 :]:  # later readers read the restored tensor
         for i, inp in enumerate(node.input):
             if inp == tensor:
                 node.input[i] = restored
@@ -223,10 +271,12 @@ def _with_pair(original, position: int, tensor: str, mul_name: str, largest: flo
         if out.name == tensor:
             out.name = restored
     model.graph.initializer.append(numpy_helper.from_array(np.array(k, np.float32), "planted/k"))
-    planted = [helper.make_node("Mul", [tensor, "planted/k"], [scaled], name=mul_name),
-               helper.make_node("Div", [scaled, "planted/k"], [restored], name="planted/restore_div")]
+    planted = [
+        helper.make_node("Mul", [tensor, "planted/k"], [scaled], name=mul_name),
+        helper.make_node("Div", [scaled, "planted/k"], [restored], name="planted/restore_div"),
+    ]
     del model.graph.node[:]
-    model.graph.node.extend(nodes[: position + 1] + planted + nodes[position + 1:])
+    model.graph.node.extend(nodes[: position + 1] + planted + nodes[position + 1 :])
     return model
 
 
@@ -255,4 +305,6 @@ if __name__ == "__main__":
     for case in CASES:
         model_path, _ = export(case)
         planted_path, _, _ = planted_overflow(case)
-        print(f"{case:14s} {node_count(model_path):5d} nodes  planted {node_count(planted_path):5d}  {planted_path}")
+        print(
+            f"{case:14s} {node_count(model_path):5d} nodes  planted {node_count(planted_path):5d}  {planted_path}"
+        )
