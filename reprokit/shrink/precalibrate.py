@@ -27,6 +27,7 @@ from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
 from reprokit.graph.pack import build_pack
 from reprokit.shrink.confirm import PROBE_FEEDS, probe_model
+from reprokit.shrink.passfail import group_calibration
 from reprokit.spec import parse_target
 
 
@@ -62,9 +63,33 @@ def wanted(run, *, pack: bool, resume: bool, weights_fit: bool) -> bool:
     )
 
 
-def precalibrate(run, graph_outputs: dict) -> Precalibrated:
+def precalibrate(run, graph_outputs: dict, clock=None) -> Precalibrated:
     """One call: the Identity probe, then the original, in one pack; the original judged from
-    its own outputs against the captured reference."""
+    its own outputs against the captured reference. ``clock``: timed as the calibrate step."""
+    if clock is not None:
+        clock.begin("calibrate")
+    try:
+        return _precalibrate(run, graph_outputs)
+    finally:
+        if clock is not None:
+            clock.begin("confirm")
+
+
+def as_calibration(run, reducer, pre: Precalibrated) -> tuple:
+    """The calibration made before the confirmation, as ``passfail.calibrate_packs`` reads it
+    (why not packed, nodes built, seconds, the pack's verdict for a pass/fail signature); its call
+    moves from the confirm step's count to the calibrate step's."""
+    group = reducer.packing == "group"
+    stats = reducer.stats["confirm"]
+    stats.calls, stats.seconds = stats.calls - 1, max(0.0, stats.seconds - pre.seconds)
+    stats.nodes_built = stats.calls * len(run.model.graph.node)
+    if pre.confirms():
+        reducer.confirmed = "the calibration pack, its second member (after the Identity probe)"
+    why = group_calibration(reducer, pre.pack_verdict) if group else pre.why
+    return why, pre.nodes, pre.seconds, pre.pack_verdict if group else None
+
+
+def _precalibrate(run, graph_outputs: dict) -> Precalibrated:
     model = run.given if run.given is not None else run.model
     probe = Extraction(probe_model(run.model), dict(PROBE_FEEDS), ["y"])
     original = Extraction(model, dict(run.feeds), list(graph_outputs))

@@ -49,8 +49,8 @@ from reprokit.shrink.evaluator import run_replay_alone
 from reprokit.shrink.final import ShrinkResult, finish
 from reprokit.shrink.opening import keep_opening, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
-from reprokit.shrink.passfail import calibrate_packs, group_calibration
-from reprokit.shrink.precalibrate import precalibrate
+from reprokit.shrink.passfail import calibrate_packs
+from reprokit.shrink.precalibrate import as_calibration, precalibrate
 from reprokit.shrink.precalibrate import wanted as precalibration_wanted
 from reprokit.shrink.reducer import PassStats, Reducer
 from reprokit.shrink.runstate import (  # noqa: F401  (the CLI's and tests': saved_run, resume_hint …)
@@ -184,9 +184,7 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
     else:
         if first is None and precalibration_wanted(run, pack=asked.pack_candidates, resume=resume,
                                                    weights_fit=asked.weights_fit):
-            clock.begin("calibrate")
-            pre = precalibrate(run, graph_outputs)
-            clock.begin("confirm")
+            pre = precalibrate(run, graph_outputs, clock)
         verdict, ride_along = confirm(run, graph_outputs, original_replays, ride,
                                       first or (pre.original if pre is not None and pre.confirms() else None))
     confirmed_calls = run.oracle.stats.target
@@ -320,7 +318,7 @@ def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd
                                + (f" and one riding with the {ride_along.carrier}" if folded else ""))
     if reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
         calls = run.oracle.stats.target
-        calibrate_packs(reducer, run.event, pre and _calibrated(run, reducer, pre))
+        calibrate_packs(reducer, run.event, pre and as_calibration(run, reducer, pre))
         run.probe_calls += 1  # the calibration; a second call was the original's replay alone
         folded = folded and run.oracle.stats.target - calls == (pre is None)
     if reducer.packing != "numeric" and reducer.ride_along is not None:  # no packed call will carry it
@@ -330,19 +328,6 @@ def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd
     reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None))
     reducer.before_accept = lambda: _probe(run, reducer, verdict)
     return folded
-
-
-def _calibrated(run, reducer, pre) -> tuple:
-    """The calibration made before the confirmation, as ``passfail.calibrate_packs`` reads it;
-    its call moves from the confirm step's count to the calibrate step's."""
-    group = reducer.packing == "group"
-    stats = reducer.stats["confirm"]
-    stats.calls, stats.seconds = stats.calls - 1, max(0.0, stats.seconds - pre.seconds)
-    stats.nodes_built = stats.calls * len(run.model.graph.node)
-    if pre.confirms():
-        reducer.confirmed = "the calibration pack, its second member (after the Identity probe)"
-    why = group_calibration(reducer, pre.pack_verdict) if group else pre.why
-    return why, pre.nodes, pre.seconds, pre.pack_verdict if group else None
 
 
 def _probe(run, reducer, verdict) -> None:
