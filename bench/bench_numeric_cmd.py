@@ -6,6 +6,7 @@ model (a runner script: loads the ONNX file it is given, runs it, writes its out
 
     python bench/bench_numeric_cmd.py              # 3 models × 2 faults (~10 min on 2 cores)
     python bench/bench_numeric_cmd.py --only bert  # cases whose name holds this
+    python bench/bench_numeric_cmd.py --flaky-runs 20  # a 50%-flaky numeric check, 20 shrinks
 
 Both tools run as subprocesses through bench_shrink.py's runners (same measuring, same oracle,
 ``bench/oracle_check.py``). "right" for a planted overflow: the minimal model holds the planted
@@ -45,6 +46,19 @@ def cases(work: str) -> list[dict]:
         out.append({"name": f"hf_{name} accumulated drift", "path": model, "inputs": inputs, "precision": "bf16",
                     "tol": DRIFT_TOL[name], "planted": None, "runner": runner})
     return out
+
+
+def shrink_specs(work: str) -> list[dict]:
+    """bench_shrink.py's rows for these cases (``BENCH_HF=1 python bench/bench_shrink.py``): each
+    case under the built-in target and under the numeric cmd: check."""
+    rows = []
+    for case in cases(work):
+        builtin = f"emulate:{case['precision']}"
+        for target in (builtin, hf_cases.cmd_target(case["runner"], case["precision"])):
+            row = spec(case, target)
+            row["name"] += " cmd" if target.startswith("cmd:") else ""
+            rows.append(row)
+    return rows
 
 
 def spec(case: dict, target: str) -> dict:
@@ -120,14 +134,66 @@ def totals(results: list[dict]) -> str:
         f" ({len(done)} cases where all three finished)"
 
 
+# A numeric runner that shows the fp16 overflow on half its calls at random and computes in fp32
+# (agreeing) on the others: how a flaky engine behind a numeric check ends.
+FLAKY_RUNNER = """\
+import random
+import sys
+
+import numpy as np
+
+from reprokit.engine.backends import create_backend
+from reprokit.spec import parse_target
+
+model, inputs, outputs = sys.argv[1:4]
+with np.load(inputs) as data:
+    feeds = {k: data[k] for k in data.files}
+engine = "emulate:fp16" if random.SystemRandom().random() < 0.5 else "ort"
+np.savez(outputs, **create_backend(parse_target(engine)).run(model, feeds, None).outputs)
+"""
+
+
+def flaky(runs: int, work: str) -> str:
+    """``runs`` shrinks of the bundled attention sample under the flaky runner: exit codes, and
+    whether a run that ended 0 found the sample's overflowing MatMul."""
+    import collections
+    import subprocess
+
+    runner = os.path.join(work, "flaky_runner.py")
+    with open(runner, "w") as handle:
+        handle.write(FLAKY_RUNNER)
+    sample = os.path.join(bs.ROOT, "samples", "attention_softmax_nan.onnx")
+    target = f"cmd:precision=fp16:{sys.executable} {runner} {{model}} {{inputs}} {{outputs}}"
+    codes, right_done = collections.Counter(), 0
+    for number in range(runs):
+        out = os.path.join(work, f"flaky{number}")
+        proc = subprocess.run([bs.REPROKIT, "shrink", sample, "--target", target, "-o", out, "--no-shrink-shapes",
+                               "--inputs", sample.replace(".onnx", ".inputs.npz")], capture_output=True, text=True)
+        codes[proc.returncode] += 1
+        if proc.returncode == 0:
+            with open(os.path.join(out, "summary.json")) as handle:
+                right_done += json.load(handle)["minimal"]["ops"] == ["MatMul"]
+        print(f"flaky run {number + 1}/{runs}: exit {proc.returncode}", flush=True)
+    return (f"A numeric check flaky at 50% (fp16 overflow or fp32 at random per call), {runs} shrinks of "
+            f"samples/attention_softmax_nan.onnx: exit codes " + ", ".join(f"{c}: {n}" for c, n in sorted(codes.items()))
+            + f"; of the {codes[0]} that ended 0, {right_done} found the overflowing MatMul.\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", default=[], help="cases whose name holds this (repeatable)")
+    parser.add_argument("--flaky-runs", type=int, default=0, help="only: N shrinks under a 50%%-flaky numeric check")
     args = parser.parse_args(argv)
     import tempfile
 
     started = time.monotonic()
     work = tempfile.mkdtemp(prefix="bench-numeric-cmd-")
+    if args.flaky_runs:
+        text = flaky(args.flaky_runs, work)
+        with open(os.path.join(bs.RESULTS, "numeric_cmd.flaky.md"), "w") as handle:
+            handle.write(text)
+        print(text)
+        return 0
     chosen = [c for c in cases(work) if not args.only or any(o in c["name"] for o in args.only)]
     results = []
     for number, case in enumerate(chosen):
