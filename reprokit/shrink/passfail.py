@@ -106,23 +106,33 @@ def group_calibration(reducer, verdict) -> str | None:
             f"{verdict.signature.describe() if verdict.diverges else 'a pass'}: the check does not judge every member")
 
 
+def refused_whole(result) -> str:
+    """Why packs are off when the check failed on a calibration pack as a whole."""
+    # its own words: a check that refuses a pack says why (a runner that feeds one input, an
+    # opset its converter does not know), and the user can mend the check
+    said = quote_message(result.message, 200)
+    return (f"the check failed on a pack as a whole ({result.status}{': ' + said if said else ''}): "
+            "it cannot judge members one by one")
+
+
+def too_few_outputs(result, pack) -> str:
+    """Why packs are off when the check wrote fewer outputs than the calibration pack has."""
+    return (f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
+            "outputs: it reads fewer outputs than a pack has")
+
+
 def _calibration_verdict(reducer, best, pack, seen) -> str | None:
     if reducer.packing == "group":
         return group_calibration(reducer, seen)
     result = seen
     try:
         if result.status != "ok":
-            # its own words: a check that refuses a pack says why (a runner that feeds one input,
-            # an opset its converter does not know), and the user can mend the check
-            said = quote_message(result.message, 200)
-            return (f"the check failed on a pack as a whole ({result.status}{': ' + said if said else ''}): "
-                    "it cannot judge members one by one")
+            return refused_whole(result)
         member = pack.members[1]
         outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
                    if packed in result.outputs}
         if set(outputs) != set(member.outputs.values()):
-            return (f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
-                    "outputs: it reads fewer outputs than a pack has")
+            return too_few_outputs(result, pack)
         reference = {n: reducer.store.get(n) for n in best.outputs if n in reducer.store}
         own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
         judged = judge(reducer.signature, reducer.oracle.verdict_from(own, reference), severity=reducer.severity)

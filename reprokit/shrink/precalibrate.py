@@ -21,13 +21,12 @@ import time
 from dataclasses import dataclass
 
 from reprokit.engine.bug import NUMERIC
-from reprokit.engine.messages import quote_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
 from reprokit.graph.pack import build_pack
 from reprokit.shrink.confirm import PROBE_FEEDS, probe_model
-from reprokit.shrink.passfail import group_calibration
+from reprokit.shrink.passfail import group_calibration, refused_whole, too_few_outputs
 from reprokit.spec import parse_target
 
 
@@ -112,22 +111,13 @@ def _precalibrate(run, graph_outputs: dict) -> Precalibrated:
     try:
         whole = run.oracle.verdict_from(result, {})
         if result.status != "ok":
-            said = quote_message(result.message, 200)
-            why = (
-                f"the check failed on a pack as a whole ({result.status}{': ' + said if said else ''}): "
-                "it cannot judge members one by one"
-            )
-            return Precalibrated(None, why, whole, pack.nodes, seconds)
+            return Precalibrated(None, refused_whole(result), whole, pack.nodes, seconds)
         mine = [_member_outputs(result, member) for member in pack.members]
         if any(
             set(outputs) != set(member.outputs.values())
             for outputs, member in zip(mine, pack.members)
         ):
-            why = (
-                f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
-                "outputs: it reads fewer outputs than a pack has"
-            )
-            return Precalibrated(None, why, whole, pack.nodes, seconds)
+            return Precalibrated(None, too_few_outputs(result, pack), whole, pack.nodes, seconds)
         run.oracle.verdict_from(
             _own(result, mine[0]), {"y": PROBE_FEEDS["x"]}
         )  # passing counts (probe_pending)
