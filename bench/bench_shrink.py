@@ -3,6 +3,7 @@
     python bench/bench_shrink.py            # samples, planted cases, PP-OCR ×4 each (~25 min on 2 cores)
     python bench/bench_shrink.py --quick    # the five samples only (~1 min)
     python bench/bench_shrink.py --only det --only conv_clip
+    BENCH_HF=1 python bench/bench_shrink.py --only hf_   # + bench/bench_numeric_cmd.py's cases
 
 For every model both tools run as subprocesses, each in its own temporary directory, on the same
 feeds, judged by the same oracle (``bench/oracle_check.py``: reprokit's backends and comparison,
@@ -105,6 +106,10 @@ def models() -> list[dict]:
         path, inputs = planted.save(*make(), _generated_dir(), name)
         out.append({"name": name, "path": path, "target": "emulate:fp16", "tol": None, "shapes": {},
                     "inputs": inputs, "expected": None, "sample": False, "planted": True})
+    if os.environ.get("BENCH_HF"):  # transformers exports, built-in and numeric cmd: checks (opt in)
+        import bench_numeric_cmd
+
+        out += bench_numeric_cmd.shrink_specs(_generated_dir())
     for target in ("openvino:bf16", "emulate:bf16"):
         for feeds in ("random", "picture"):
             out.append({

@@ -73,7 +73,8 @@ from reprokit.spec import parse_target
 @click.option("--replays", default=None, type=click.IntRange(0, 10),
               help="Extra runs of the original and of the result to detect a flaky target. Default: none "
                    "for deterministic engines; otherwise the original once and the result once (three "
-                   "times for cmd checks, whose pack calibration is the original's replay).")
+                   "times for pass/fail cmd checks, whose pack calibration is the original's replay; once for "
+                   "a numeric cmd check, whose outputs are judged).")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="Continue an interrupted or budget-stopped run: --resume DIR alone takes the model, target "
                    "and run options from DIR; plain --resume continues the same command's --out.")

@@ -63,7 +63,7 @@ def packs_share_feeds(target: str) -> bool:
     return backend_class(spec.engine)(spec).runs_nodes_as_written
 
 
-def default_replays(target: str) -> tuple[int, int]:
+def default_replays(target: str, *, numeric: bool = False) -> tuple[int, int]:
     """Extra runs of (the original, the result) when the user gives no --replays: none for a
     deterministic engine; for others the original once (a flaky target is caught before any
     reduction; for a group-tested check command that run is the pack calibration, no call of its
@@ -73,11 +73,14 @@ def default_replays(target: str) -> tuple[int, int]:
     failing half the time at random reaches the search in about 3 runs of 8; with 2 result
     replays it then ended "done" in 17 of 130 runs, with 3 in 1 of 60 (bench_passfail.py
     --flaky-only). A search that saw a contradiction (a group failing that no member explains)
-    earns the result two more (steps.shrink)."""
+    earns the result two more (steps.shrink). A check command whose outputs are judged
+    (``numeric``: it wrote them and the original's showed a numeric divergence) is replayed as a
+    built-in engine is: reprokit compares every member's numbers, and the result was seen failing
+    in the survey's pack and in the shapes ladder's before its judgement alone."""
     spec = parse_target(target)
     if backend_class(spec.engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
         return 0, 0
-    return 1, 3 if spec.engine == "cmd" else 1
+    return 1, 3 if spec.engine == "cmd" and not numeric else 1
 
 
 SHAPE_CALLS = 1  # what the auto budget adds for shapes: the ladder's packed call (its crop alone is the final)

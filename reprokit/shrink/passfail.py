@@ -48,15 +48,17 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
     return fails
 
 
-def calibrate_packs(reducer, event) -> None:
+def calibrate_packs(reducer, event, ran: tuple | None = None) -> None:
     """A user's check may judge only part of a pack: one calibration call decides whether this
     run packs candidates at all; the summary says which and why. For group testing the pack holds
     the whole original after the probe, so when it fails alike it is the original failing again:
     the original's replay (``reducer.ride_along``) needs no call of its own. When it passes, one
     call on the original alone decides: failing, packs are off and that call was the replay;
-    passing, the original is flaky (confirm.RideAlong.check: exit 6 with the tally)."""
+    passing, the original is flaky (confirm.RideAlong.check: exit 6 with the tally). ``ran``: that
+    call made already, before the confirmation (precalibrate.py): (why, nodes built, seconds, the
+    pack's verdict as a whole), no call here."""
     reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
-    why, built, seconds, seen = calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]))
+    why, built, seconds, seen = ran or calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]))
     reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
     ride = reducer.ride_along if reducer.packing == "group" else None
     if ride is not None and why is None:
@@ -96,27 +98,41 @@ def calibrate(reducer, probe) -> tuple[str | None, int, float, object]:
     return why, pack.nodes, time.monotonic() - start, verdict if group else None
 
 
+def group_calibration(reducer, verdict) -> str | None:
+    """A pass/fail check's calibration pack, judged as a whole: None when it failed alike."""
+    if shows_bug(reducer.signature, verdict):
+        return None
+    return (f"a pack holding the failing model after a passing one gave "
+            f"{verdict.signature.describe() if verdict.diverges else 'a pass'}: the check does not judge every member")
+
+
+def refused_whole(result) -> str:
+    """Why packs are off when the check failed on a calibration pack as a whole."""
+    # its own words: a check that refuses a pack says why (a runner that feeds one input, an
+    # opset its converter does not know), and the user can mend the check
+    said = quote_message(result.message, 200)
+    return (f"the check failed on a pack as a whole ({result.status}{': ' + said if said else ''}): "
+            "it cannot judge members one by one")
+
+
+def too_few_outputs(result, pack) -> str:
+    """Why packs are off when the check wrote fewer outputs than the calibration pack has."""
+    return (f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
+            "outputs: it reads fewer outputs than a pack has")
+
+
 def _calibration_verdict(reducer, best, pack, seen) -> str | None:
     if reducer.packing == "group":
-        verdict = seen
-        if shows_bug(reducer.signature, verdict):
-            return None
-        return (f"a pack holding the failing model after a passing one gave "
-                f"{verdict.signature.describe() if verdict.diverges else 'a pass'}: the check does not judge every member")
+        return group_calibration(reducer, seen)
     result = seen
     try:
         if result.status != "ok":
-            # its own words: a check that refuses a pack says why (a runner that feeds one input,
-            # an opset its converter does not know), and the user can mend the check
-            said = quote_message(result.message, 200)
-            return (f"the check failed on a pack as a whole ({result.status}{': ' + said if said else ''}): "
-                    "it cannot judge members one by one")
+            return refused_whole(result)
         member = pack.members[1]
         outputs = {original: result.outputs[packed] for packed, original in member.outputs.items()
                    if packed in result.outputs}
         if set(outputs) != set(member.outputs.values()):
-            return (f"the check wrote {len(result.outputs)} of the pack's {sum(len(m.outputs) for m in pack.members)} "
-                    "outputs: it reads fewer outputs than a pack has")
+            return too_few_outputs(result, pack)
         reference = {n: reducer.store.get(n) for n in best.outputs if n in reducer.store}
         own = WorkerResult("ok", outputs=outputs, meta=result.meta, seconds=result.seconds)
         judged = judge(reducer.signature, reducer.oracle.verdict_from(own, reference), severity=reducer.severity)

@@ -50,6 +50,8 @@ from reprokit.shrink.final import ShrinkResult, finish
 from reprokit.shrink.opening import keep_opening, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
 from reprokit.shrink.passfail import calibrate_packs
+from reprokit.shrink.precalibrate import as_calibration, precalibrate
+from reprokit.shrink.precalibrate import wanted as precalibration_wanted
 from reprokit.shrink.reducer import PassStats, Reducer
 from reprokit.shrink.runstate import (  # noqa: F401  (the CLI's and tests': saved_run, resume_hint …)
     _with_timing_cache,
@@ -119,7 +121,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     asked = _Asked(model_path, out_dir, options, clock, limits, jobs, original_replays, minimal_replays,
                    pack_candidates, localize_first, search_accumulated, accept_milder, keep_inputs, keep_outputs,
                    shrink_shapes, resume, share_feeds,
-                   weights_fit=weights <= limits.pack_memory_bytes // 2)
+                   weights_fit=weights <= limits.pack_memory_bytes // 2, replays_asked=replays is not None)
     fold = can_fold(run, replays=original_replays, packing=pack_candidates, localize=localize_first, resume=resume,
                     weights_fit=asked.weights_fit)
     try:
@@ -151,6 +153,7 @@ class _Asked:
     resume: bool
     share_feeds: bool
     weights_fit: bool  # a copy of the model's weights fits a pack beside the other members
+    replays_asked: bool = False  # --replays given: the defaults (budget.default_replays) do not apply
 
 
 # The signature a folded confirmation's reducer is built with: no candidate is judged under it
@@ -174,11 +177,16 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
             return "survey's packed call"
         return "calibration pack" if packing == "group" and cmd else ""
 
+    pre = None  # a numeric check command's calibration pack, run first: it may confirm too
     if fold:
         verdict, ride_along = _PENDING, None
         run.event("confirming the divergence: the original rides as the first member of the survey's packed call")
     else:
-        verdict, ride_along = confirm(run, graph_outputs, original_replays, ride, first)
+        if first is None and precalibration_wanted(run, pack=asked.pack_candidates, resume=resume,
+                                                   weights_fit=asked.weights_fit):
+            pre = precalibrate(run, graph_outputs, clock)
+        verdict, ride_along = confirm(run, graph_outputs, original_replays, ride,
+                                      first or (pre.original if pre is not None and pre.confirms() else None))
     confirmed_calls = run.oracle.stats.target
     wrap = keep_opening(run, store, graph_outputs, verdict)
     opening_calls = run.oracle.stats.target - confirmed_calls
@@ -195,7 +203,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         reducer.confirmed = (f"{unfolded}: it showed {verdict.signature.kind.value} there, not a numeric divergence, "
                              "and the run went on as one confirmed alone")
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
-    folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd)
+    folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd, pre)
+    if cmd and reducer.packing == "numeric" and not asked.replays_asked:
+        minimal_replays = default_replays(run.target, numeric=True)[1]
     # the auto budget reserves one call less where the replay (or a folded confirmation) rides
     # along: the pack is a call anyway
     max_calls = (auto_call_budget(original_nodes, original_replays - (folded or fold) + minimal_replays) + opening_calls
@@ -295,11 +305,12 @@ def _fold_into_survey(run, reducer, writer, graph_outputs: dict, asked: _Asked, 
     return pending
 
 
-def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd: bool) -> bool:
-    """A check command's calibration (carrying the original's replay where it can), the replay
-    alone where no packed call will carry it, and what the run holds back from the passes'
-    budget: the pending replay, the Identity probe until a call passes. Returns whether the
-    original's replay rode in a call that came anyway."""
+def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd: bool, pre=None) -> bool:
+    """A check command's calibration (carrying the original's replay where it can; ``pre``: made
+    before the confirmation, precalibrate.py), the replay alone where no packed call will carry
+    it, and what the run holds back from the passes' budget: the pending replay, the Identity
+    probe until a call passes. Returns whether the original's replay rode in a call that came
+    anyway."""
     folded = ride_along is not None
     reducer.ride_along = ride_along
     reducer.original_replay = ("none" if not original_replays else
@@ -307,9 +318,9 @@ def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd
                                + (f" and one riding with the {ride_along.carrier}" if folded else ""))
     if reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
         calls = run.oracle.stats.target
-        calibrate_packs(reducer, run.event)
+        calibrate_packs(reducer, run.event, pre and as_calibration(run, reducer, pre))
         run.probe_calls += 1  # the calibration; a second call was the original's replay alone
-        folded = folded and run.oracle.stats.target - calls == 1
+        folded = folded and run.oracle.stats.target - calls == (pre is None)
     if reducer.packing != "numeric" and reducer.ride_along is not None:  # no packed call will carry it
         run_replay_alone(reducer)
         folded = False

@@ -223,6 +223,7 @@ class Shapes:
             except ReferenceFailure:
                 continue
             attempt.reference = outputs
+            declare_output_shapes(attempt.model, outputs)  # a valid model for the target (onnx's checker)
             ready.append(attempt)
         return ready
 
