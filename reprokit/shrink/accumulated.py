@@ -138,7 +138,10 @@ def _tested_workaround(run, reducer, label) -> dict:
     search = precision.Search(run.prepared.model, run.prepared.path, run.feeds, reference, run.user_target,
                               oracle_for, os.path.join(run.models_dir, "precision"), weights_dir=run.prepared.base_dir,
                               width=_copies_that_fit(run, reducer), on_event=run.event, journal=reducer.journal,
-                              cancelled=lambda: reducer.cancelled, charge=charge)  # --resume asks none again
+                              cancelled=lambda: reducer.cancelled, charge=charge,  # --resume asks none again
+                              # packed by build cost, one whole model per call (bisection): a pack of
+                              # copies builds every copy, and bisection builds fewer (--pack-by)
+                              pack=reducer.build_cost is None)
     try:
         return precision.find_workaround(search, ranked).to_json()
     except BudgetExhausted:
@@ -148,7 +151,10 @@ def _tested_workaround(run, reducer, label) -> dict:
                 "note": f"the call budget ran out during the precision search ({search.calls} calls made); "
                         "`--resume` with a larger --max-calls continues it"}
     finally:
-        reducer.stats["attribution"].calls += search.calls
+        stats = reducer.stats["attribution"]
+        stats.calls += search.calls
+        stats.nodes_built += search.nodes_built
+        stats.built_by["fp32-nodes trials"] = stats.built_by.get("fp32-nodes trials", 0) + search.nodes_built
 
 
 def _copies_that_fit(run, reducer) -> int:
