@@ -219,16 +219,22 @@ def _rider_members(reducer, riders: list[tuple[frozenset, bool]]):
             yield Member(cand, sub, quiet=quiet, role="rider")
 
 
-def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
+def judge_members(reducer, members: list[Member], *, stop_at_hit: bool = False) -> list[Outcome | None]:
     """Outcomes of members that carry their own reference (shape tries), in order. Numeric
-    signatures: as few packed calls as the limits allow. Pass/fail ones: alone, in order, until
-    one shows the signature (the ones after it stay None)."""
+    signatures: as few packed calls as the limits allow (``stop_at_hit`` and packed by build
+    cost: in chunks, none after the first that holds one showing the signature). Pass/fail ones:
+    alone, in order, until one shows the signature (the ones after it stay None)."""
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
-        for group in fit(reducer, members):
+        cost = reducer.build_cost
+        chunk = (cost.chunk_nodes(sum(len(m.sub.model.graph.node) for m in members))
+                 if cost is not None and stop_at_hit else None)
+        for group in fit(reducer, members, chunk_nodes=chunk):
             _carry_pending_replay(reducer, group)  # the shapes ladder carries the original's replay
             outcomes = _run_numeric_pack(reducer, group)
             found.update((id(m), o) for m, o in outcomes.items())
+            if chunk is not None and any(o.interesting for o in outcomes.values()):
+                break
         return [found.get(id(m)) for m in members]
     results: list[Outcome | None] = [None] * len(members)
     for position, member in enumerate(members):
