@@ -30,12 +30,14 @@ class BuildCost:
         its nodes for nothing when it is not (when needed they are built either way)."""
         return chance * self.per_call_s >= (1 - chance) * self.per_node_s * nodes
 
-    def chunk_nodes(self, total: int) -> int:
+    def chunk_nodes(self, total: int, calls: int | None = None) -> int:
         """Candidate nodes per call for a sequence of ``total`` nodes judged in order until the
         first hit, the hit equally likely anywhere: chunks of k nodes cost about
         per_call·total/(2k) + per_node·(total + k)/2 on average, least at k = √(total·per_call/per_node).
-        (One pack of everything builds every node; chunks of one node pay a call each.)"""
-        return max(1, round(math.sqrt(max(1, total) * self.per_call_s / self.per_node_s)))
+        (One pack of everything builds every node; chunks of one node pay a call each.)
+        ``calls``: at most this many chunks (what the run's call budget leaves the sequence)."""
+        best = max(1, round(math.sqrt(max(1, total) * self.per_call_s / self.per_node_s)))
+        return best if calls is None else max(best, -(-total // max(1, calls)))
 
 
 # TensorRT-RTX 1.7.1.116 on an H100, fp32, strongly typed (bench/results/buildcost/rtx_h100.jsonl,

@@ -184,9 +184,8 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
             results[cand] = trivial
         else:
             members.append(Member(cand, sub, role="speculative" if cand in speculative else ""))
-    cost = reducer.build_cost
     # by build cost, a sequence that stops at its first hit is judged in chunks (buildcost.py)
-    chunk = cost.chunk_nodes(sum(len(c) for c in candidates)) if cost is not None and stop_at_hit else None
+    chunk = reducer.chunk_nodes(candidates) if stop_at_hit else None
     groups = fit(reducer, members, chunk_nodes=chunk)
     asked = set(candidates)
     ride_along(reducer, groups, reducer.take_speculative_members(),
@@ -226,9 +225,7 @@ def judge_members(reducer, members: list[Member], *, stop_at_hit: bool = False) 
     alone, in order, until one shows the signature (the ones after it stay None)."""
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
-        cost = reducer.build_cost
-        chunk = (cost.chunk_nodes(sum(len(m.sub.model.graph.node) for m in members))
-                 if cost is not None and stop_at_hit else None)
+        chunk = reducer.chunk_nodes([m.nodes or () for m in members]) if stop_at_hit else None
         for group in fit(reducer, members, chunk_nodes=chunk):
             _carry_pending_replay(reducer, group)  # the shapes ladder carries the original's replay
             outcomes = _run_numeric_pack(reducer, group)
