@@ -419,7 +419,10 @@ def render(payload: dict) -> str:
              f"Benchmark wall time {payload['total_wall_s']:.0f} s; {env['machine']} ({env['cpu']}), 1-min load "
              f"average {env['load_average_1m']['start']} at start, {env['load_average_1m']['end']} at end; "
              f"reprokit {env['reprokit']} ({env['reprokit_tree']}), polygraphy {env['polygraphy']}, onnxruntime "
-             f"{env['onnxruntime']}, openvino {env['openvino']}.", "",
+             f"{env['onnxruntime']}, openvino {env['openvino']}."
+             + (f" polygraphy's rows are reused from the run at {env['polygraphy_from']} (`--polygraphy-from`: "
+                "its calls and nodes built are deterministic; its wall times and memory are that run's)."
+                if env.get("polygraphy_from") else ""), "",
              "Notes per model (reprokit: total size of its `.reprokit/` state directory, which also keeps every "
              "call's feeds and outputs; polygraphy: seconds per step; both: the oracle's verdict on the final model):",
              ""]
@@ -552,6 +555,9 @@ def main(argv=None) -> int:
                         help="run only models whose name contains this (repeatable)")
     parser.add_argument("--quick", action="store_true", help="the five samples only")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    parser.add_argument("--polygraphy-from", metavar="JSON",
+                        help="reuse polygraphy's rows of an earlier results JSON (its calls and nodes built are "
+                             "deterministic; its wall and memory are that run's) instead of running it again")
     parser.add_argument("--no-cost-run", action="store_true",
                         help="skip reprokit's second run with --pack-by build-cost (the est. TensorRT build column "
                              "then reads the default run)")
@@ -562,6 +568,13 @@ def main(argv=None) -> int:
             print(render(json.load(handle)))
         return 0
 
+    earlier = {}
+    if args.polygraphy_from:
+        with open(args.polygraphy_from) as handle:
+            before = json.load(handle)
+        tree = before["environment"].get("reprokit_tree", "?")
+        earlier = {r["name"]: dict(r["polygraphy"], reused_from=tree) for r in before["results"]
+                   if r.get("polygraphy") and not r["polygraphy"].get("error")}
     selected = models()
     if args.quick:
         selected = [m for m in selected if m["sample"]]
@@ -599,7 +612,10 @@ def main(argv=None) -> int:
                 r = res["reprokit_cost"]
                 print(f"   reprokit --pack-by build-cost: {r.get('error') or ''} calls {r.get('calls')} "
                       f"nodes built {r.get('nodes_built')} → {r.get('minimal_nodes')} nodes", file=sys.stderr, flush=True)
-            res["polygraphy"] = run_polygraphy(spec, feeds, os.path.join(work, "polygraphy"))
+            if spec["name"] in earlier:  # --polygraphy-from: that run's row, as it was
+                res["polygraphy"] = earlier[spec["name"]]
+            else:
+                res["polygraphy"] = run_polygraphy(spec, feeds, os.path.join(work, "polygraphy"))
             r = res["polygraphy"]
             print(f"   polygraphy: {r.get('error') or ''} calls {r.get('calls')} wall {r['wall_s']:.1f} s "
                   f"→ {r.get('minimal_nodes')} nodes", file=sys.stderr, flush=True)
@@ -627,6 +643,7 @@ def main(argv=None) -> int:
         "openvino": openvino.__version__,
         "reprokit_tree": _git_state(),
         "load_average_1m": {"start": round(load_before[0], 2), "end": round(os.getloadavg()[0], 2)},
+        **({"polygraphy_from": next(iter(earlier.values()))["reused_from"]} if earlier else {}),
     }
     payload = {"schema": "bench.shrink/1", "total_wall_s": round(total, 1), "environment": env,
                "results": results}
