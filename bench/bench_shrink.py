@@ -517,7 +517,8 @@ def table(results: list[dict]) -> str:
             ratio(rk.get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
             ratio(trt_row(res, "reprokit").get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
             ratio(build_estimate(trt_row(res, "reprokit")), build_estimate(pg)) if pg_ok else "—",
-            ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok else "—",
+            ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok and not pg.get("reused_from")
+            else "— (polygraphy's from another run)" if pg_ok else "—",
             "", "", "", "", "", ""]) + " |")
     both = [r for r in results if not r.get("error") and not r["reprokit"].get("error")
             and not r["polygraphy"].get("error")]
@@ -537,7 +538,8 @@ def table(results: list[dict]) -> str:
             f"{rk_built}/{pg_built} = {ratio(rk_built, pg_built)}",
             f"{rk_cost_built}/{pg_built} = {ratio(rk_cost_built, pg_built)}",
             f"{rk_est:.1f}/{pg_est:.1f} = {ratio(rk_est, pg_est)}",
-            f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
+            "— (polygraphy's from another run)" if any(r["polygraphy"].get("reused_from") for r in both)
+            else f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
         over = [r["name"] for r in both if (build_estimate(trt_row(r, "reprokit")) or 0)
                 > (build_estimate(r["polygraphy"]) or 0)]
         lines.append("")
