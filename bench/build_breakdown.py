@@ -31,6 +31,8 @@ def _kinds(row: dict) -> str:
 
 def _polygraphy_calls(row: dict) -> str:
     calls = row.get("call_nodes") or []
+    if not calls:
+        return "(not logged: a row reused from an earlier run)"
     return (
         " + ".join(map(str, calls))
         if len(calls) <= 24
