@@ -243,11 +243,12 @@ def prepare_feeds(spec: dict, work: str) -> dict:
     }
 
 
-def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
+def run_reprokit(spec: dict, feeds: dict, work: str, pack_by: str | None = None) -> dict:
+    """One ``reprokit shrink`` run; ``pack_by``: its --pack-by (None: the target's default)."""
     os.makedirs(work, exist_ok=True)
     out = os.path.join(work, "out")
     cmd = [REPROKIT, "shrink", spec["path"], "--target", spec["target"], "--inputs", feeds["npz"], "-o", out,
-           "--json"]
+           "--json"] + (["--pack-by", pack_by] if pack_by else [])
     for name, dims in spec["shapes"].items():
         cmd += ["--input-shapes", f"{name}:{'x'.join(map(str, dims))}"]
     if spec["tol"] is not None:
@@ -271,6 +272,7 @@ def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
         "cached": summary["calls"]["cached"],
         "one_minimal": summary.get("one_minimal"),
         "nodes_built": summary.get("build_work", {}).get("nodes_built"),
+        "built_by": summary.get("build_work", {}).get("by_kind"),
         "signature": summary["signature"]["kind"],
         "steps": summary.get("steps"),
         "activations_mib": dir_mib(os.path.join(out, ".reprokit", "activations")),
@@ -300,6 +302,7 @@ def run_reprokit(spec: dict, feeds: dict, work: str) -> dict:
         "minimal_outputs": summary["minimal"]["outputs"],
         "one_minimal": summary.get("one_minimal"),
         "nodes_built": summary.get("build_work", {}).get("nodes_built"),
+        "built_by": summary.get("build_work", {}).get("by_kind"),
         "signature": summary["signature"]["kind"],
         "own_final_kind": summary.get("verdict", {}).get("signature", {}).get("kind"),
         "judged": verdict,
@@ -363,7 +366,8 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
         with open(call_log) as handle:
             logged = [line.split() for line in handle if line.strip()]
         row["calls"] = len(logged)
-        row["nodes_built"] = sum(int(parts[-1]) for parts in logged if len(parts) > 2 and parts[-1].isdigit())
+        row["call_nodes"] = [int(parts[-1]) for parts in logged if len(parts) > 2 and parts[-1].isdigit()]
+        row["nodes_built"] = sum(row["call_nodes"])
         if name in ("sanitize", "run_mark_all") and m["rc"] == 0 and "start_nodes" not in row:
             row["start_nodes"] = model_nodes(os.path.join(work, "folded.onnx"))[0]
         if m["rc"] != 0 or (name == "reduce" and not os.path.exists(os.path.join(work, "reduced.onnx"))):
@@ -407,8 +411,8 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}×"
 
 
-HEADER = ["model", "nodes", "target", "tool", "target calls", "nodes built", "est. TensorRT build (s)",
-          "wall time (s)", "peak memory (MiB)",
+HEADER = ["model", "nodes", "target", "tool", "target calls", "nodes built", "build-cost policy: calls, nodes built",
+          "est. TensorRT build (s)", "wall time (s)", "peak memory (MiB)",
           "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept", "1-minimal"]
 
 
@@ -420,7 +424,10 @@ def render(payload: dict) -> str:
              f"Benchmark wall time {payload['total_wall_s']:.0f} s; {env['machine']} ({env['cpu']}), 1-min load "
              f"average {env['load_average_1m']['start']} at start, {env['load_average_1m']['end']} at end; "
              f"reprokit {env['reprokit']} ({env['reprokit_tree']}), polygraphy {env['polygraphy']}, onnxruntime "
-             f"{env['onnxruntime']}, openvino {env['openvino']}.", "",
+             f"{env['onnxruntime']}, openvino {env['openvino']}."
+             + (f" polygraphy's rows are reused from the run at {env['polygraphy_from']} (`--polygraphy-from`: "
+                "its calls and nodes built are deterministic; its wall times and memory are that run's)."
+                if env.get("polygraphy_from") else ""), "",
              "Notes per model (reprokit: total size of its `.reprokit/` state directory, which also keeps every "
              "call's feeds and outputs; polygraphy: seconds per step; both: the oracle's verdict on the final model):",
              ""]
@@ -453,6 +460,27 @@ def build_estimate(row: dict) -> float | None:
     return TENSORRT.seconds(row["calls"], row["nodes_built"])
 
 
+def trt_row(res: dict, tool: str) -> dict:
+    """The run whose build work the estimate reads: reprokit's made with ``--pack-by build-cost``
+    (the policy it uses on trt targets; the bench's targets default to packing by count), where
+    it ran; polygraphy's only run."""
+    if tool == "reprokit" and res.get("reprokit_cost") and not res["reprokit_cost"].get("error"):
+        return res["reprokit_cost"]
+    return res[tool]
+
+
+def cost_cell(res: dict, tool: str) -> str:
+    """The build-cost run's calls and nodes built, and whether its answer is the default run's."""
+    r = res.get("reprokit_cost") if tool == "reprokit" else None
+    if not r:
+        return "—"
+    if r.get("error"):
+        return r["error"].replace("|", "/")[:60]
+    same = (r.get("minimal_ops") == res["reprokit"].get("minimal_ops")
+            and r.get("status") == res["reprokit"].get("status"))
+    return f"{r['calls']}, {r['nodes_built']}" + ("" if same else f" (answer: {ops_text(r.get('minimal_ops') or [])})")
+
+
 def table(results: list[dict]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for res in results:
@@ -468,12 +496,12 @@ def table(results: list[dict]) -> str:
             rows[tool] = r
             nodes = f"{res['file_nodes']} → {r['start_nodes']}" if r.get("start_nodes") else str(res["file_nodes"])
             if r.get("error"):
-                cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r.get("nodes_built")),
-                         fmt(build_estimate(r)), fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
+                cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r.get("nodes_built")), cost_cell(res, tool),
+                         fmt(build_estimate(trt_row(res, tool))), fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
                          r["error"].replace("|", "/"), "", "", ""]
             elif r.get("status") == "accumulated":
-                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")),
-                         fmt(build_estimate(r)), fmt(r["wall_s"]),
+                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), cost_cell(res, tool),
+                         fmt(build_estimate(trt_row(res, tool))), fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), "accumulated: attribution",
                          f"fp32-nodes={r['attribution']['fp32_nodes'][:60]}…", "—", "—"]
             else:
@@ -481,8 +509,8 @@ def table(results: list[dict]) -> str:
                 if not r["kept"] and r.get("causal"):
                     kept = f"causes it ({r['judged']['kind']} → original's kind, causal test)"
                 one = {True: "yes", False: "no"}.get(r.get("one_minimal"), "—")
-                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")),
-                         fmt(build_estimate(r)), fmt(r["wall_s"]),
+                cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), cost_cell(res, tool),
+                         fmt(build_estimate(trt_row(res, tool))), fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), fmt(r["minimal_nodes"]),
                          ops_text(r["minimal_ops"]), kept, one]
             lines.append("| " + " | ".join(cells) + " |")
@@ -492,8 +520,10 @@ def table(results: list[dict]) -> str:
             res["name"], "", "", "**reprokit/polygraphy**",
             ratio(rk.get("calls"), pg.get("calls")) if pg_ok else "—",
             ratio(rk.get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
-            ratio(build_estimate(rk), build_estimate(pg)) if pg_ok else "—",
-            ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok else "—",
+            ratio(trt_row(res, "reprokit").get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
+            ratio(build_estimate(trt_row(res, "reprokit")), build_estimate(pg)) if pg_ok else "—",
+            ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok and not pg.get("reused_from")
+            else "— (polygraphy's from another run)" if pg_ok else "—",
             "", "", "", "", "", ""]) + " |")
     both = [r for r in results if not r.get("error") and not r["reprokit"].get("error")
             and not r["polygraphy"].get("error")]
@@ -504,14 +534,22 @@ def table(results: list[dict]) -> str:
         pg_wall = sum(r["polygraphy"]["wall_s"] for r in both)
         rk_built = sum(r["reprokit"].get("nodes_built") or 0 for r in both)
         pg_built = sum(r["polygraphy"].get("nodes_built") or 0 for r in both)
-        rk_est = sum(build_estimate(r["reprokit"]) or 0 for r in both)
+        rk_est = sum(build_estimate(trt_row(r, "reprokit")) or 0 for r in both)
+        rk_cost_built = sum(trt_row(r, "reprokit").get("nodes_built") or 0 for r in both)
         pg_est = sum(build_estimate(r["polygraphy"]) or 0 for r in both)
         lines.append("| " + " | ".join([
             f"**total, {len(both)} models where both finished**", "", "", "**reprokit/polygraphy**",
             f"{rk_calls}/{pg_calls} = {ratio(rk_calls, pg_calls)}",
             f"{rk_built}/{pg_built} = {ratio(rk_built, pg_built)}",
+            f"{rk_cost_built}/{pg_built} = {ratio(rk_cost_built, pg_built)}",
             f"{rk_est:.1f}/{pg_est:.1f} = {ratio(rk_est, pg_est)}",
-            f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
+            "— (polygraphy's from another run)" if any(r["polygraphy"].get("reused_from") for r in both)
+            else f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
+        over = [r["name"] for r in both if (build_estimate(trt_row(r, "reprokit")) or 0)
+                > (build_estimate(r["polygraphy"]) or 0)]
+        lines.append("")
+        lines.append(f"Estimated TensorRT build above polygraphy's on {len(over)} of {len(both)} rows"
+                     + (f" ({', '.join(over)})" if over else "") + ".")
     return "\n".join(lines)
 
 
@@ -524,6 +562,12 @@ def main(argv=None) -> int:
                         help="run only models whose name contains this (repeatable)")
     parser.add_argument("--quick", action="store_true", help="the five samples only")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    parser.add_argument("--polygraphy-from", metavar="JSON",
+                        help="reuse polygraphy's rows of an earlier results JSON (its calls and nodes built are "
+                             "deterministic; its wall and memory are that run's) instead of running it again")
+    parser.add_argument("--no-cost-run", action="store_true",
+                        help="skip reprokit's second run with --pack-by build-cost (the est. TensorRT build column "
+                             "then reads the default run)")
     parser.add_argument("--render", metavar="JSON", help="only print the table of an earlier results JSON")
     args = parser.parse_args(argv)
     if args.render:
@@ -531,6 +575,13 @@ def main(argv=None) -> int:
             print(render(json.load(handle)))
         return 0
 
+    earlier = {}
+    if args.polygraphy_from:
+        with open(args.polygraphy_from) as handle:
+            before = json.load(handle)
+        tree = before["environment"].get("reprokit_tree", "?")
+        earlier = {r["name"]: dict(r["polygraphy"], reused_from=tree) for r in before["results"]
+                   if r.get("polygraphy") and not r["polygraphy"].get("error")}
     selected = models()
     if args.quick:
         selected = [m for m in selected if m["sample"]]
@@ -563,7 +614,15 @@ def main(argv=None) -> int:
             r = res["reprokit"]
             print(f"   reprokit:   {r.get('error') or ''} calls {r.get('calls')} wall {r['wall_s']:.1f} s "
                   f"→ {r.get('minimal_nodes')} nodes", file=sys.stderr, flush=True)
-            res["polygraphy"] = run_polygraphy(spec, feeds, os.path.join(work, "polygraphy"))
+            if not args.no_cost_run:  # the trt policy, for the estimate (the target's own stays in the table)
+                res["reprokit_cost"] = run_reprokit(spec, feeds, os.path.join(work, "reprokit-cost"), "build-cost")
+                r = res["reprokit_cost"]
+                print(f"   reprokit --pack-by build-cost: {r.get('error') or ''} calls {r.get('calls')} "
+                      f"nodes built {r.get('nodes_built')} → {r.get('minimal_nodes')} nodes", file=sys.stderr, flush=True)
+            if spec["name"] in earlier:  # --polygraphy-from: that run's row, as it was
+                res["polygraphy"] = earlier[spec["name"]]
+            else:
+                res["polygraphy"] = run_polygraphy(spec, feeds, os.path.join(work, "polygraphy"))
             r = res["polygraphy"]
             print(f"   polygraphy: {r.get('error') or ''} calls {r.get('calls')} wall {r['wall_s']:.1f} s "
                   f"→ {r.get('minimal_nodes')} nodes", file=sys.stderr, flush=True)
@@ -591,6 +650,7 @@ def main(argv=None) -> int:
         "openvino": openvino.__version__,
         "reprokit_tree": _git_state(),
         "load_average_1m": {"start": round(load_before[0], 2), "end": round(os.getloadavg()[0], 2)},
+        **({"polygraphy_from": next(iter(earlier.values()))["reused_from"]} if earlier else {}),
     }
     payload = {"schema": "bench.shrink/1", "total_wall_s": round(total, 1), "environment": env,
                "results": results}
@@ -602,6 +662,10 @@ def main(argv=None) -> int:
         handle.write(text + "\n")
     with open(os.path.join(RESULTS, stem + ".json"), "w") as handle:
         json.dump(payload, handle, indent=1, default=_json_default)
+    import build_breakdown  # bench/: where each run's nodes built went, beside polygraphy's calls
+
+    with open(os.path.join(RESULTS, stem + ".build.md"), "w") as handle:
+        handle.write(build_breakdown.render(payload) + "\n")
     return 0
 
 

@@ -21,7 +21,7 @@ from reprokit.api import RunOptions, make_oracle
 from reprokit.engine.activations import ActivationStore
 from reprokit.engine.oracle import Kind, Signature
 from reprokit.graph.index import GraphIndex
-from reprokit.shrink.buildcost import RIDER_CHANCE, TENSORRT, for_target
+from reprokit.shrink.buildcost import RIDER_CHANCE, TENSORRT, for_target, policy
 from reprokit.shrink.members import Member, fit, ride_along
 from reprokit.shrink.reducer import Journal, Reducer
 from reprokit.shrink.steps import shrink
@@ -67,6 +67,7 @@ def _reducer(out: Path, target: str, tmp: Path) -> Reducer:
         best=frozenset(range(len(model.graph.node))),
     )
     reducer.packing = "numeric"
+    reducer.build_cost = policy("auto", target)  # what steps.py sets: --pack-by auto
     return reducer
 
 

@@ -87,6 +87,11 @@ from reprokit.spec import parse_target
 @click.option("--pack-memory", default="auto", show_default=True, metavar="SIZE|auto",
               help="Data one packed target call may hold (feeds, outputs, weights of its members); more "
                    "calls when the candidates need more. auto: from the model's size and the engine.")
+@click.option("--pack-by", type=click.Choice(["auto", "build-cost", "count"]), default="auto", show_default=True,
+              help="How numeric candidates are packed into target calls. count: as few calls as the pack limits "
+                   "allow; build-cost: as few estimated TensorRT build seconds (shrink/buildcost.py's fit: a "
+                   "sequence that stops at its first hit in chunks, riders only where they pay). auto: build-cost "
+                   "on trt targets, count elsewhere.")
 @click.option("--no-localize", is_flag=True,
               help="Skip the survey and localization (named node, each node alone, layerwise); search only.")
 @click.option("--one-by-one", is_flag=True,
@@ -119,7 +124,7 @@ from reprokit.spec import parse_target
 @FORCE
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
-           pack_memory, no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
+           pack_memory, pack_by, no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
            no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, keep_state, as_json, force, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     clock = StepClock(process_started())  # summary.json's steps cover the process, start-up included
@@ -134,8 +139,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
         if resumed is None:  # nothing to continue: the answer on disk stays as it is
             return
         out_dir, model, target, after_search = resumed
-    (jobs, replays, max_activation_disk, max_calls, capture_chunk, pack_memory, no_localize, one_by_one, accept_milder,
-     search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_pack, fmt, redact, with_audit,
+    (jobs, replays, max_activation_disk, max_calls, capture_chunk, pack_memory, pack_by, no_localize, one_by_one,
+     accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_pack, fmt, redact, with_audit,
      with_overlay, keep_state) = (flags[name] for name in SHRINK_ONLY)
     run_args = [a for p in ctx.command.params if p.name in flags and flags[p.name] not in (None, p.default)
                 for a in as_args(p, flags[p.name])]
@@ -167,7 +172,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     else:
         result = _search(model, target, out_dir, options, resume, progress, clock, run_args, as_json,
                          jobs=jobs, replays=replays, max_activation_disk=max_activation_disk, max_calls=max_calls,
-                         capture_chunk=capture_chunk, pack_memory=pack_memory, no_localize=no_localize,
+                         capture_chunk=capture_chunk, pack_memory=pack_memory, pack_by=pack_by,
+                         no_localize=no_localize,
                          one_by_one=one_by_one, accept_milder=accept_milder, search_accumulated=search_accumulated,
                          no_reduce_inputs=no_reduce_inputs, no_reduce_outputs=no_reduce_outputs,
                          no_shrink_shapes=no_shrink_shapes, keep_state=keep_state)
@@ -198,14 +204,15 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
 
 
 def _search(model, target, out_dir, options, resume, progress, clock, run_args, as_json, *, jobs, replays,
-            max_activation_disk, max_calls, capture_chunk, pack_memory, no_localize, one_by_one, accept_milder,
-            search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, keep_state):
+            max_activation_disk, max_calls, capture_chunk, pack_memory, pack_by, no_localize, one_by_one,
+            accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, keep_state):
     """The search itself (shrink/steps.py); what it captured is removed or kept as it ends."""
     limits = Limits(
         capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
         max_activation_disk_bytes=parse_size(max_activation_disk, "--max-activation-disk") if max_activation_disk else None,
         max_calls=parse_max_calls(max_calls),
         pack_memory_bytes=None if pack_memory.strip().lower() == "auto" else parse_size(pack_memory, "--pack-memory"),
+        pack_by=pack_by,
     )
     try:  # the captured activations outlive the run only when it was interrupted, or with --keep-state
         result = shrinking.shrink(model, target, out_dir, options=options, jobs=jobs, replays=replays,

@@ -6,6 +6,7 @@ as window.onnx. No model is called minimal here.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -140,7 +141,8 @@ def _tested_workaround(run, reducer, label) -> dict:
     search = precision.Search(run.prepared.model, run.prepared.path, run.feeds, reference, run.user_target,
                               oracle_for, os.path.join(run.models_dir, "precision"), weights_dir=run.prepared.base_dir,
                               width=_copies_that_fit(run, reducer), on_event=run.event, journal=reducer.journal,
-                              cancelled=lambda: reducer.cancelled, charge=charge)  # --resume asks none again
+                              cancelled=lambda: reducer.cancelled, charge=charge,  # --resume asks none again
+                              pack=_packs_trials(reducer, len(ranked)))
     try:
         return precision.find_workaround(search, ranked).to_json()
     except BudgetExhausted:
@@ -150,7 +152,20 @@ def _tested_workaround(run, reducer, label) -> dict:
                 "note": f"the call budget ran out during the precision search ({search.calls} calls made); "
                         "`--resume` with a larger --max-calls continues it"}
     finally:
-        reducer.stats["attribution"].calls += search.calls
+        stats = reducer.stats["attribution"]
+        stats.calls += search.calls
+        stats.nodes_built += search.nodes_built
+        stats.built_by["fp32-nodes trials"] = stats.built_by.get("fp32-nodes trials", 0) + search.nodes_built
+
+
+def _packs_trials(reducer, ranked: int) -> bool:
+    """Packed by build cost (--pack-by), one whole model per call (bisection) where the call
+    budget leaves room for it: a pack of copies builds every copy, bisection about log2 of the
+    ranking's models; by count (or without that room) packs of copies."""
+    if reducer.build_cost is None:
+        return True
+    left = reducer.calls_left()
+    return left is not None and left < math.ceil(math.log2(ranked + 1)) + 2
 
 
 def _copies_that_fit(run, reducer) -> int:

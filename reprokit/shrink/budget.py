@@ -24,6 +24,7 @@ class Limits:
     pack_memory_bytes: int | None = None  # data one packed target call may hold; None = auto (pack_memory)
     max_activation_disk_bytes: int | None = None  # --max-activation-disk
     max_calls: int | None = -1  # target calls in all; -1 = auto (polygraphy parity), None = no limit
+    pack_by: str = "auto"  # "count", "build-cost" or "auto" (build-cost on trt): shrink/buildcost.py
 
 
 # Below this much data a packed call costs an engine little more than its own start-up (the

@@ -1,12 +1,14 @@
 """What a packed call costs an engine that builds what it runs (issue 39): TensorRT's build time
 follows the network it builds, not the number of calls. Owns the estimate (seconds ≈ a per call
 + b per node built, measured with TensorRT-RTX 1.7 on the H100: docs/benchmark.md, "TensorRT
-build cost") and the one decision it drives: whether a speculative member (a rider) is worth its
-build. Runs no engine, reads no file.
+build cost") and the decisions it drives under ``--pack-by build-cost`` (the default on trt
+targets): whether a speculative member (a rider) is worth its build, and how many candidate nodes
+one call of a sequence that stops at its first hit holds. Runs no engine, reads no file.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from reprokit.spec import parse_target
@@ -28,6 +30,15 @@ class BuildCost:
         its nodes for nothing when it is not (when needed they are built either way)."""
         return chance * self.per_call_s >= (1 - chance) * self.per_node_s * nodes
 
+    def chunk_nodes(self, total: int, calls: int | None = None) -> int:
+        """Candidate nodes per call for a sequence of ``total`` nodes judged in order until the
+        first hit, the hit equally likely anywhere: chunks of k nodes cost about
+        per_call·total/(2k) + per_node·(total + k)/2 on average, least at k = √(total·per_call/per_node).
+        (One pack of everything builds every node; chunks of one node pay a call each.)
+        ``calls``: at most this many chunks (what the run's call budget leaves the sequence)."""
+        best = max(1, round(math.sqrt(max(1, total) * self.per_call_s / self.per_node_s)))
+        return best if calls is None else max(best, -(-total // max(1, calls)))
+
 
 # TensorRT-RTX 1.7.1.116 on an H100, fp32, strongly typed (bench/results/buildcost/rtx_h100.jsonl,
 # bench/trt_buildcost_fit.py): a one-node build 13.5 ms (median of 72), then 3.07 ms a node.
@@ -46,3 +57,18 @@ def for_target(target: str) -> BuildCost | None:
     itself (the emulator, onnxruntime, OpenVINO on the CPU: riders there cost memory, which the
     pack bounds already govern)."""
     return TENSORRT if parse_target(target).engine == "trt" else None
+
+
+PACK_BY = ("auto", "build-cost", "count")
+
+
+def policy(pack_by: str, target: str) -> BuildCost | None:
+    """The cost model packs follow (``--pack-by``): None packs by count (as few calls as the pack
+    limits allow); a BuildCost packs by estimated build seconds. ``auto``: by build cost where the
+    engine builds what it runs (trt), by count elsewhere. ``build-cost`` on another engine runs the
+    TensorRT policy there (the benchmark's estimate of TensorRT build seconds, bench/bench_shrink.py)."""
+    if pack_by not in PACK_BY:
+        raise ValueError(f"pack_by must be one of {PACK_BY}, not {pack_by!r}")
+    if pack_by == "count":
+        return None
+    return TENSORRT if pack_by == "build-cost" else for_target(target)

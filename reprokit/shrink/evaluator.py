@@ -36,7 +36,7 @@ from reprokit.graph.extract import Extraction, NotCaptured
 from reprokit.graph.model import mark_outputs
 from reprokit.graph.pack import build_pack
 from reprokit.shrink.journal import PassStats
-from reprokit.shrink.members import Member, fit, ride_along
+from reprokit.shrink.members import Member, built_by, fit, ride_along
 from reprokit.shrink.references import hotspot, save_candidate
 
 
@@ -157,10 +157,12 @@ def _reference(reducer, member: Member) -> dict:
     return {name: reducer.store.get(name) for name in member.sub.outputs if name in reducer.store}
 
 
-def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = False) -> list[Outcome | None]:
+def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = False,
+                 speculative: set = frozenset()) -> list[Outcome | None]:
     """Outcomes of numeric candidates, as many per engine call as the pack limits allow. A
     pending layerwise request (``reducer.want_layerwise``) rides along as one more member: the
-    whole model with every float tensor marked, its own copy like any other member."""
+    whole model with every float tensor marked, its own copy like any other member.
+    ``speculative``: candidates a later step may ask about (``Reducer.also_judge``)."""
     results: dict[frozenset, Outcome] = {}
     members = []
     if reducer.want_layerwise:
@@ -181,8 +183,10 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
         if trivial is not None:
             results[cand] = trivial
         else:
-            members.append(Member(cand, sub))
-    groups = fit(reducer, members)
+            members.append(Member(cand, sub, role="speculative" if cand in speculative else ""))
+    # by build cost, a sequence that stops at its first hit is judged in chunks (buildcost.py)
+    chunk = reducer.chunk_nodes(candidates) if stop_at_hit else None
+    groups = fit(reducer, members, chunk_nodes=chunk)
     asked = set(candidates)
     ride_along(reducer, groups, reducer.take_speculative_members(),
                _rider_members(reducer, [(c, q) for c, q in reducer.take_riders() if c not in asked]))
@@ -211,19 +215,23 @@ def _rider_members(reducer, riders: list[tuple[frozenset, bool]]):
         if trivial is not None:
             reducer.record(cand, trivial)
         else:
-            yield Member(cand, sub, quiet=quiet)
+            yield Member(cand, sub, quiet=quiet, role="rider")
 
 
-def judge_members(reducer, members: list[Member]) -> list[Outcome | None]:
+def judge_members(reducer, members: list[Member], *, stop_at_hit: bool = False) -> list[Outcome | None]:
     """Outcomes of members that carry their own reference (shape tries), in order. Numeric
-    signatures: as few packed calls as the limits allow. Pass/fail ones: alone, in order, until
-    one shows the signature (the ones after it stay None)."""
+    signatures: as few packed calls as the limits allow (``stop_at_hit`` and packed by build
+    cost: in chunks, none after the first that holds one showing the signature). Pass/fail ones:
+    alone, in order, until one shows the signature (the ones after it stay None)."""
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
-        for group in fit(reducer, members):
+        chunk = reducer.chunk_nodes([m.nodes or () for m in members]) if stop_at_hit else None
+        for group in fit(reducer, members, chunk_nodes=chunk):
             _carry_pending_replay(reducer, group)  # the shapes ladder carries the original's replay
             outcomes = _run_numeric_pack(reducer, group)
             found.update((id(m), o) for m, o in outcomes.items())
+            if chunk is not None and any(o.interesting for o in outcomes.values()):
+                break
         return [found.get(id(m)) for m in members]
     results: list[Outcome | None] = [None] * len(members)
     for position, member in enumerate(members):
@@ -261,7 +269,8 @@ def _run_marked_alone(reducer, sub) -> None:
         result = reducer.oracle.run_target(path, sub.feeds, sub.outputs)
     finally:
         os.remove(path)
-    reducer.note_call(len(sub.model.graph.node), 0, time.monotonic() - start)
+    reducer.note_call(len(sub.model.graph.node), 0, time.monotonic() - start,
+                      {"marked copy": len(sub.model.graph.node)})
     try:
         _layerwise_from(reducer, dict(result.outputs) if result.status == "ok" else {}, result.status,
                         result.message)
@@ -336,7 +345,8 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
         result = reducer.oracle.run_target(path, pack.feeds)
     finally:
         os.remove(path)
-    reducer.note_call(pack.nodes, sum(1 for m in group if m.nodes is not None), time.monotonic() - start)
+    reducer.note_call(pack.nodes, sum(1 for m in group if m.nodes is not None), time.monotonic() - start,
+                      built_by(group, pack.nodes))
     if result.status != "ok":  # the engine refused the pack as a whole: find out who, by halves
         result.discard()
         if any(m.replay for m in group):  # the original first, alone: it may be what failed

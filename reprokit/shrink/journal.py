@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -22,6 +22,9 @@ class PassStats:
     accepted: int = 0
     invalid: int = 0  # candidates refused before any engine call
     nodes_built: int = 0  # nodes in the models those calls built ("build work")
+    # nodes built per member kind of the packed calls (issue 39: where build work goes): the
+    # step's own candidates, the original's copy, the marked copy, riders, speculative members
+    built_by: dict = field(default_factory=dict)
 
     def to_json(self, name: str) -> dict:
         return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,

@@ -13,7 +13,7 @@ import numpy as np
 
 from reprokit.graph.io import tensor_proto_bytes
 from reprokit.graph.pack import feed_key
-from reprokit.shrink.buildcost import RIDER_CHANCE, for_target
+from reprokit.shrink.buildcost import RIDER_CHANCE
 
 
 @dataclass(eq=False)  # a dict key by identity: two shape tries may share a node set
@@ -28,6 +28,30 @@ class Member:
     crop: str = ""
     replay: bool = False  # the original's replay riding along (confirm.RideAlong): no candidate
     quiet: bool = False  # a rider for a later step: its hit never stops a sequence of packs
+    role: str = ""  # how it joined the call ("rider", "speculative"; "": the step asked for it)
+
+
+def member_kind(member: Member) -> str:
+    """The member's kind as summary.json's build breakdown names it (issue 39)."""
+    if member.replay:
+        return "original copy"
+    if member.nodes is None:
+        return "marked copy"
+    if member.crop:
+        return "shape crop"
+    return member.role or "asked"
+
+
+def built_by(group: list[Member], pack_nodes: int) -> dict[str, int]:
+    """Nodes one packed call built, per member kind (what the pack adds itself: "pack")."""
+    found: dict[str, int] = {}
+    for member in group:
+        kind = member_kind(member)
+        found[kind] = found.get(kind, 0) + len(member.sub.model.graph.node)
+    extra = pack_nodes - sum(found.values())
+    if extra:
+        found["pack"] = extra
+    return found
 
 
 def member_cost(reducer, member: Member) -> tuple[int, dict]:
@@ -71,23 +95,28 @@ class Room:
         self.feeds.update(cost[1])
 
 
-def fit(reducer, members: list[Member]) -> list[list[Member]]:
+def fit(reducer, members: list[Member], *, chunk_nodes: int | None = None) -> list[list[Member]]:
     """Split members into packs under the byte (memory) and node limits, the bytes spread evenly
     over as many packs as the byte limit needs: an engine's peak follows a pack's data, so two
-    halves peak lower than a full pack and its remainder. Members that fit one pack stay one."""
+    halves peak lower than a full pack and its remainder. Members that fit one pack stay one.
+    ``chunk_nodes``: a pack also closes once its candidates hold this many nodes (a sequence that
+    stops at its first hit, packed by build cost: buildcost.BuildCost.chunk_nodes)."""
     costs = [(member_cost(reducer, m), len(m.sub.model.graph.node)) for m in members]
     whole = Room()
     for cost, many in costs:
         whole.add(cost, many)
     even = whole.bytes / max(1, -(-whole.bytes // reducer.pack_bytes))
-    groups, current, room = [], [], Room()
+    groups, current, room, asked = [], [], Room(), 0
     for member, (cost, many) in zip(members, costs):
         if current and (room.bytes + room.weight(cost) > reducer.pack_bytes
-                        or room.nodes + many > reducer.pack_nodes or room.bytes >= even):
+                        or room.nodes + many > reducer.pack_nodes or room.bytes >= even
+                        or (chunk_nodes is not None and asked >= chunk_nodes)):
             groups.append(current)
-            current, room = [], Room()
+            current, room, asked = [], Room(), 0
         current.append(member)
         room.add(cost, many)
+        if member.nodes is not None and not member.replay:
+            asked += len(member.nodes)
     if current:
         groups.append(current)
     return groups
@@ -115,7 +144,7 @@ def ride_along(reducer, groups: list[list[Member]], *kinds) -> None:
 
     # on an engine that builds what it runs (TensorRT), a rider costs its build whether or not it
     # is asked about: it rides only where the estimate says that pays (shrink/buildcost.py)
-    builds = for_target(str(reducer.oracle.target))
+    builds = reducer.build_cost
     rooms = []
     for group in groups:
         rooms.append(Room())

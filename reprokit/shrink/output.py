@@ -150,7 +150,8 @@ class _BestWriter:
             # Build work: nodes in the models the target built, over every call (packs count
             # all their members), the number to set beside polygraphy's.
             "build_work": {"nodes_built": built, "per_call": round(built / max(1, stats.target), 1),
-                           "candidates_judged": sum(s.candidates for s in reducer.stats.values())},
+                           "candidates_judged": sum(s.candidates for s in reducer.stats.values()),
+                           "by_kind": built_by_kind(reducer.stats)},
             "one_minimal": reducer.one_minimal,
             "resources": _resources(stats, now - self.started),
             # issue 25: reprokit's own extraction, packing, writing and comparing (shrink/tally.py)
@@ -287,3 +288,20 @@ def close_summary(result) -> None:
     and the archive ran after the reduction returned), so the steps add up to the whole run."""
     if result.clock is not None and result.summary and os.path.exists(os.path.join(result.out_dir, "summary.json")):
         _atomic_json(os.path.join(result.out_dir, "summary.json"), retime(result.summary, result.clock))
+
+
+# What a step's calls built outside packs (calls of one model each), by step (issue 39).
+_ALONE = {"confirm": "original copy", "replay": "original copy", "final": "result and its replays"}
+
+
+def built_by_kind(stats: dict) -> dict[str, int]:
+    """Nodes built per "step: member kind" (packed calls' members, and each step's calls of one
+    model): where the run's build work went."""
+    found: dict[str, int] = {}
+    for step, s in stats.items():
+        for kind, nodes in s.built_by.items():
+            found[f"{step}: {kind}"] = nodes
+        alone = s.nodes_built - sum(s.built_by.values())
+        if alone:
+            found[f"{step}: {_ALONE.get(step, 'alone')}"] = alone
+    return found

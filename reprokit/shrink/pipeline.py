@@ -87,7 +87,10 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
             # the rest ride in localize's call, so the pairs step finds them judged
             if not found and numeric:
                 reducer.begin("pairs")
-                found = survey.pairs(reducer, known_only=True)
+                # packed by build cost no pair rode in the survey: the pairs are asked here, likeliest
+                # first in chunks that stop at the first hit, so the answer is the one packing by
+                # count takes from its riders (a pair before any region localize grows)
+                found = survey.pairs(reducer, known_only=reducer.build_cost is None)
             if not found and numeric and _born_somewhere(reducer):
                 reducer.begin("localize")
                 survey.ride_pairs(reducer)

@@ -118,6 +118,7 @@ class Search:
         self.width = width
         self.packed = pack and packable(target)  # several sets per call (else bisection)
         self.calls = 0
+        self.nodes_built = 0  # nodes in the models those calls built (a packed call: every copy)
         self.cached = 0  # trials read back from the journal
         self.trials: list[Trial] = []
         self.tolerance: float | None = None
@@ -162,11 +163,12 @@ class Search:
 
     # ------------------------------------------------------------- one call
 
-    def _run(self, spec: str, path: str, feeds: dict, what: str):
+    def _run(self, spec: str, path: str, feeds: dict, what: str, nodes: int):
         self.charge()
         oracle = self.oracle_for(spec)
         oracle.weights_dir = self.weights_dir
         self.calls += 1
+        self.nodes_built += nodes
         self.event(f"precision search, call {self.calls}: {what}")
         if self.ledger is not None:
             result = self.ledger.run("precision", "target", oracle, what, path, feeds)
@@ -181,7 +183,8 @@ class Search:
         spec = with_nodes(self.target, nodes)
         trial = self._saved(nodes, False)
         if trial is None:
-            oracle, result = self._run(spec, self.path, self.feeds, f"fp32-nodes: {len(nodes)} nodes")
+            oracle, result = self._run(spec, self.path, self.feeds, f"fp32-nodes: {len(nodes)} nodes",
+                                       len(self.model.graph.node))
             verdict = oracle.verdict_from(result, self.reference)
             self.tolerance = verdict.criterion.tolerance
             self.not_kept = list(verdict.target_meta.get("fp32_nodes_not_kept") or [])
@@ -218,7 +221,7 @@ class Search:
         onnx.save(model, path)
         try:
             oracle, result = self._run(with_nodes(self.target, names), path, self.feeds,
-                                       f"{len(sets)} fp32 sets, packed")
+                                       f"{len(sets)} fp32 sets, packed", len(model.graph.node))
         finally:
             os.remove(path)
         trials = []

@@ -70,6 +70,7 @@ class Reducer:
     packing: str | None = None  # None (one by one), "numeric" (packed) or "group" (group testing)
     pack_bytes: int = 1 << 30  # data (feeds, outputs, weights) one packed call may hold: budget.pack_memory
     pack_nodes: int = 4096  # nodes one packed call may build
+    build_cost: object | None = None  # buildcost.BuildCost packs follow (--pack-by build-cost); None: by count
     isolated: dict = field(default_factory=dict)  # node index -> Outcome of the node alone
     severity: float | None = None  # a mismatch candidate's error must reach this (None: the tolerance)
     message_key: str = ""  # the original failure's normalized message (pass/fail oracles)
@@ -216,9 +217,10 @@ class Reducer:
         known = self.cached(nodes)
         return known if known is not None else evaluator.judge_alone(self, nodes)
 
-    def _evaluate_pack(self, candidates: list[frozenset], *, stop_at_hit: bool = False) -> list[Outcome | None]:
+    def _evaluate_pack(self, candidates: list[frozenset], *, stop_at_hit: bool = False,
+                       speculative: set | None = None) -> list[Outcome | None]:
         """Several candidates in as few engine calls as the pack limits allow."""
-        return evaluator.judge_packed(self, candidates, stop_at_hit=stop_at_hit)
+        return evaluator.judge_packed(self, candidates, stop_at_hit=stop_at_hit, speculative=speculative or set())
 
     def heavy(self) -> bool:
         """Are the model's weights more than half of what one pack may hold? (A copy of the whole
@@ -258,8 +260,12 @@ class Reducer:
         known = {c: self.cached(c) for c in candidates}
         todo = list(dict.fromkeys(c for c in candidates if known[c] is None))
         if (todo or self.want_layerwise) and self.packing == "numeric":
-            todo = todo + [c for c in self._take_speculative() if self.cached(c) is None and c not in todo]
-            for cand, outcome in zip(todo, self._evaluate_pack(todo, stop_at_hit=stop_at_hit)):
+            extra = [c for c in dict.fromkeys(self._take_speculative()) if self.cached(c) is None and c not in todo]
+            if self.build_cost is not None:  # a speculative candidate rides only where its build pays
+                self._riders.extend((c, True) for c in extra)
+                extra = []
+            todo = todo + extra
+            for cand, outcome in zip(todo, self._evaluate_pack(todo, stop_at_hit=stop_at_hit, speculative=set(extra))):
                 known[cand] = outcome
         else:
             self.prefetch(todo)
@@ -370,12 +376,28 @@ class Reducer:
         self.budget += granted
         self.journal.put(key, {"calls": granted})
 
+    def calls_left(self) -> int | None:
+        """Engine calls the passes may still make (None: no budget)."""
+        if self.budget is None:
+            return None
+        return max(0, self.budget - self.spent - self.held())
+
+    def chunk_nodes(self, candidates) -> int | None:
+        """Packed by build cost: candidate nodes per call of a sequence judged until its first hit
+        (buildcost.BuildCost.chunk_nodes), spending at most half the calls the budget leaves;
+        None packs by count (as few calls as the limits allow)."""
+        if self.build_cost is None:
+            return None
+        left = self.calls_left()
+        return self.build_cost.chunk_nodes(sum(len(c) for c in candidates), None if left is None else max(1, left // 2))
+
     def charge(self, calls: int = 1) -> None:
         """Before an engine call: stop at the budget. The call is counted by ``note_call``."""
         if self.budget is not None and self.spent + calls + self.held() > self.budget:
             raise BudgetExhausted
 
-    def note_call(self, nodes_built: int, candidates: int, seconds: float) -> None:
+    def note_call(self, nodes_built: int, candidates: int, seconds: float, built_by: dict | None = None) -> None:
+        """One engine call made; ``built_by``: its nodes per member kind (a packed call's)."""
         with self._lock:
             self.spent += 1
             stats = self.stats.setdefault(self._current, PassStats())
@@ -383,6 +405,8 @@ class Reducer:
             stats.candidates += candidates
             stats.nodes_built += nodes_built
             stats.seconds += seconds
+            for kind, nodes in (built_by or {}).items():
+                stats.built_by[kind] = stats.built_by.get(kind, 0) + nodes
 
     def count(self, outcome: Outcome) -> Outcome:
         """Per-pass statistics of an outcome a pass looked at (and other signatures seen)."""

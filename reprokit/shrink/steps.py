@@ -22,7 +22,7 @@ from reprokit.errors import (
 )
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import weight_bytes
-from reprokit.shrink import pipeline
+from reprokit.shrink import buildcost, pipeline
 from reprokit.shrink.accumulated import finish_accumulated
 from reprokit.shrink.budget import (
     SHAPE_CALLS,
@@ -378,6 +378,7 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
         _hold_to(run, reducer, verdict, accept_milder)
     reducer.pack_bytes = limits.pack_memory_bytes
     reducer.pack_nodes = max(512, 6 * original_nodes)
+    reducer.build_cost = buildcost.policy(limits.pack_by, run.target)
     return reducer
 
 

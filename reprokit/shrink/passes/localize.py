@@ -47,8 +47,12 @@ def run(reducer) -> bool:
     rungs.sort(key=lambda r: len(r[0]))  # the smallest reproducing region wins
     if not rungs:
         return False
-    reducer.also_judge([c for r in rungs if len(r[0]) <= SPECULATE_UP_TO for c in ddmin.deletions(sorted(r[0]))])
-    if reducer.shapes and reducer.packing == "numeric":
+    # a rung's deletions and crops are asked only if that rung wins (about one chance in the rungs):
+    # packed by build cost they ride only where even a one-node rider pays at those odds
+    cost = reducer.build_cost
+    if cost is None or cost.rider_pays(1, 1 / len(rungs)):
+        reducer.also_judge([c for r in rungs if len(r[0]) <= SPECULATE_UP_TO for c in ddmin.deletions(sorted(r[0]))])
+    if reducer.shapes and reducer.packing == "numeric" and (cost is None or cost.rider_pays(1, 1 / len(rungs))):
         _speculate_crops(reducer, [r[0] for r in rungs if len(r[0]) <= SPECULATE_UP_TO][:CROP_RUNGS])
     hit = reducer.first_interesting([r[0] for r in rungs])
     if hit is None:

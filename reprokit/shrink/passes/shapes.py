@@ -303,7 +303,8 @@ class Shapes:
         if self.reducer.packing != "numeric":
             return ready[:1]
         try:
-            outcomes = judge_members(self.reducer, [self.member(t) for t in ready])
+            # smallest first: packed by build cost, the crops after the first that holds are not built
+            outcomes = judge_members(self.reducer, [self.member(t) for t in ready], stop_at_hit=True)
         except BudgetExhausted:
             return []
         return [t for t, o in zip(ready, outcomes) if o is not None and o.interesting]

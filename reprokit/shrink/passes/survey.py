@@ -39,7 +39,8 @@ def run(reducer, *, layerwise: bool) -> bool:
         order.sort(key=lambda i: not reducer.index.node_inputs[i])
     singles = [_region(reducer, i) for i in order]  # a quantized op with its Q/DQ units
     saved = reducer.journal.get("layerwise")
-    if layerwise and saved is None:
+    by_cost = reducer.packing == "numeric" and reducer.build_cost is not None
+    if layerwise and saved is None and not by_cost:
         reducer.want_layerwise = True
     candidates = singles
     if reducer.packing == "numeric" and reducer.heavy():
@@ -54,7 +55,17 @@ def run(reducer, *, layerwise: bool) -> bool:
         hit = reducer.first_interesting(candidates)
         reducer.isolated.update({i: o for i in order if (o := reducer.cached(_region(reducer, i))) is not None})
         return _accept(reducer, candidates, hit)
-    if reducer.packing == "numeric":
+    if by_cost:
+        # Packed by build cost (--pack-by build-cost): the singles in graph-order chunks that stop at
+        # the first hit, no pair riding, and the marked copy (as big as the model) built only where
+        # no single answers — the later steps need its anchors then.
+        outcomes = reducer.verdicts(singles, stop_at_hit=True)
+        reducer.isolated.update({i: o for i, o in zip(order, outcomes) if o is not None})
+        hit = next((k for k, o in enumerate(outcomes) if o is not None and o.interesting), None)
+        if hit is None and layerwise and saved is None:
+            reducer.want_layerwise = True
+            reducer.verdicts([])
+    elif reducer.packing == "numeric":
         # every producer→consumer pair rides in the same call while the pack limits allow: when no
         # node shows the signature alone, the pairs step then costs no call (issue 25: ≤ 4 calls)
         ride_pairs(reducer)
@@ -100,7 +111,10 @@ def pairs(reducer, *, known_only: bool = False) -> bool:
 
 def ride_pairs(reducer) -> None:
     """The pairs not judged yet ride in the next packed call while it has room, likeliest first:
-    where the room runs out, the pairs left are the least likely to reproduce."""
+    where the room runs out, the pairs left are the least likely to reproduce. Packed by build
+    cost, none rides: the pairs step asks them itself, in chunks that stop at the first hit."""
+    if reducer.build_cost is not None:
+        return
     reducer.ride_if_free(likeliest_first(reducer, matchings(reducer, reducer.ordered())))
 
 

@@ -1,0 +1,95 @@
+"""Where each run's nodes built go (issue 39): reprokit's per step and member kind, polygraphy's per call.
+
+    python bench/build_breakdown.py bench/results/shrink.json > bench/results/shrink.build.md
+
+bench/bench_shrink.py writes ``shrink.build.md`` itself after a run. Reads a results JSON, runs
+nothing. Counted the same way for both tools: the nodes of every model the target built
+(reprokit: summary.json's ``build_work.by_kind``; polygraphy: the node count of each model its
+``--check`` was given, logged by bench/oracle_check.py). polygraphy's ``debug reduce`` never
+builds the whole original (its first build is a half); reprokit confirms the original on the
+target first, so its lower bound per row is that copy and the result judged alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from reprokit.shrink.buildcost import TENSORRT
+
+
+def _est(calls: int, nodes: int) -> str:
+    return f"{TENSORRT.seconds(calls, nodes):.2f}"
+
+
+def _kinds(row: dict) -> str:
+    found = row.get("built_by") or {}
+    return ", ".join(
+        f"{kind} {nodes}" for kind, nodes in sorted(found.items(), key=lambda item: -item[1])
+    )
+
+
+def _polygraphy_calls(row: dict) -> str:
+    calls = row.get("call_nodes") or []
+    if not calls:
+        return "(not logged: a row reused from an earlier run)"
+    return (
+        " + ".join(map(str, calls))
+        if len(calls) <= 24
+        else f"{' + '.join(map(str, calls[:24]))} + …"
+    )
+
+
+def lower_bound(res: dict) -> tuple[int, int] | None:
+    """(calls, nodes) reprokit cannot go under on a row: the original's confirmation (one copy of the
+    model it reduces) and the result judged alone (the emulator's targets replay neither)."""
+    rk = res.get("reprokit") or {}
+    if rk.get("error") or not rk.get("start_nodes"):
+        return None
+    return 2, rk["start_nodes"] + (rk.get("minimal_nodes") or 0)
+
+
+def render(payload: dict) -> str:
+    lines = [
+        "# Where the nodes built go",
+        "",
+        f"Estimated TensorRT build seconds: {TENSORRT.per_call_s} s a call + {TENSORRT.per_node_s} s a node "
+        "built (reprokit/shrink/buildcost.py). reprokit runs twice per row: with the target's default packing "
+        "(count: the emulator, OpenVINO) and with `--pack-by build-cost` (the policy of trt targets). "
+        "The lower bound is reprokit's confirmation of the original plus the result judged alone.",
+        "",
+        "| model | run | calls | nodes built | est. (s) | where the nodes went |",
+        "|---|---|---|---|---|---|",
+    ]
+    for res in payload["results"]:
+        if res.get("error"):
+            continue
+        for label, key in (
+            ("reprokit (default)", "reprokit"),
+            ("reprokit --pack-by build-cost", "reprokit_cost"),
+        ):
+            row = res.get(key)
+            if not row or row.get("error") or row.get("calls") is None:
+                continue
+            lines.append(
+                f"| {res['name']} | {label} | {row['calls']} | {row['nodes_built']} | "
+                f"{_est(row['calls'], row['nodes_built'])} | {_kinds(row)} |"
+            )
+        pg = res.get("polygraphy") or {}
+        if pg.get("calls") is not None:
+            lines.append(
+                f"| {res['name']} | polygraphy | {pg['calls']} | {pg['nodes_built']} | "
+                f"{_est(pg['calls'], pg['nodes_built'])} | per call: {_polygraphy_calls(pg)} |"
+            )
+        bound = lower_bound(res)
+        if bound is not None:
+            lines.append(
+                f"| {res['name']} | reprokit's lower bound | {bound[0]} | {bound[1]} | "
+                f"{_est(*bound)} | the original's confirmation + the result alone |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as handle:
+        print(render(json.load(handle)))
