@@ -64,15 +64,16 @@ def _calls(log) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
-@pytest.mark.parametrize("replays, expected", [(None, 10), (0, 7)])
+@pytest.mark.parametrize("replays, expected", [(None, 9), (0, 7)])
 def test_a_deterministic_check_costs_a_known_number_of_calls(tmp_path, replays, expected):
     """n5 of an 8-node chain, the check fails while n5 is in the model. By default: confirm (1),
     the pack calibration [probe, original] failing — the original's replay (2) —, group testing
     over the 8 singles (n0–n3 passes, n4–n7 fails, n4–n5 fails, n4 passes, n5 fails: 3–7; a call
     passed, so no Identity probe), the final judgement answered by the cache (n5 was judged
-    alone), the result's three replays (8–10). --replays 0: no replays, the calibration is only a
+    alone: the call that chose it is no evidence for it), so the result runs twice afresh (8–9):
+    4 calls outside the search (issue 39). --replays 0: no replays, the calibration is only a
     calibration (7). Before issue 25: 11 and 8 (the original's replay and the probe were calls
-    of their own; the result was replayed twice)."""
+    of their own; the result was replayed twice); before issue 39: 10 (the result replayed three times)."""
     path = sm.save(chain(), tmp_path / "m.onnx")
     target, log = _check(tmp_path, NAME_CHECK, fail=["n5"])
     result = shrink(path, target, str(tmp_path / "out"), replays=replays, shrink_shapes=False)
@@ -158,3 +159,21 @@ def test_a_tight_max_calls_is_never_exceeded(tmp_path, max_calls):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["calls"]["target"] == _calls(log), (summary["calls"], _calls(log))
 
+
+
+def test_a_calibration_pack_passing_earns_the_result_two_more_runs(tmp_path):
+    """The original fails alone, passes inside the calibration pack, fails alone again (a check
+    that reads part of a pack, or a coin: one run in 8 of a 50%-flaky check): the result must
+    then fail 4 fresh runs, not 2, before "done" (issue 39). The check answers F P F, the search
+    over the 8-node chain one by one (3 prefixes, all F), then F F F P on the result: its fourth
+    run passes, so the run ends "flaky" (exit 7). Before issue 39 the result ran 3 times afresh
+    and this run ended "done" (exit 0) on n0."""
+    path = sm.save(chain(), tmp_path / "m.onnx")
+    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="FPF" + "FFF" + "FFFP")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", target, "-o", str(out), "--no-pack")
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
+    assert "is flaky" in error and "reduced model" in error and "agree ×1" in error, error
+    assert _calls(log) == 10, _calls(log)
+    assert json.loads((out / "summary.json").read_text())["status"] == "flaky"

@@ -35,6 +35,8 @@ from reprokit.shrink.samples import judge_minimal
 from reprokit.spec import parse_target
 from reprokit.standalone.emulation import clamped_constants
 
+NUMERIC_KINDS = ("nonfinite", "mismatch")  # judged by their values; the rest pass or fail
+
 
 @dataclass
 class ShrinkResult:
@@ -106,6 +108,10 @@ def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: l
                         base_dir=run.prepared.base_dir, self_contained=True)
     verdicts = [run.oracle.judge(judged, feeds, reference_outputs=reference,
                                  keep_outputs=causal and reducer.causal is not None)]
+    if replays and verdicts[0].cached and reducer.signature.kind.value not in NUMERIC_KINDS:
+        # a pass/fail result was chosen because its one call alone failed: that call is no
+        # evidence for it (a coin lands on some node); a replayed result runs fresh 1 + replays times
+        replays += 1
     for _ in range(replays if verdicts[0].diverges else 0):
         verdicts.append(run.oracle.run_again(judged, feeds, reference))
     made = run.oracle.stats.target - calls_before
