@@ -177,3 +177,18 @@ def test_a_calibration_pack_passing_earns_the_result_two_more_runs(tmp_path):
     assert "is flaky" in error and "reduced model" in error and "agree ×1" in error, error
     assert _calls(log) == 10, _calls(log)
     assert json.loads((out / "summary.json").read_text())["status"] == "flaky"
+
+
+def test_no_reduce_inputs_searches_windows_at_polygraphy_s_calls(tmp_path):
+    """polygraphy's --no-reduce-inputs: nodes go only from the end, so a node alone is no
+    candidate (but the first). n5 of the 8-node chain: the conflict search's prefixes alone, no
+    survey pack and, since a prefix passes before a best is kept, no Identity probe: confirm, the
+    calibration, prefixes n0–n3 (pass), n0–n5 (fail), n0–n4 (pass), ddmin's coarsest deletion
+    n0–n2 (pass) — 6 calls. Before issue 39: 7 (a survey pack of its own)."""
+    path = sm.save(chain(), tmp_path / "m.onnx")
+    target, log = _check(tmp_path, NAME_CHECK, fail=["n5"])
+    summary = shrink(path, target, str(tmp_path / "out"), replays=0, shrink_shapes=False, keep_inputs=True).summary
+    assert summary["minimal"]["node_names"] == [f"n{k}" for k in range(6)]
+    steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
+    assert summary["calls"]["target"] == _calls(log) == 6, (steps, _calls(log))
+    assert "survey" not in steps and "probe" not in steps, steps
