@@ -1,7 +1,7 @@
 """Side by side on pass/fail checks: ``reprokit shrink --target cmd:…`` vs ``polygraphy debug reduce
 --check …`` (a table, not a test).
 
-    python bench/bench_passfail.py            # every scenario (~3 min on 2 cores)
+    python bench/bench_passfail.py            # every scenario (~42 min on a shared 2-core machine)
     python bench/bench_passfail.py --only reducable
     python bench/bench_passfail.py --flaky-only --flaky-runs 30 --flaky-tools reprokit
 
@@ -22,9 +22,10 @@ Scenarios (models and checkers from ``bench/planted.py``):
   ``--no-reduce-outputs``, float64 feeds for a float32 model, a check that always fails;
 - a 50% flaky check, 10 runs of each tool: how often each ends with success (exit 0).
 
-reprokit replays a ``cmd`` check by default (the original once — its pack calibration —, the result three times: flakiness is
-caught, see README "How shrink works"); the column "reprokit --replays 0" is the search alone, for
-a check known to be deterministic.
+reprokit replays a ``cmd`` check by default (the original once — its pack calibration —, the result
+twice afresh: 4 calls outside the search, docs/algorithms.md step 8); the column "reprokit --replays 0"
+is the search alone, for a check known to be deterministic. Issue 39's realistic rows come from
+``bench/hf_passfail.py`` (transformers exports, cached under bench/.cache).
 
 Writes ``bench/results/passfail.{md,json}``.
 """
