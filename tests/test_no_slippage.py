@@ -250,13 +250,13 @@ def test_a_budget_that_ends_before_anything_is_removed_is_not_done(tmp_path):
     out = tmp_path / "out"
     few = run_cli("shrink", str(tmp_path / "m.onnx"), "--target", target, "-o", str(tmp_path / "few"),
                   "--max-calls", "5")
-    assert few.returncode == 2 and "below the 8 target calls" in few.stderr, few.stderr
-    # 8 at most outside the search (confirm + replay, calibration, probe, final + 3 replays): the
-    # calibration usually is the replay and the probe runs only where no call passed; 1 for it
-    proc = run_cli("shrink", str(tmp_path / "m.onnx"), "--target", target, "-o", str(out), "--max-calls", "9",
+    assert few.returncode == 2 and "below the 6 target calls" in few.stderr, few.stderr
+    # 6 at most outside the search (confirm + replay, calibration, probe, the result twice — issue
+    # 39): the calibration usually is the replay and the probe runs only where no call passed; 1 for it
+    proc = run_cli("shrink", str(tmp_path / "m.onnx"), "--target", target, "-o", str(out), "--max-calls", "7",
                    "--no-shrink-shapes", timeout=600)
     summary = _summary(out)
-    assert summary["calls"]["target"] <= 9, summary["calls"]
+    assert summary["calls"]["target"] <= 7, summary["calls"]
     assert proc.returncode == 8 and summary["status"] == "nothing-removed", (proc.returncode, summary["status"])
 
 

@@ -54,7 +54,7 @@ def shrink(*args, **kwargs):
     return shrink_run(*args, shrink_shapes=False, **kwargs)
 
 
-CMD_REPLAYS = sum(default_replays("cmd:true"))  # the original once (the calibration), the result three times
+CMD_REPLAYS = sum(default_replays("cmd:true"))  # the original once (the calibration), the result once (twice afresh)
 # a check command's Identity probe and its pack calibration (issue 24): two calls of every cmd
 # run, before any reduction (the probe only where the calibration is skipped: --no-pack)
 CMD_PROBES = 2
@@ -333,7 +333,7 @@ def test_group_testing_finds_the_one_failing_node_among_64_in_about_log2_calls(t
     # this would be up to 64 calls. The whole model's failure is inferred from the confirming run,
     # so when its left half passes the right half is tested, not inferred (+1: "no single fails
     # alone" then costs 2 calls, not log2 64). A cmd check is not trusted to be deterministic: the
-    # original is replayed once and the result three times (CMD_REPLAYS), whatever the search; it must
+    # original is replayed once and the result twice afresh (CMD_REPLAYS), whatever the search; it must
     # pass a one-node probe and judge a pack as a whole (CMD_PROBES).
     assert summary["calls"]["target"] <= 1 + 1 + 6 + 1 + CMD_REPLAYS + CMD_PROBES
     survey = next(s for s in summary["steps"] if s["step"] == "survey")

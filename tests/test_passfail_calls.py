@@ -64,15 +64,16 @@ def _calls(log) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
-@pytest.mark.parametrize("replays, expected", [(None, 10), (0, 7)])
+@pytest.mark.parametrize("replays, expected", [(None, 9), (0, 7)])
 def test_a_deterministic_check_costs_a_known_number_of_calls(tmp_path, replays, expected):
     """n5 of an 8-node chain, the check fails while n5 is in the model. By default: confirm (1),
     the pack calibration [probe, original] failing — the original's replay (2) —, group testing
     over the 8 singles (n0–n3 passes, n4–n7 fails, n4–n5 fails, n4 passes, n5 fails: 3–7; a call
     passed, so no Identity probe), the final judgement answered by the cache (n5 was judged
-    alone), the result's three replays (8–10). --replays 0: no replays, the calibration is only a
+    alone: the call that chose it is no evidence for it), so the result runs twice afresh (8–9):
+    4 calls outside the search (issue 39). --replays 0: no replays, the calibration is only a
     calibration (7). Before issue 25: 11 and 8 (the original's replay and the probe were calls
-    of their own; the result was replayed twice)."""
+    of their own; the result was replayed twice); before issue 39: 10 (the result replayed three times)."""
     path = sm.save(chain(), tmp_path / "m.onnx")
     target, log = _check(tmp_path, NAME_CHECK, fail=["n5"])
     result = shrink(path, target, str(tmp_path / "out"), replays=replays, shrink_shapes=False)
@@ -141,12 +142,12 @@ def test_a_flaky_check_ends_with_the_flaky_verdict(tmp_path, sequence, code, whe
         assert json.loads((out / "summary.json").read_text())["status"] == "flaky"
 
 
-@pytest.mark.parametrize("max_calls", [8, 9, 11])
+@pytest.mark.parametrize("max_calls", [6, 8, 9, 11])
 def test_a_tight_max_calls_is_never_exceeded(tmp_path, max_calls):
     """A pair that fails only together (n2 and n6), its message naming a shape so that a crop is
     tried: the search, the probe reserved until a call passes, the original's replay, the final
     judgement, its replays and the crop all come out of one budget, counted by the check itself.
-    (8 is the least a check command's run is allowed: --max-calls 7 is refused, exit 2.) --no-pack:
+    (6 is the least a check command's run is allowed: --max-calls 5 is refused, exit 2.) --no-pack:
     the report archive runs the check once more on minimal.onnx, after the shrink, outside the
     budget (docs/no-slippage.md says so)."""
     path = sm.save(chain(shape=(4, 16)), tmp_path / "m.onnx")
@@ -158,3 +159,36 @@ def test_a_tight_max_calls_is_never_exceeded(tmp_path, max_calls):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["calls"]["target"] == _calls(log), (summary["calls"], _calls(log))
 
+
+
+def test_a_calibration_pack_passing_earns_the_result_two_more_runs(tmp_path):
+    """The original fails alone, passes inside the calibration pack, fails alone again (a check
+    that reads part of a pack, or a coin: one run in 8 of a 50%-flaky check): the result must
+    then fail 4 fresh runs, not 2, before "done" (issue 39). The check answers F P F, the search
+    over the 8-node chain one by one (3 prefixes, all F), then F F F P on the result: its fourth
+    run passes, so the run ends "flaky" (exit 7). Before issue 39 the result ran 3 times afresh
+    and this run ended "done" (exit 0) on n0."""
+    path = sm.save(chain(), tmp_path / "m.onnx")
+    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="FPF" + "FFF" + "FFFP")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", target, "-o", str(out), "--no-pack")
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
+    assert "is flaky" in error and "reduced model" in error and "agree ×1" in error, error
+    assert _calls(log) == 10, _calls(log)
+    assert json.loads((out / "summary.json").read_text())["status"] == "flaky"
+
+
+def test_no_reduce_inputs_searches_windows_at_polygraphy_s_calls(tmp_path):
+    """polygraphy's --no-reduce-inputs: nodes go only from the end, so a node alone is no
+    candidate (but the first). n5 of the 8-node chain: the conflict search's prefixes alone, no
+    survey pack and, since a prefix passes before a best is kept, no Identity probe: confirm, the
+    calibration, prefixes n0–n3 (pass), n0–n5 (fail), n0–n4 (pass), ddmin's coarsest deletion
+    n0–n2 (pass) — 6 calls. Before issue 39: 7 (a survey pack of its own)."""
+    path = sm.save(chain(), tmp_path / "m.onnx")
+    target, log = _check(tmp_path, NAME_CHECK, fail=["n5"])
+    summary = shrink(path, target, str(tmp_path / "out"), replays=0, shrink_shapes=False, keep_inputs=True).summary
+    assert summary["minimal"]["node_names"] == [f"n{k}" for k in range(6)]
+    steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
+    assert summary["calls"]["target"] == _calls(log) == 6, (steps, _calls(log))
+    assert "survey" not in steps and "probe" not in steps, steps

@@ -68,20 +68,21 @@ def default_replays(target: str, *, numeric: bool = False) -> tuple[int, int]:
     """Extra runs of (the original, the result) when the user gives no --replays: none for a
     deterministic engine; for others the original once (a flaky target is caught before any
     reduction; for a group-tested check command that run is the pack calibration, no call of its
-    own) and the result once, three times for a check command: a result is "done" only after four
-    runs of it failed alike (judged alone, then replayed). Since the calibration carries the
-    original's replay and the Identity probe runs only where no call passed (issue 25), a check
-    failing half the time at random reaches the search in about 3 runs of 8; with 2 result
-    replays it then ended "done" in 17 of 130 runs, with 3 in 1 of 60 (bench_passfail.py
-    --flaky-only). A search that saw a contradiction (a group failing that no member explains)
-    earns the result two more (steps.shrink). A check command whose outputs are judged
+    own) and the result once. A pass/fail result whose judgement alone comes from the search's
+    cache is run once more (final.py): the call that chose it is no evidence for it. So a check
+    command's run spends 4 calls outside the search on a deterministic check (confirm, the
+    calibration, the result twice; issue 39), and ends "done" only after the original failed on
+    each of its 2 runs and the result on each of its 2 fresh ones — a check failing with
+    probability p whatever the model gets there with probability at most p^4 once it reached a
+    result (a search that met a contradiction earns the result two more runs, steps.shrink:
+    p^6). bench_passfail.py --flaky-only measures it. A check command whose outputs are judged
     (``numeric``: it wrote them and the original's showed a numeric divergence) is replayed as a
     built-in engine is: reprokit compares every member's numbers, and the result was seen failing
     in the survey's pack and in the shapes ladder's before its judgement alone."""
     spec = parse_target(target)
     if backend_class(spec.engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
         return 0, 0
-    return 1, 3 if spec.engine == "cmd" and not numeric else 1
+    return 1, 1
 
 
 SHAPE_CALLS = 1  # what the auto budget adds for shapes: the ladder's packed call (its crop alone is the final)

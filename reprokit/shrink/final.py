@@ -35,6 +35,8 @@ from reprokit.shrink.samples import judge_minimal
 from reprokit.spec import parse_target
 from reprokit.standalone.emulation import clamped_constants
 
+NUMERIC_KINDS = ("nonfinite", "mismatch")  # judged by their values; the rest pass or fail
+
 
 @dataclass
 class ShrinkResult:
@@ -106,6 +108,10 @@ def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: l
                         base_dir=run.prepared.base_dir, self_contained=True)
     verdicts = [run.oracle.judge(judged, feeds, reference_outputs=reference,
                                  keep_outputs=causal and reducer.causal is not None)]
+    if replays and verdicts[0].cached and reducer.signature.kind.value not in NUMERIC_KINDS:
+        # a pass/fail result was chosen because its one call alone failed: that call is no
+        # evidence for it (a coin lands on some node); a replayed result runs fresh 1 + replays times
+        replays += 1
     for _ in range(replays if verdicts[0].diverges else 0):
         verdicts.append(run.oracle.run_again(judged, feeds, reference))
     made = run.oracle.stats.target - calls_before
@@ -131,12 +137,21 @@ def _shows_all(run, reducer, writer, verdicts: list, nodes, *, causal: bool = Fa
         first = judge(held, verdicts[0])
         reducer.no_slippage["final"] = first.describe() + (" (a shape crop)" if first.shows else "")
     shows = [first.shows] + [shows_bug(held, v) for v in verdicts[1:]]
+    said = ""
     if shows[0] and not all(shows):
-        # One model, two answers: the target is flaky. A larger model would only be luckier.
         said = flaky_tally(verdicts, reducer.signature)
+    elif not shows[0] and causal and reducer.signature.kind.value not in NUMERIC_KINDS:
+        seen = reducer.cached(nodes)
+        if seen is not None and seen.interesting and not (seen.packed or seen.inferred):
+            # this very model failed when the search judged it alone: a pass now is the same
+            # model's second answer, not a result that needs more context — never a fall back
+            # to a larger model (a coin would pass one of those too)
+            said = flaky_tally(verdicts, reducer.signature) + "; it failed when the search judged it alone"
+    if said:
+        # One model, two answers: the target is flaky. A larger model would only be luckier.
         writer.write(reducer, "flaky", final_verdict=verdicts[-1], note=f"the target is flaky: {said}")
         raise NotReproduced(
-            f"the target is flaky: {len(verdicts)} runs of the reduced model ({len(nodes)} nodes) disagree: {said}",
+            f"the target is flaky: runs of the reduced model ({len(nodes)} nodes) disagree: {said}",
             hint="a flaky check reduces noise, not the bug: make it give one answer per model (fixed "
                  "tactics, a timing cache, a deterministic checker), or raise --replays to be sure")
     return all(shows)

@@ -67,6 +67,10 @@ def calibrate_packs(reducer, event, ran: tuple | None = None) -> None:
     elif ride is not None:
         run_replay_alone(reducer)  # raises for a flaky original
         reducer.stats["calibrate"].calls += 1
+        # the original passed inside that pack and failed alone: a check that reads part of a
+        # pack, or one that fails at random (a coin gives this F, P, F one run in 8) — the
+        # result earns two more runs before "done" (steps.shrink), as after a contradiction
+        reducer.contradictions += 1
     if why is None:
         reducer.no_slippage["packs"] = "packed: the check failed a pack with the failing model after a passing one"
         return

@@ -78,8 +78,11 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
                 reducer.begin("named")
                 found = named.run(reducer, message)
             # one candidate per call (a timeout, or --one-by-one with a pass/fail oracle), every
-            # node alone costs a call each: n calls where the conflict search needs k·log n
-            if not found and (numeric or reducer.packing is not None):
+            # node alone costs a call each: n calls where the conflict search needs k·log n; and
+            # where the inputs or outputs are kept (polygraphy's --no-reduce-*) a node alone is
+            # mostly no candidate at all: the conflict search's windows are what is left to try
+            kept = reducer.keep_inputs or reducer.keep_outputs
+            if not found and (numeric or (reducer.packing is not None and not kept)):
                 reducer.begin("survey")
                 found = survey.run(reducer, layerwise=numeric)
             # pairs ride in the survey's call while the pack has room: one that reproduces is
