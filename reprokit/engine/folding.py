@@ -138,21 +138,36 @@ def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights
     return run
 
 
+# Models shrink does not fold by default (their folding changes what the engine is asked to
+# build): Q/DQ pairs on weights would fold into plain float weights, and onnx-graphsurgeon
+# flattens If nodes whose condition is constant (control flow is opened its own way: opening.py).
+_KEPT_UNFOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "If", "Loop", "Scan"})
+NO_FOLD_HINT = "--no-fold-constants reduces the model as given"
+
+
 def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir: str, notes: list[str]):
-    """``--input-shapes``: fold the frozen model when the folded one agrees with it on the
-    reference (``session.prepare``). Returns the model and the file engines load; says in
-    ``notes`` what was done."""
-    frozen = f"froze input shapes {options.input_shapes}"
-    if external_locations(model):
-        notes.append(frozen)
+    """Fold the model's constants when the folded one agrees with it on the reference
+    (``session.prepare``): the frozen model of ``--input-shapes``, and shrink's model by default
+    (polygraphy's ``surgeon sanitize --fold-constants``; node names stay the user's, so a folded
+    minimal model names the user's nodes). Returns the model and the file engines load — never
+    the user's own file rewritten; says in ``notes`` what was done."""
+    frozen = f"froze input shapes {options.input_shapes}" if options.input_shapes else ""
+    kept = sorted({n.op_type for n in model.graph.node} & _KEPT_UNFOLDED)
+    if external_locations(model) or (kept and not frozen):
+        if frozen:
+            notes.append(frozen)
         return model, path
     run = reference_runner(options.reference, os.path.join(workdir, "fold-check"), timeout=options.timeout,
                            weights_dir=base_dir)
     result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir)
     if result.folded:
-        notes.append(frozen + " and folded constants")
-        return result.model, save_model(result.model, path)
-    notes.append(frozen + (f"; {result.note}" if result.note else ""))
+        before, after = len(model.graph.node), len(result.model.graph.node)
+        notes.append(frozen + " and folded constants" if frozen else
+                     f"constants folded before the survey ({before} → {after} nodes, as polygraphy's surgeon "
+                     f"sanitize --fold-constants does; node names are the model's own): {NO_FOLD_HINT}")
+        return result.model, save_model(result.model, os.path.join(workdir, "prepared.onnx"))
+    if frozen or result.note:
+        notes.append("; ".join(filter(None, [frozen, result.note])))
     return model, path
 
 

@@ -75,10 +75,12 @@ class RunOptions:
         return CheckPolicy(regexes, tuple(self.fail_codes), tuple(self.ignore_fail_codes))
 
 
-def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample: bool = False) -> Prepared:
+def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample: bool = False,
+            fold: bool = False) -> Prepared:
     """Load and validate the model, freeze shapes if asked, make or load the feeds.
     ``every_sample``: a multi-sample --inputs without --sample gives ``samples`` (feeds: the
-    first), for callers that judge each one (reprokit/samples.py)."""
+    first), for callers that judge each one (reprokit/samples.py). ``fold``: fold constants even
+    without --input-shapes (shrink's default), checked on the reference like a frozen model's."""
     dims.forget()  # the sizes chosen for this model, named by any error that follows
     model = load_model(model_path, load_weights=False)
     check_valid(model, model_path)  # an invalid model is the user's file's fault, said before any engine runs
@@ -101,7 +103,7 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
     else:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
                              val_ranges=options.val_ranges, hints=dims.metadata_hints(model))
-    if options.input_shapes:  # folded only where the folded model computes the same (one check)
+    if options.input_shapes or fold:  # folded only where the folded model computes the same (one check)
         model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
     notes.extend(feeds.notes)
     return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
