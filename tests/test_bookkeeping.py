@@ -32,12 +32,17 @@ def branches_model():
     rng = np.random.default_rng(0)
     nodes, inits, outs = [], [], []
     for k in range(6):
-        inits.append(numpy_helper.from_array(rng.standard_normal((4, 16)).astype(np.float32), f"w{k}"))
-        nodes += [helper.make_node("Mul", ["x", f"w{k}"], [f"m{k}"], name=f"scale{k}"),
-                  helper.make_node("Tanh", [f"m{k}"], [f"t{k}"], name=f"squash{k}")]
+        inits.append(
+            numpy_helper.from_array(rng.standard_normal((4, 16)).astype(np.float32), f"w{k}")
+        )
+        nodes += [
+            helper.make_node("Mul", ["x", f"w{k}"], [f"m{k}"], name=f"scale{k}"),
+            helper.make_node("Tanh", [f"m{k}"], [f"t{k}"], name=f"squash{k}"),
+        ]
         outs.append(helper.make_tensor_value_info(f"t{k}", TensorProto.FLOAT, [4, 16]))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])], outs,
-                              inits)
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])], outs, inits
+    )
     return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -52,8 +57,12 @@ def test_a_calls_outputs_come_back_in_one_file_as_views_of_one_map(tmp_path):
     assert result.status == "ok", result.message
     files = sorted(os.listdir(tmp_path / "job"))
     assert "outputs.bin" in files and not [f for f in files if f.endswith(".npy")], files
-    expected = dict(zip([f"t{k}" for k in range(6)],
-                        ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})))
+    expected = dict(
+        zip(
+            [f"t{k}" for k in range(6)],
+            ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x}),
+        )
+    )
     assert sorted(result.outputs) == sorted(expected)
     for name, want in expected.items():
         got = result.outputs[name]
@@ -69,15 +78,25 @@ def overflow_after_constants():
     w = numpy_helper.from_array(np.full((16, 16), 100.0, np.float32), "w")
     two = numpy_helper.from_array(np.array([2.0], np.float32), "two")
     nodes = [
-        helper.make_node("Constant", [], ["c"], name="scale_const",
-                         value=numpy_helper.from_array(np.array([300.0], np.float32))),
+        helper.make_node(
+            "Constant",
+            [],
+            ["c"],
+            name="scale_const",
+            value=numpy_helper.from_array(np.array([300.0], np.float32)),
+        ),
         helper.make_node("Mul", ["c", "two"], ["scale"], name="scale_double"),
         helper.make_node("Mul", ["x", "scale"], ["xs"], name="input_scale"),
         helper.make_node("MatMul", ["xs", "w"], ["mm"]),
         helper.make_node("Relu", ["mm"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [w, two])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [w, two],
+    )
     return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -93,15 +112,29 @@ def test_shrink_folds_constants_before_the_survey_and_keeps_the_users_names(tmp_
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["original"]["nodes"] == 3 and summary["original"]["file_nodes"] == 5
-    assert "constants folded" in summary["original"]["why"] and "--no-fold-constants" in summary["original"]["why"]
+    assert (
+        "constants folded" in summary["original"]["why"]
+        and "--no-fold-constants" in summary["original"]["why"]
+    )
     assert summary["minimal"]["node_names"] == ["MatMul_3"] and "MatMul_3" in node_labels(model)
     assert [n.name for n in onnx.load(str(out / "minimal.onnx")).graph.node] == ["MatMul_3"]
     with tarfile.open(out / "report.tar.gz") as archive:
         packed = next(m for m in archive.getmembers() if m.name.endswith("/model.onnx"))
-        assert [n.name for n in onnx.load_from_string(archive.extractfile(packed).read()).graph.node] == ["MatMul_3"]
+        assert [
+            n.name for n in onnx.load_from_string(archive.extractfile(packed).read()).graph.node
+        ] == ["MatMul_3"]
 
     plain = tmp_path / "plain"
-    proc = run_cli("shrink", path, "--target", "emulate:fp16", "-o", str(plain), "--no-fold-constants", "--no-pack")
+    proc = run_cli(
+        "shrink",
+        path,
+        "--target",
+        "emulate:fp16",
+        "-o",
+        str(plain),
+        "--no-fold-constants",
+        "--no-pack",
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((plain / "summary.json").read_text())
     assert summary["original"]["nodes"] == 5 and "file_nodes" not in summary["original"]
@@ -113,18 +146,34 @@ def drifting_mlp_after_constants(layers: int = 24):
     folds, then bf16 errors that add up (an accumulated error)."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array([0.5], np.float32), "half")]
-    nodes = [helper.make_node("Constant", [], ["c"], name="one_const",
-                              value=numpy_helper.from_array(np.array([0.5], np.float32))),
-             helper.make_node("Add", ["c", "half"], ["one"], name="one_sum"),
-             helper.make_node("Mul", ["x", "one"], ["h"], name="input_unit")]
+    nodes = [
+        helper.make_node(
+            "Constant",
+            [],
+            ["c"],
+            name="one_const",
+            value=numpy_helper.from_array(np.array([0.5], np.float32)),
+        ),
+        helper.make_node("Add", ["c", "half"], ["one"], name="one_sum"),
+        helper.make_node("Mul", ["x", "one"], ["h"], name="input_unit"),
+    ]
     h = "h"
     for k in range(layers):
-        inits.append(numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), f"w{k}"))
-        nodes += [helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
-                  helper.make_node("Tanh", [f"m{k}"], [f"t{k}"], name=f"tanh{k}")]
+        inits.append(
+            numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), f"w{k}")
+        )
+        nodes += [
+            helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+            helper.make_node("Tanh", [f"m{k}"], [f"t{k}"], name=f"tanh{k}"),
+        ]
         h = f"t{k}"
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
-                              [helper.make_tensor_value_info(h, TensorProto.FLOAT, [8, 64])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info(h, TensorProto.FLOAT, [8, 64])],
+        inits,
+    )
     return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -139,8 +188,20 @@ def test_the_drift_window_is_anchored_in_the_users_file_whatever_input_shapes_sa
     windows = []
     for number, extra in enumerate([(), ("--input-shapes", "x:8x64")]):
         out = tmp_path / f"out{number}"
-        proc = run_cli("shrink", path, "--target", "emulate:bf16", "--tol", "0.01", "--inputs", inputs,
-                       "-o", str(out), "--no-pack", *extra)
+        proc = run_cli(
+            "shrink",
+            path,
+            "--target",
+            "emulate:bf16",
+            "--tol",
+            "0.01",
+            "--inputs",
+            inputs,
+            "-o",
+            str(out),
+            "--no-pack",
+            *extra,
+        )
         assert proc.returncode == 0, proc.stderr
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"] == "accumulated"
@@ -166,11 +227,17 @@ def test_packs_of_captured_activations_share_one_feed_per_tensor(tmp_path):
 
     def member(tensor: str, k: int):
         node = helper.make_node("Neg", [tensor], [f"n{k}"], name=f"neg{k}")
-        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(tensor, TensorProto.FLOAT, [4, 16])],
-                                  [helper.make_tensor_value_info(f"n{k}", TensorProto.FLOAT, [4, 16])])
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info(tensor, TensorProto.FLOAT, [4, 16])],
+            [helper.make_tensor_value_info(f"n{k}", TensorProto.FLOAT, [4, 16])],
+        )
         model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
         return Extraction(model, {tensor: result.outputs[tensor]}, [f"n{k}"])
 
-    pack = build_pack([member("t0", 0), member("t0", 1), member("t1", 2)], keep_node_names=False, share_feeds=True)
+    pack = build_pack(
+        [member("t0", 0), member("t0", 1), member("t1", 2)], keep_node_names=False, share_feeds=True
+    )
     assert len(pack.feeds) == 2  # t0 once, t1 once
     result.discard()

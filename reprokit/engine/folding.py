@@ -160,6 +160,10 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
     run = reference_runner(options.reference, os.path.join(workdir, "fold-check"), timeout=options.timeout,
                            weights_dir=base_dir)
     result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir)
+    if result.folded and not frozen and _outputs_folded(model, result.model):
+        # every output constant (a model with no inputs): the engine would compute nothing
+        notes.append(f"{SKIPPED}: it would turn the model's outputs into constants; the model runs unfolded")
+        return model, path
     if result.folded:
         before, after = len(model.graph.node), len(result.model.graph.node)
         notes.append(frozen + " and folded constants" if frozen else
@@ -169,6 +173,13 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
     if frozen or result.note:
         notes.append("; ".join(filter(None, [frozen, result.note])))
     return model, path
+
+
+def _outputs_folded(before, after) -> bool:
+    """Did folding turn a graph output some node computed into a constant?"""
+    made = {o for n in before.graph.node for o in n.output}
+    still = {o for n in after.graph.node for o in n.output}
+    return any(o.name in made and o.name not in still for o in after.graph.output)
 
 
 def fold_constants(model):
@@ -198,14 +209,16 @@ def fold_constants(model):
         pass
     try:
         with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
-            named = onnx.ModelProto.FromString(model.SerializeToString())
-            name_unnamed_nodes(named)
-            folded = _gs_fold(gs, named, flatten=True)
-            if not _well_formed(onnx, folded):
-                # gs's flattening of nested If nodes with constant conditions can drop a branch
-                # output (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a
-                # previous node"); folding without flattening still folds the shape arithmetic
-                folded = _gs_fold(gs, named, flatten=False)
+            folded = onnx.ModelProto.FromString(model.SerializeToString())
+            name_unnamed_nodes(folded)
+            # As polygraphy's sanitize: shapes inferred before each pass (gs folds a Shape only
+            # where it knows the shape), passes until nothing more folds — each pass's folded
+            # shapes let the next fold what read them (a Swin export: 3,647 → 1,624 → 960 → 665).
+            for _ in range(FOLD_PASSES):
+                before = len(folded.graph.node)
+                folded = _fold_pass(onnx, gs, folded)
+                if len(folded.graph.node) >= before:
+                    break
     except Exception:  # folding is an optimization: keep the model as it was
         return model
     folded.ir_version = ir_version
@@ -215,6 +228,23 @@ def fold_constants(model):
         folded = onnx.shape_inference.infer_shapes(folded)
     except Exception:
         pass
+    return folded
+
+
+FOLD_PASSES = 8
+
+
+def _fold_pass(onnx, gs, model):
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        pass  # gs folds what it can without the shapes
+    folded = _gs_fold(gs, model, flatten=True)
+    if not _well_formed(onnx, folded):
+        # gs's flattening of nested If nodes with constant conditions can drop a branch output
+        # (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a previous node");
+        # folding without flattening still folds the shape arithmetic
+        folded = _gs_fold(gs, model, flatten=False)
     return folded
 
 

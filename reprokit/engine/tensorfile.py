@@ -36,13 +36,21 @@ class Entry:
     note: str = ""  # ``storable``'s dtype note (bfloat16, float8…, strings), empty for plain dtypes
 
     def to_json(self) -> dict:
-        return {"offset": self.offset, "shape": list(self.shape), "dtype": self.dtype,
-                **({"dtype_note": self.note} if self.note else {})}
+        return {
+            "offset": self.offset,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            **({"dtype_note": self.note} if self.note else {}),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Entry:
-        return cls(int(data["offset"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]),
-                   str(data.get("dtype_note") or ""))
+        return cls(
+            int(data["offset"]),
+            tuple(int(d) for d in data["shape"]),
+            str(data["dtype"]),
+            str(data.get("dtype_note") or ""),
+        )
 
 
 def write_tensors(path: str, tensors: Iterable[tuple[str, np.ndarray]]) -> dict[str, Entry]:
@@ -56,7 +64,9 @@ def write_tensors(path: str, tensors: Iterable[tuple[str, np.ndarray]]) -> dict[
         for name, value in tensors:
             array, note = storable(np.asarray(value))
             if array.dtype.hasobject:
-                raise ValueError(f"output {name!r}: object arrays cannot be stored without pickling")
+                raise ValueError(
+                    f"output {name!r}: object arrays cannot be stored without pickling"
+                )
             shape = tuple(array.shape)  # before ascontiguousarray, which makes a 0-d array 1-d
             array = np.ascontiguousarray(array)
             pad = -offset % ALIGN
@@ -69,7 +79,9 @@ def write_tensors(path: str, tensors: Iterable[tuple[str, np.ndarray]]) -> dict[
             offset += array.nbytes
             del value, array
         if offset == 0:
-            handle.write(b"\0" * ALIGN)  # a file of empty tensors still maps (mmap refuses length 0)
+            handle.write(
+                b"\0" * ALIGN
+            )  # a file of empty tensors still maps (mmap refuses length 0)
     return entries
 
 
@@ -87,8 +99,10 @@ class TensorFile:
         dtype = np.dtype(entry.dtype)
         size = int(np.prod(entry.shape, dtype=np.int64)) * dtype.itemsize
         if entry.offset + size > self._map.size:
-            raise ValueError(f"{self.path}: a tensor at {entry.offset}+{size} lies past the file's end")
-        array = self._map[entry.offset:entry.offset + size].view(dtype).reshape(entry.shape)
+            raise ValueError(
+                f"{self.path}: a tensor at {entry.offset}+{size} lies past the file's end"
+            )
+        array = self._map[entry.offset : entry.offset + size].view(dtype).reshape(entry.shape)
         return restored(array, entry.note or None)
 
 
