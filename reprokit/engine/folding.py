@@ -25,7 +25,7 @@ from reprokit.engine.enginelog import captured
 from reprokit.engine.worker import run_in_worker
 from reprokit.errors import ReferenceFailure, ReprokitError
 from reprokit.graph.io import external_locations, save_model
-from reprokit.graph.model import name_unnamed_nodes
+from reprokit.graph.model import name_unnamed_nodes, node_label
 from reprokit.standalone.arrays import save_npz
 
 SKIPPED = "constant folding skipped"
@@ -119,7 +119,8 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
 
 def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights_dir: str | None = None):
     """``run(path, feeds) -> outputs`` on the reference ``spec`` through a worker process; an
-    engine failure raises ReferenceFailure (the caller decides whom it concerns)."""
+    engine failure raises ReferenceFailure (the caller decides whom it concerns). ``run.seconds``:
+    the seconds its runs took so far."""
     counter = [0]
 
     def run(path: str, feeds: dict) -> dict:
@@ -128,6 +129,7 @@ def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights
         os.makedirs(job, exist_ok=True)
         feeds_path = save_npz(os.path.join(job, "feeds.npz"), feeds)
         result = run_in_worker(spec, path, feeds_path, job, timeout=timeout, weights_dir=weights_dir)
+        run.seconds += result.seconds
         if result.status != "ok":
             result.discard()
             raise ReferenceFailure(f"{result.status}: {result.message}")
@@ -135,6 +137,7 @@ def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights
         result.discard()
         return outputs
 
+    run.seconds = 0.0  # the worker processes' seconds: engine time, for the caller's accounts
     return run
 
 
@@ -145,12 +148,14 @@ _KEPT_UNFOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "If", "Loop", 
 NO_FOLD_HINT = "--no-fold-constants reduces the model as given"
 
 
-def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir: str, notes: list[str]):
+def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir: str, notes: list[str],
+                  spent: list[float] | None = None):
     """Fold the model's constants when the folded one agrees with it on the reference
     (``session.prepare``): the frozen model of ``--input-shapes``, and shrink's model by default
     (polygraphy's ``surgeon sanitize --fold-constants``; node names stay the user's, so a folded
     minimal model names the user's nodes). Returns the model and the file engines load — never
-    the user's own file rewritten; says in ``notes`` what was done."""
+    the user's own file rewritten; says in ``notes`` what was done and adds the check's
+    reference runs' seconds to ``spent`` (engine time, not reprokit's own)."""
     frozen = f"froze input shapes {options.input_shapes}" if options.input_shapes else ""
     kept = sorted({n.op_type for n in model.graph.node} & _KEPT_UNFOLDED)
     if external_locations(model) or (kept and not frozen):
@@ -160,6 +165,12 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
     run = reference_runner(options.reference, os.path.join(workdir, "fold-check"), timeout=options.timeout,
                            weights_dir=base_dir)
     result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir)
+    if spent is not None:
+        spent.append(run.seconds)
+    if result.folded and not frozen and _only_constant_nodes(model, result.model):
+        # nothing computed folds, Constant nodes would only become initializers: an engine builds
+        # the same, and the user's Constant node (a clamped -inf, say) stays a node it can name
+        return model, path
     if result.folded and not frozen and _outputs_folded(model, result.model):
         # every output constant (a model with no inputs): the engine would compute nothing
         notes.append(f"{SKIPPED}: it would turn the model's outputs into constants; the model runs unfolded")
@@ -173,6 +184,13 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
     if frozen or result.note:
         notes.append("; ".join(filter(None, [frozen, result.note])))
     return model, path
+
+
+def _only_constant_nodes(before, after) -> bool:
+    """Did folding remove nothing but Constant nodes?"""
+    kept = {n.name for n in after.graph.node}
+    return all(n.op_type == "Constant" for i, n in enumerate(before.graph.node)
+               if node_label(n, i) not in kept)
 
 
 def _outputs_folded(before, after) -> bool:

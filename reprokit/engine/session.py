@@ -42,6 +42,7 @@ class Prepared:
     base_dir: str = ""  # where the model's external data files are (weights are not loaded)
     file_nodes: int = 0  # nodes in the user's file, before --input-shapes folded any constants
     samples: list[Feeds] = field(default_factory=list)  # every sample, when --inputs holds several
+    reference_seconds: float = 0.0  # the reference's runs that checked a fold (engine time)
     sample_verdicts: list = field(default_factory=list)  # SampleVerdict per sample
 
 
@@ -103,10 +104,11 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
     else:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
                              val_ranges=options.val_ranges, hints=dims.metadata_hints(model))
+    spent: list[float] = []
     if options.input_shapes or fold:  # folded only where the folded model computes the same (one check)
-        model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
+        model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes, spent)
     notes.extend(feeds.notes)
-    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
+    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples, reference_seconds=sum(spent))
 
 
 def load_ignored(path: str) -> dict[str, np.ndarray]:

@@ -74,6 +74,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     admit_target(model_path, target)
     fold = (search or {}).get("fold_constants", True) and not converted and parse_target(target).engine != "cmd"
     prepared = prepare(judged, options, state_dir, every_sample=True, fold=fold)
+    oracle.stats.reference_seconds += prepared.reference_seconds  # the fold's check ran the reference
     if converted:
         prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
