@@ -241,3 +241,29 @@ def test_packs_of_captured_activations_share_one_feed_per_tensor(tmp_path):
     )
     assert len(pack.feeds) == 2  # t0 once, t1 once
     result.discard()
+
+
+def test_a_tensor_file_gives_back_every_dtype_and_shape_it_was_given(tmp_path):
+    """0-d, empty, bfloat16 (raw bits plus its note), strings, transposed (not contiguous) and
+    int64 tensors come back equal, in their dtype and shape, read-only; a file of nothing maps."""
+    import ml_dtypes
+
+    from reprokit.engine.tensorfile import Tensors, write_tensors
+
+    given = {
+        "scalar": np.float16(3),
+        "empty": np.zeros((0, 3), np.int64),
+        "bf16": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+        "words": np.array(["a", "bc"], dtype=object),
+        "transposed": np.arange(12.0).reshape(3, 4).T,
+        "ids": np.arange(5, dtype=np.int64),
+    }
+    path = str(tmp_path / "t.bin")
+    back = Tensors(path, write_tensors(path, given.items()))
+    for name, want in given.items():
+        got = back[name]
+        assert got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype, name
+        assert np.array_equal(got, want), name
+    assert not back["ids"].flags.writeable
+    nothing = str(tmp_path / "none.bin")
+    assert len(Tensors(nothing, write_tensors(nothing, []))) == 0

@@ -15,7 +15,6 @@ Owns the layout only: no engine, no judging. Dtypes .npy cannot name are stored 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -125,6 +124,3 @@ class Tensors(Mapping):
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def nbytes(self) -> int:
-        return os.path.getsize(self.path) if os.path.exists(self.path) else 0
