@@ -202,7 +202,7 @@ def make_run_options(kw: dict, command: str = ""):
 # shrink's own options (beside the run options): kept in run.json, restored by --resume.
 SHRINK_ONLY = ("jobs", "replays", "max_activation_disk", "max_calls", "capture_chunk", "pack_memory", "pack_by", "no_localize",
                 "one_by_one", "accept_milder", "search_accumulated", "no_reduce_inputs", "no_reduce_outputs",
-                "no_shrink_shapes", "no_pack", "fmt", "redact", "with_audit", "with_overlay", "keep_state")
+                "no_shrink_shapes", "no_fold_constants", "no_pack", "fmt", "redact", "with_audit", "with_overlay", "keep_state")
 
 
 def given(ctx, name: str) -> bool:

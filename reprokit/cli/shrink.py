@@ -109,6 +109,9 @@ from reprokit.spec import parse_target
               help="Keep the model's own outputs: remove nodes only from the start (polygraphy's flag).")
 @click.option("--no-shrink-shapes", is_flag=True,
               help="Keep the minimal model's input shapes (by default they are halved while the signature holds).")
+@click.option("--no-fold-constants", is_flag=True,
+              help="Reduce the model as given: by default its constant subgraphs are folded first (as polygraphy's "
+                   "surgeon sanitize --fold-constants; checked on the reference, node names kept).")
 @click.option("--no-pack", is_flag=True, help="Do not write the report archive OUT/report.tar.gz.")
 @click.option("--format", "fmt", type=click.Choice(["tar.gz", "zip"]), default="tar.gz", show_default=True,
               help="Report archive format.")
@@ -126,7 +129,8 @@ from reprokit.spec import parse_target
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,
            pack_memory, pack_by, no_localize, one_by_one, accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs,
-           no_shrink_shapes, no_pack, fmt, redact, with_audit, with_overlay, keep_state, as_json, force, **kw):
+           no_shrink_shapes, no_fold_constants, no_pack, fmt, redact, with_audit, with_overlay, keep_state, as_json,
+           force, **kw):
     """Cut MODEL down to a minimal model that shows the same divergence under TARGET."""
     clock = StepClock(process_started())  # summary.json's steps cover the process, start-up included
 
@@ -141,8 +145,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
             return
         out_dir, model, target, after_search = resumed
     (jobs, replays, max_activation_disk, max_calls, capture_chunk, pack_memory, pack_by, no_localize, one_by_one,
-     accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_pack, fmt, redact, with_audit,
-     with_overlay, keep_state) = (flags[name] for name in SHRINK_ONLY)
+     accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_fold_constants, no_pack,
+     fmt, redact, with_audit, with_overlay, keep_state) = (flags[name] for name in SHRINK_ONLY)
     run_args = [a for p in ctx.command.params if p.name in flags and flags[p.name] not in (None, p.default)
                 for a in as_args(p, flags[p.name])]
     if (model is None and not kw.get("torch_entry")) or target is None:
@@ -177,7 +181,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
                          no_localize=no_localize,
                          one_by_one=one_by_one, accept_milder=accept_milder, search_accumulated=search_accumulated,
                          no_reduce_inputs=no_reduce_inputs, no_reduce_outputs=no_reduce_outputs,
-                         no_shrink_shapes=no_shrink_shapes, keep_state=keep_state)
+                         no_shrink_shapes=no_shrink_shapes, no_fold_constants=no_fold_constants,
+                         keep_state=keep_state)
     if torch_info is not None:
         result.summary["torch"] = torch_info
     after = ([] if no_pack else ["pack"]) + (["audit"] if with_audit or with_overlay else [])
@@ -206,7 +211,8 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
 
 def _search(model, target, out_dir, options, resume, progress, clock, run_args, as_json, *, jobs, replays,
             max_activation_disk, max_calls, capture_chunk, pack_memory, pack_by, no_localize, one_by_one,
-            accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, keep_state):
+            accept_milder, search_accumulated, no_reduce_inputs, no_reduce_outputs, no_shrink_shapes, no_fold_constants,
+            keep_state):
     """The search itself (shrink/steps.py); what it captured is removed or kept as it ends."""
     limits = Limits(
         capture_chunk_bytes=parse_size(capture_chunk, "--capture-chunk"),
@@ -221,7 +227,8 @@ def _search(model, target, out_dir, options, resume, progress, clock, run_args, 
                                   limits=limits, pack_candidates=not one_by_one,
                                   search_accumulated=search_accumulated, accept_milder=accept_milder,
                                   keep_inputs=no_reduce_inputs, keep_outputs=no_reduce_outputs,
-                                  shrink_shapes=not no_shrink_shapes, clock=clock, run_args=tuple(run_args))
+                                  shrink_shapes=not no_shrink_shapes, clock=clock, run_args=tuple(run_args),
+                                  fold_constants=not no_fold_constants)
     except KeyboardInterrupt:  # run.json holds every option: --resume DIR alone continues
         _end_state(out_dir, True, as_json, "for --resume")
         raise ReprokitError("interrupted", hint=shrinking.resume_hint(out_dir),

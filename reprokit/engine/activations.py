@@ -1,6 +1,9 @@
-"""On-disk store of captured tensors: one .npy per tensor plus an index, read memory-mapped.
+"""On-disk store of captured tensors: one tensor file per capture run (``engine/tensorfile.py``,
+kept as the worker wrote it) plus an index, read memory-mapped. Stores written before the tensor
+files (one .npy per tensor, index values ``"a000001.npy#bfloat16"``) still open.
 
-Must not hold everything in RAM: ``get`` returns a read-only memory map.
+Must not hold everything in RAM: ``get`` returns a read-only view of a memory map, each file
+mapped once.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import shutil
 
 import numpy as np
 
+from reprokit.engine.tensorfile import Entry, TensorFile
 from reprokit.engine.worker import load_npy
 from reprokit.errors import InputError
 from reprokit.graph.controlflow import open_control_flow
@@ -22,17 +26,20 @@ class ActivationStore:
 
     INDEX = "index.json"
 
-    def __init__(self, directory: str, files: dict[str, str]):
+    def __init__(self, directory: str, files: dict[str, str | list]):
         self.directory = directory
+        # name -> [tensor file, Entry as JSON]; or, from an older store, "a000001.npy[#note]"
         self._files = files
         self._meta: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self._maps: dict[str, TensorFile] = {}
+        self._entries: dict[str, tuple[str, Entry]] = {}
 
     @classmethod
     def capture(cls, run_chunk, names: list[str], sizes: dict[str, int], directory: str, *,
                 chunk_bytes: int, max_disk_bytes: int | None = None, on_event=None) -> ActivationStore:
         """Capture ``names`` by as many reference runs as it takes to keep each run's marked
-        outputs under ``chunk_bytes`` (estimated from static shapes), moving each run's .npy
-        files into ``directory``. Stops with a clear error before, or as soon as, the files
+        outputs under ``chunk_bytes`` (estimated from static shapes), moving each run's tensor
+        file into ``directory``. Stops with a clear error before, or as soon as, the files
         would pass ``max_disk_bytes`` or the free disk space."""
         estimate = sum(sizes.get(n, 0) for n in names)
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(directory)) or ".").free
@@ -58,18 +65,16 @@ class ActivationStore:
         if os.path.exists(directory):
             shutil.rmtree(directory)
         os.makedirs(directory)
-        files: dict[str, str] = {}
+        files: dict[str, list] = {}
         used = 0
         for number, chunk in enumerate(chunks):
             if on_event and len(chunks) > 1:
                 on_event(f"capturing activations, part {number + 1} of {len(chunks)} ({len(chunk)} tensors)")
             result = run_chunk(chunk)
-            dtypes = getattr(result.outputs, "dtypes", {})
-            for name, source in result.outputs.paths.items():
-                file = f"a{len(files):06d}.npy"
-                os.replace(source, os.path.join(directory, file))
-                # an ml_dtype saved as raw bits keeps its name in the index: "a000001.npy#bfloat16"
-                files[name] = file + (f"#{dtypes[name]}" if name in dtypes else "")
+            if result.outputs:  # one tensor file per run, kept as the worker wrote it
+                file = f"c{number:04d}.bin"
+                os.replace(result.outputs.path, os.path.join(directory, file))
+                files.update((name, [file, entry.to_json()]) for name, entry in result.outputs.entries.items())
                 used += os.path.getsize(os.path.join(directory, file))
             result.discard()
             if max_disk_bytes is not None and used > max_disk_bytes:
@@ -99,18 +104,27 @@ class ActivationStore:
         return self.get(name)
 
     def get(self, name: str) -> np.ndarray:
-        file, _, dtype = self._files[name].partition("#")
-        return load_npy(os.path.join(self.directory, file), dtype or None)
+        where = self._entries.get(name)
+        if where is None:
+            value = self._files[name]
+            if isinstance(value, str):  # an older store: one .npy per tensor
+                file, _, dtype = value.partition("#")
+                return load_npy(os.path.join(self.directory, file), dtype or None)
+            where = self._entries[name] = (value[0], Entry.from_json(value[1]))
+        file, entry = where
+        if file not in self._maps:
+            self._maps[file] = TensorFile(os.path.join(self.directory, file))
+        return self._maps[file].view(entry)
 
     def nbytes(self) -> int:
         """Bytes of every captured tensor together (the files' sizes; nothing is read)."""
-        files = {entry.partition("#")[0] for entry in self._files.values()}
+        files = {v.partition("#")[0] if isinstance(v, str) else v[0] for v in self._files.values()}
         return sum(os.path.getsize(os.path.join(self.directory, file)) for file in files)
 
     def info(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         """Shape and dtype without reading the data."""
         if name not in self._meta:
-            array = self.get(name)
+            array = self.get(name)  # a view: nothing of the data is read
             self._meta[name] = (tuple(array.shape), array.dtype)
         return self._meta[name]
 

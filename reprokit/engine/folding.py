@@ -25,7 +25,7 @@ from reprokit.engine.enginelog import captured
 from reprokit.engine.worker import run_in_worker
 from reprokit.errors import ReferenceFailure, ReprokitError
 from reprokit.graph.io import external_locations, save_model
-from reprokit.graph.model import name_unnamed_nodes
+from reprokit.graph.model import name_unnamed_nodes, node_label
 from reprokit.standalone.arrays import save_npz
 
 SKIPPED = "constant folding skipped"
@@ -119,7 +119,8 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
 
 def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights_dir: str | None = None):
     """``run(path, feeds) -> outputs`` on the reference ``spec`` through a worker process; an
-    engine failure raises ReferenceFailure (the caller decides whom it concerns)."""
+    engine failure raises ReferenceFailure (the caller decides whom it concerns). ``run.seconds``:
+    the seconds its runs took so far."""
     counter = [0]
 
     def run(path: str, feeds: dict) -> dict:
@@ -128,6 +129,7 @@ def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights
         os.makedirs(job, exist_ok=True)
         feeds_path = save_npz(os.path.join(job, "feeds.npz"), feeds)
         result = run_in_worker(spec, path, feeds_path, job, timeout=timeout, weights_dir=weights_dir)
+        run.seconds += result.seconds
         if result.status != "ok":
             result.discard()
             raise ReferenceFailure(f"{result.status}: {result.message}")
@@ -135,25 +137,67 @@ def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights
         result.discard()
         return outputs
 
+    run.seconds = 0.0  # the worker processes' seconds: engine time, for the caller's accounts
     return run
 
 
-def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir: str, notes: list[str]):
-    """``--input-shapes``: fold the frozen model when the folded one agrees with it on the
-    reference (``session.prepare``). Returns the model and the file engines load; says in
-    ``notes`` what was done."""
-    frozen = f"froze input shapes {options.input_shapes}"
-    if external_locations(model):
-        notes.append(frozen)
+# Models shrink does not fold by default (their folding changes what the engine is asked to
+# build): Q/DQ pairs on weights would fold into plain float weights, and onnx-graphsurgeon
+# flattens If nodes whose condition is constant (control flow is opened its own way: opening.py).
+_KEPT_UNFOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "If", "Loop", "Scan"})
+NO_FOLD_HINT = "--no-fold-constants reduces the model as given"
+
+
+def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir: str, notes: list[str],
+                  spent: list[float] | None = None):
+    """Fold the model's constants when the folded one agrees with it on the reference
+    (``session.prepare``): the frozen model of ``--input-shapes``, and shrink's model by default
+    (polygraphy's ``surgeon sanitize --fold-constants``; node names stay the user's, so a folded
+    minimal model names the user's nodes). Returns the model and the file engines load — never
+    the user's own file rewritten; says in ``notes`` what was done and adds the check's
+    reference runs' seconds to ``spent`` (engine time, not reprokit's own)."""
+    frozen = f"froze input shapes {options.input_shapes}" if options.input_shapes else ""
+    kept = sorted({n.op_type for n in model.graph.node} & _KEPT_UNFOLDED)
+    if external_locations(model) or (kept and not frozen):
+        if frozen:
+            notes.append(frozen)
         return model, path
     run = reference_runner(options.reference, os.path.join(workdir, "fold-check"), timeout=options.timeout,
                            weights_dir=base_dir)
     result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir)
+    if spent is not None:
+        spent.append(run.seconds)
+    if result.folded and not frozen and _only_constant_nodes(model, result.model):
+        # nothing computed folds, Constant nodes would only become initializers: an engine builds
+        # the same, and the user's Constant node (a clamped -inf, say) stays a node it can name
+        return model, path
+    if result.folded and not frozen and _outputs_folded(model, result.model):
+        # every output constant (a model with no inputs): the engine would compute nothing
+        notes.append(f"{SKIPPED}: it would turn the model's outputs into constants; the model runs unfolded")
+        return model, path
     if result.folded:
-        notes.append(frozen + " and folded constants")
-        return result.model, save_model(result.model, path)
-    notes.append(frozen + (f"; {result.note}" if result.note else ""))
+        before, after = len(model.graph.node), len(result.model.graph.node)
+        notes.append(frozen + " and folded constants" if frozen else
+                     f"constants folded before the survey ({before} → {after} nodes, as polygraphy's surgeon "
+                     f"sanitize --fold-constants does; node names are the model's own): {NO_FOLD_HINT}")
+        return result.model, save_model(result.model, os.path.join(workdir, "prepared.onnx"))
+    if frozen or result.note:
+        notes.append("; ".join(filter(None, [frozen, result.note])))
     return model, path
+
+
+def _only_constant_nodes(before, after) -> bool:
+    """Did folding remove nothing but Constant nodes?"""
+    kept = {n.name for n in after.graph.node}
+    return all(n.op_type == "Constant" for i, n in enumerate(before.graph.node)
+               if node_label(n, i) not in kept)
+
+
+def _outputs_folded(before, after) -> bool:
+    """Did folding turn a graph output some node computed into a constant?"""
+    made = {o for n in before.graph.node for o in n.output}
+    still = {o for n in after.graph.node for o in n.output}
+    return any(o.name in made and o.name not in still for o in after.graph.output)
 
 
 def fold_constants(model):
@@ -183,14 +227,16 @@ def fold_constants(model):
         pass
     try:
         with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
-            named = onnx.ModelProto.FromString(model.SerializeToString())
-            name_unnamed_nodes(named)
-            folded = _gs_fold(gs, named, flatten=True)
-            if not _well_formed(onnx, folded):
-                # gs's flattening of nested If nodes with constant conditions can drop a branch
-                # output (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a
-                # previous node"); folding without flattening still folds the shape arithmetic
-                folded = _gs_fold(gs, named, flatten=False)
+            folded = onnx.ModelProto.FromString(model.SerializeToString())
+            name_unnamed_nodes(folded)
+            # As polygraphy's sanitize: shapes inferred before each pass (gs folds a Shape only
+            # where it knows the shape), passes until nothing more folds — each pass's folded
+            # shapes let the next fold what read them (a Swin export: 3,647 → 1,624 → 960 → 665).
+            for _ in range(FOLD_PASSES):
+                before = len(folded.graph.node)
+                folded = _fold_pass(onnx, gs, folded)
+                if len(folded.graph.node) >= before:
+                    break
     except Exception:  # folding is an optimization: keep the model as it was
         return model
     folded.ir_version = ir_version
@@ -200,6 +246,23 @@ def fold_constants(model):
         folded = onnx.shape_inference.infer_shapes(folded)
     except Exception:
         pass
+    return folded
+
+
+FOLD_PASSES = 8
+
+
+def _fold_pass(onnx, gs, model):
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        pass  # gs folds what it can without the shapes
+    folded = _gs_fold(gs, model, flatten=True)
+    if not _well_formed(onnx, folded):
+        # gs's flattening of nested If nodes with constant conditions can drop a branch output
+        # (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a previous node");
+        # folding without flattening still folds the shape arithmetic
+        folded = _gs_fold(gs, model, flatten=False)
     return folded
 
 

@@ -43,6 +43,7 @@ class Prepared:
     base_dir: str = ""  # where the model's external data files are (weights are not loaded)
     file_nodes: int = 0  # nodes in the user's file, before --input-shapes folded any constants
     samples: list[Feeds] = field(default_factory=list)  # every sample, when --inputs holds several
+    reference_seconds: float = 0.0  # the reference's runs that checked a fold (engine time)
     sample_verdicts: list = field(default_factory=list)  # SampleVerdict per sample
 
 
@@ -79,10 +80,12 @@ class RunOptions:
         return CheckPolicy(regexes, tuple(self.fail_codes), tuple(self.ignore_fail_codes))
 
 
-def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample: bool = False) -> Prepared:
+def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample: bool = False,
+            fold: bool = False) -> Prepared:
     """Load and validate the model, freeze shapes if asked, make or load the feeds.
     ``every_sample``: a multi-sample --inputs without --sample gives ``samples`` (feeds: the
-    first), for callers that judge each one (reprokit/samples.py)."""
+    first), for callers that judge each one (reprokit/samples.py). ``fold``: fold constants even
+    without --input-shapes (shrink's default), checked on the reference like a frozen model's."""
     dims.forget()  # the sizes chosen for this model, named by any error that follows
     model = load_model(model_path, load_weights=False)
     check_valid(model, model_path)  # an invalid model is the user's file's fault, said before any engine runs
@@ -105,10 +108,11 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
     else:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
                              val_ranges=options.val_ranges, hints=dims.metadata_hints(model))
-    if options.input_shapes:  # folded only where the folded model computes the same (one check)
-        model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes)
+    spent: list[float] = []
+    if options.input_shapes or fold:  # folded only where the folded model computes the same (one check)
+        model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes, spent)
     notes.extend(feeds.notes)
-    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples)
+    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples, reference_seconds=sum(spent))
 
 
 def load_ignored(path: str) -> dict[str, np.ndarray]:

@@ -2,8 +2,9 @@
 
 The parent side (:func:`run_in_worker`) never imports an engine. The child side
 (``python -m reprokit.engine.worker JOB_DIR``) builds the backend, runs it and writes ``result.json``
-plus one ``.npy`` per output, so big outputs cross the process boundary through the disk and are
-read back memory-mapped.
+plus every output in ONE file (``engine/tensorfile.py``: a survey pack's thousands of outputs are
+one file, not one ``.npy`` each), so big outputs cross the process boundary through the disk and
+are read back memory-mapped.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from reprokit.engine import enginelog
 from reprokit.engine.backends import create_backend
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.cmd import CmdBackend, CommandCrash
+from reprokit.engine.tensorfile import Entry, Tensors, write_tensors
 from reprokit.errors import EngineUnavailable, ReprokitError
 from reprokit.graph.io import external_locations, stage_external_data
 from reprokit.spec import parse_target
-from reprokit.standalone.arrays import load_npz, restored, storable
+from reprokit.standalone.arrays import load_npz, restored
 from reprokit.standalone.checkpolicy import CheckPolicy
 
 _STDERR_TAIL = 4000
@@ -55,22 +57,7 @@ def load_npy(path: str, note: str | None = None) -> np.ndarray:
     return restored(np.load(path, mmap_mode="r", allow_pickle=False), note)
 
 
-class OutputFiles(Mapping):
-    """An engine call's outputs, one .npy file each, opened (memory-mapped) only when read:
-    a capture of thousands of tensors moves files without opening them."""
-
-    def __init__(self, paths: dict[str, str], dtypes: dict[str, str] | None = None):
-        self.paths = paths
-        self.dtypes = dtypes or {}  # name -> dtype note (arrays.storable), for outputs .npy cannot name
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return load_npy(self.paths[name], self.dtypes.get(name))
-
-    def __iter__(self):
-        return iter(self.paths)
-
-    def __len__(self) -> int:
-        return len(self.paths)
+OUTPUTS_FILE = "outputs.bin"  # every output of one call (engine/tensorfile.py)
 
 
 @dataclass
@@ -174,9 +161,8 @@ def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float) -> W
         return WorkerResult("crash", message=message, log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
     with open(result_path) as handle:
         result = json.load(handle)
-    outputs = OutputFiles({entry["name"]: os.path.join(job_dir, entry["file"])
-                           for entry in result.get("outputs", [])},
-                          {entry["name"]: entry["dtype"] for entry in result.get("outputs", []) if entry.get("dtype")})
+    outputs = Tensors(os.path.join(job_dir, OUTPUTS_FILE),
+                      {entry["name"]: Entry.from_json(entry) for entry in result.get("outputs", [])})
     return WorkerResult(
         result["status"],
         outputs=outputs,
@@ -230,16 +216,8 @@ def _child(job_dir: str) -> int:
             run = backend.run(model_path, feeds, job["outputs"])
         finally:
             shutil.rmtree(os.path.join(job_dir, "staged"), ignore_errors=True)
-        entries = []
-        for index, (name, value) in enumerate(_tensors(run.outputs)):
-            file = f"out{index:05d}.npy"
-            array, note = storable(np.asarray(value))  # the same rule as every .npz reprokit writes
-            entry = {"name": name, "file": file}
-            if note:
-                entry["dtype"] = note
-            np.save(os.path.join(job_dir, file), array, allow_pickle=False)
-            entries.append(entry)
-            del value, array  # the next output's copy does not join this one
+        written = write_tensors(os.path.join(job_dir, OUTPUTS_FILE), _tensors(run.outputs))
+        entries = [{"name": name, **entry.to_json()} for name, entry in written.items()]
         result.update(outputs=entries, meta=run.meta, log=run.log if len(run.log) <= _STDERR_TAIL else _whole_lines(run.log[-_STDERR_TAIL:]))
     except CommandCrash as exc:
         result = {"status": "crash", "message": exc.message, "meta": {"signal": exc.signal_name}}

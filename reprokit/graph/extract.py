@@ -49,7 +49,6 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
     ``check=False`` skips shape inference and the checker (members of a pack, checked once as
     a whole).
     """
-    import onnx
     from onnx import helper, numpy_helper
 
     keep = sorted(keep)
@@ -59,7 +58,11 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
     for i in keep:
         for tensor in index.node_inputs[i]:
             consumed.setdefault(tensor, None)
-    graph = onnx.GraphProto(name="reprokit_subgraph")
+    # built in place in its model: helper.make_model copies a graph it is given, weights and all
+    # (20 s of a 3,647-node Swin shrink's 47 s of extraction)
+    sub = _empty_like(model)
+    graph = sub.graph
+    graph.name = "reprokit_subgraph"
     graph.node.extend(model.graph.node[i] for i in keep)
     conditions = if_conditions(graph.node)
     new_feeds: dict[str, np.ndarray] = {}
@@ -109,11 +112,18 @@ def extract(model, index: GraphIndex, keep, store, *, feeds: dict | None = None,
             graph.output.append(index.value_info[tensor])
         else:
             graph.output.append(helper.make_empty_tensor_value_info(tensor))
-    sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
-                            producer_name="reprokit")
-    sub.functions.extend(model.functions)
     del kept
     return Extraction(finalize(sub) if check else sub, new_feeds, outputs)
+
+
+def _empty_like(model):
+    """A model with ``model``'s IR version, opsets and local functions and an empty graph."""
+    import onnx
+
+    made = onnx.ModelProto(ir_version=model.ir_version, producer_name="reprokit")
+    made.opset_import.extend(model.opset_import)
+    made.functions.extend(model.functions)
+    return made
 
 
 def _known_dims(index: GraphIndex, tensor: str, shape: tuple) -> list:

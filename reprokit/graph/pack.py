@@ -61,6 +61,15 @@ def feed_key(value) -> tuple:
     return (*where, array.shape, array.strides, array.dtype.str)
 
 
+def weight_key(init) -> tuple:
+    """What an initializer holds, for telling two copies of one weight apart from two weights of
+    one name (a shape try's cropped copy): type, dims and a digest of its bytes."""
+    import hashlib
+
+    data = init.raw_data if init.raw_data else init.SerializeToString()
+    return init.data_type, tuple(init.dims), hashlib.blake2b(data, digest_size=16).digest()
+
+
 def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: bool = False,
                share_feeds: bool = False) -> Pack:
     """One model holding every extraction as its own copy. ``keep_node_names`` requires the
@@ -69,15 +78,24 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
     target that selects nodes by name, ``fp32-nodes=``, must find them in every copy).
     ``share_feeds`` (only for engines that run every node as written, never with
     ``keep_node_names``): members whose feeds hold the same data (:func:`feed_key`) read one
-    graph input, so the engine holds that data once instead of once per member."""
+    graph input, so the engine holds that data once instead of once per member; and members
+    reading the same weight (its name and bytes) read one initializer: the pack's file holds
+    the model's weights once, not once per member that reads them (a Swin survey wrote and
+    serialized gigabytes of copies). Never with ``same_node_names``: an emulated ``fp32-nodes=``
+    decides a weight's type from all its readers."""
     import onnx
-    from onnx import helper
 
-    graph = onnx.GraphProto(name="reprokit_pack")
+    # built in place in its model: helper.make_model copies a graph it is given, every member's
+    # weights included
+    model = onnx.ModelProto(producer_name="reprokit")
+    graph = model.graph
+    graph.name = "reprokit_pack"
     feeds: dict[str, np.ndarray] = {}
     members: list[Member] = []
     taken = FreshNames()
     shared: dict[tuple, str] = {}  # feed_key -> the packed input holding it (share_feeds)
+    share_weights = share_feeds and not keep_node_names and not same_node_names
+    weights: dict[tuple, str] = {}  # (name, weight_key) -> the packed initializer holding it
     counts: dict[str, int] = {}
     if keep_node_names:  # a tensor name appearing in two members gets a copy per member
         for ext in extractions:
@@ -101,6 +119,16 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
                         reused.add(value.name)
                     else:
                         shared[key] = mapping[value.name]
+        own_weights = list(sub.initializer)
+        if share_weights:
+            own_weights = []
+            for init in sub.initializer:
+                key = (init.name, weight_key(init))
+                if key in weights:
+                    mapping[init.name] = weights[key]
+                else:
+                    weights[key] = mapping[init.name]
+                    own_weights.append(init)
         for node in sub.node:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
@@ -111,7 +139,7 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
             for body in bodies(copy):
                 rename_outer_refs(body, mapping, set())
             graph.node.append(copy)
-        for init in sub.initializer:
+        for init in own_weights:
             copy = onnx.TensorProto()
             copy.CopyFrom(init)
             copy.name = mapping.get(init.name, init.name)
@@ -134,7 +162,8 @@ def build_pack(extractions: list, *, keep_node_names: bool, same_node_names: boo
             outputs[copy.name] = value.name
         members.append(Member(outputs, len(sub.node)))
     opsets, ir_version, functions = declared([ext.model for ext in extractions])
-    model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version, producer_name="reprokit")
+    model.ir_version = ir_version
+    model.opset_import.extend(opsets)
     model.functions.extend(functions)
     return Pack(model, feeds, members)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from reprokit.engine.layerwise import divergence_start
 from reprokit.engine.session import make_oracle
-from reprokit.graph.io import save_model, weight_bytes
+from reprokit.graph.io import load_model, save_model, weight_bytes
 from reprokit.graph.model import node_label, node_labels
 from reprokit.shrink import pipeline, precision
 from reprokit.shrink.budget import SHARED_FEEDS_RUNS
@@ -62,8 +62,12 @@ def finish_accumulated(run, reducer, writer, verdict) -> tuple[str, str]:
             f"mismatch on its own ({found['diverging_alone']} of {found['nodes_judged_alone']} nodes exceed the "
             "tolerance alone); see `attribution` for the layers that contribute most; " + advice)
     if window is not None:
+        anchor = window["anchor"]
+        where = (f": nodes {anchor['first']}–{anchor['last']} of the file's {anchor['of']}"
+                 if anchor.get("first") is not None and anchor.get("last") is not None else "")
         note += (f"; the smallest window that still drifts on its own: {window['nodes']} of {window['of']} nodes "
-                 f"({window['first']} … {window['last']}, error {_num(window['error'])}), written as window.onnx")
+                 f"({window['first']} … {window['last']}{where}, error {_num(window['error'])}), written as "
+                 "window.onnx")
     if reducer.stopped:
         note += ("; stopped at the call budget before the drift window was found: `--resume` with a larger "
                  "--max-calls (0: no limit) continues")
@@ -109,13 +113,26 @@ def _drift_window(run, reducer, label) -> dict | None:
     np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
     np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
     order = reducer.ordered(found.nodes)
+    first, last = label(order[0]), label(order[-1])
     return {"path": path, "inputs": os.path.join(run.out_dir, "window_inputs.npz"), "nodes": len(found.nodes),
             "of": found.of, "share": round(len(found.nodes) / found.of, 4), "start": found.start,
-            "first": label(order[0]), "last": label(order[-1]), "error": error,
+            "first": first, "last": last, "anchor": file_anchor(run, first, last), "error": error,
             "tolerance": reducer.oracle.criterion.tolerance, "verdict": said, "judged": judged,
             "outputs": list(window.outputs),
             # pack judges the window's outputs in the steps this run judged them in (a quantized model)
             "quant_steps": run.oracle.quant.recorded(window.outputs) if run.oracle.quant is not None else None}
+
+
+def file_anchor(run, first: str, last: str) -> dict:
+    """Where the window lies in the user's own file: its first and last node's 0-based positions
+    among the file's top-level nodes (``node_label``: names, ``OP_INDEX`` for unnamed ones). Unlike
+    ``start`` and ``of`` (positions in the order the search cut, after folding and --input-shapes
+    removed nodes), this anchor does not move with --input-shapes or folding: the file is the
+    same file. None where a node is not in the file (an opened If's inlined nodes)."""
+    given = load_model(run.options.reference_model or run.model_path, load_weights=False)
+    where = {node_label(node, i): i for i, node in enumerate(given.graph.node)}
+    return {"of": len(given.graph.node), "first": where.get(first), "last": where.get(last),
+            "order": "the user's file's top-level node order"}
 
 
 def _tested_workaround(run, reducer, label) -> dict:

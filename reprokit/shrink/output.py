@@ -105,7 +105,10 @@ class _BestWriter:
             found["why"] = ("control flow opened (If nodes inlined, Loops unrolled, as the feeds run them): "
                             "shrink counts the nodes that were inside" if self.given_nodes is not None else
                             "--input-shapes froze the dynamic dims and folded the constants that depended on "
-                            "them: shrink starts from the folded model")
+                            "them: shrink starts from the folded model" if self.options.input_shapes else
+                            "constants folded before the survey (polygraphy's surgeon sanitize --fold-constants): "
+                            "shrink starts from the folded model, node names the model's own; "
+                            "--no-fold-constants reduces the model as given")
         return found
 
     def write_summary(self, reducer, status, *, final_verdict=None, note: str = "", attribution=None):

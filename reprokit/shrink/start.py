@@ -55,8 +55,10 @@ class _Run:
 
 
 def open_run(model_path, target, out_dir, options, resume, event, clock, run_args=(), search=None) -> _Run:
-    """State folder, oracle, model and feeds. The model is reduced exactly as given (constants
-    are folded per candidate, never before the confirming call)."""
+    """State folder, oracle, model and feeds. Constant subgraphs are folded first, as polygraphy's
+    ``surgeon sanitize --fold-constants`` does (``search["fold_constants"]``, on by default; the
+    folded model is used only when the reference computes the same with it, and keeps the user's
+    node names); the confirming call then judges the folded model the search reduces."""
     started = time.monotonic()
     state_dir = os.path.join(out_dir, STATE_DIR)
     if not resume and os.path.exists(os.path.join(state_dir, "journal.jsonl")):
@@ -71,7 +73,9 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     oracle = make_oracle(target, options, os.path.join(state_dir, "calls"), target_model=converted)
     check_target_nodes(judged, target)
     admit_target(model_path, target)
-    prepared = prepare(judged, options, state_dir, every_sample=True)
+    fold = (search or {}).get("fold_constants", True) and not converted and parse_target(target).engine != "cmd"
+    prepared = prepare(judged, options, state_dir, every_sample=True, fold=fold)
+    oracle.stats.reference_seconds += prepared.reference_seconds  # the fold's check ran the reference
     if converted:
         prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
     _check_same_run(state_dir, model_path, user_target, options, prepared.feeds.arrays, oracle, resume, run_args,
@@ -84,10 +88,10 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     models_dir = os.path.join(state_dir, "models")
     os.makedirs(models_dir, exist_ok=True)
     model = prepared.model
-    if parse_target(target).has("fp32-nodes"):
-        # fp32-nodes may name an unnamed node by its OP_INDEX in the user's file; a candidate
-        # is another file with other positions, so every node carries its label from here on.
-        name_unnamed_nodes(model)
+    # An unnamed node is named by its OP_INDEX in the user's file (fp32-nodes= names it so); a
+    # candidate is another file with other positions, so every node carries its label from here
+    # on, and the minimal model and the summary name the user's node (folding named them first).
+    name_unnamed_nodes(model)
     choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
     given = model
     clock.begin("opening")

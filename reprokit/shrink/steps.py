@@ -85,12 +85,14 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
            on_event=None, limits: Limits | None = None, pack_candidates: bool = True,
            search_accumulated: bool = False, accept_milder: bool = False, keep_inputs: bool = False,
            keep_outputs: bool = False, shrink_shapes: bool = True, clock: StepClock | None = None,
-           run_args: tuple = ()) -> ShrinkResult:
+           run_args: tuple = (), fold_constants: bool = True) -> ShrinkResult:
     """Reduce ``model_path`` to a minimal model that shows the same divergence under ``target``.
     The steps: open the run, capture, confirm, reduce (reduce/pipeline.py), finish. ``clock``
     (the CLI's, started with the process) times the steps; by default they start here. ``run_args``:
     the command's own options (--max-calls, --no-pack …) as arguments, kept in run.json so that
-    ``--resume`` continues with every option of the run."""
+    ``--resume`` continues with every option of the run. ``fold_constants``: the model's constant
+    subgraphs are folded (checked on the reference) before anything is judged, node names kept
+    (``engine/folding.py``); False reduces the model exactly as given."""
     options = options or RunOptions()
     limits = limits or Limits()
     check_budget(target, limits.max_calls, replays, resume)
@@ -99,7 +101,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     # what steers the search: a resumed run replays journaled verdicts of a search made under these
     search = {"localize": localize_first, "pack": pack_candidates, "search_accumulated": search_accumulated,
               "accept_milder": accept_milder, "keep_inputs": keep_inputs, "keep_outputs": keep_outputs,
-              "shrink_shapes": shrink_shapes}
+              "shrink_shapes": shrink_shapes, "fold_constants": fold_constants}
     run = open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args,
                     search)
     run.shrink_shapes = shrink_shapes
