@@ -234,7 +234,8 @@ def print_attribution(result) -> None:
         out.print(f"  fp32       keep these in fp32 (untested as a set): fp32-nodes={found['fp32_nodes']}"
                   + (f" — {tested['note']}" if tested.get("note") else ""))
     out.print(f"  wrote      {os.path.join(result.out_dir, 'summary.json')} (attribution: top, cumulative)"
-              + (f", {s['report']} (the whole model; ISSUE.md with the attribution)" if s.get("report") else ""))
+              + (f", {s['report']} ({s.get('report_holds', 'the whole model')}; ISSUE.md with the attribution)"
+                 if s.get("report") else ""))
     for note in result.notes[:-1]:
         out.print(f"  [yellow]note[/]       {note}")
 

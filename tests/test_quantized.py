@@ -445,6 +445,7 @@ def test_an_accumulated_quantized_run_packs_its_drift_window_judged_in_the_shrin
         packed = onnx.load_from_string(tar.extractfile(member).read())
         issue = next(tar.extractfile(m) for m in tar.getmembers() if m.name.endswith("/ISSUE.md")).read().decode()
     assert len(packed.graph.node) == window["nodes"] < 222  # the window travels, not the whole model
+    assert summary["report_holds"] == "the drift window"  # and summary/console say which travelled
     assert "in quantization steps where the model quantizes the output" in issue  # not "against 0.0001"
     verified = cli("verify", str(out / "report.tar.gz"), timeout=300)
     assert verified.returncode == 1 and "REPRODUCES" in verified.stdout

@@ -349,7 +349,7 @@ def _audit_and_pack(result, model, target, options, out_dir: str, progress, cloc
         result.notes.append(f"audit: {out_dir}/audit/audit.html"
                             + (f"; smallest workaround: {found['change']} ({found['setting']})" if found else ""))
     if not no_pack and accumulated:  # the whole model is the repro; ISSUE.md gets the attribution
-        progress("packing the report archive (the whole model, with the attribution)")
+        progress("packing the report archive (the drift window, else the whole model; with the attribution)")
         clock.begin("pack")
 
         packed = pack_accumulated(result, model, target, options, fmt=fmt, redact=redact, on_event=progress)

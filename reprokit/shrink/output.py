@@ -253,6 +253,7 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
                           options=replace(options, inputs=window["inputs"], sample=None, input_shapes={},
                                           val_ranges={}, quant_steps=window.get("quant_steps")),
                           fmt=fmt, redact=redact, context=context, on_event=on_event)
+            result.summary["report_holds"] = "the drift window"
             return _record_report(result.out_dir, result.summary, packed)
         except NothingToReduce as exc:
             # judged alone, the window can fall within the tolerance (a run before the window
@@ -275,6 +276,7 @@ def pack_accumulated(result, model_path: str, target: str, options: RunOptions, 
         return None
     packed = pack(model_path, target, os.path.join(result.out_dir, f"report.{fmt}"), options=options, fmt=fmt,
                   redact=redact, context={"attribution": result.summary["attribution"]}, on_event=on_event)
+    result.summary["report_holds"] = "the whole model"
     return _record_report(result.out_dir, result.summary, packed, result.clock)
 
 
