@@ -138,6 +138,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=cuda_missing()))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown to pytest without it
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` (pytest-xdist; .ci/run uses ``-n 2``) without ``--dist``: whole files go to one
+    worker, the files with the most tests first. xdist's default spreads a file's tests over every
+    worker, so each would build that file's module-scoped fixtures (shrinks, packs, exports)
+    again; a ``--dist`` the user names is theirs."""
+    named = [
+        *config.invocation_params.args,
+        *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+        *config.getini("addopts"),
+    ]
+    if any(arg == "-d" or arg.startswith("--dist") for arg in named):
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    return LoadFileScheduling(config, log)
+
+
 @pytest.fixture
 def ov_bf16():
     reason = openvino_bf16_missing()

@@ -31,10 +31,10 @@ def test_readme_setup_commands_are_the_ones_ci_runs():
     first, second = block
     assert first.endswith("reprokit shrink samples/attention_softmax_nan.onnx --target emulate:fp16 -o out/")
     assert "pip install -e '.[openvino]'" in first
-    assert second.endswith("pip install -e '.[test]' && python -m pytest -q")
+    assert second.endswith("pip install -e '.[test]' && python -m pytest -q -n 2")
     ci = (REPO / ".ci" / "run").read_text()
-    assert "pip install -q -e '.[test]'" in ci and "\npython -m pytest -q\n" in ci
-    assert "1091 s" in text  # the test command's time as CI measured it, not a hopeful guess
+    assert "pip install -q -e '.[test]'" in ci and "\npython -m pytest -q -n 2\n" in ci
+    assert "1773 s" in text  # the test command's time as CI measured it, not a hopeful guess
     assert os.path.exists(REPO / "samples" / "attention_softmax_nan.onnx")
 
 
