@@ -138,7 +138,29 @@ def fail(message: str, hint: str | None, code: int, details: dict | None = None)
         click.echo(f"  {line.strip()}", err=True)
     if hint:
         click.echo(f"Hint: {hint}", err=True)
+    if code == ExitCode.INTERRUPTED:
+        _exit_within(_EXIT_GRACE_S, int(code))
     sys.exit(int(code))
+
+
+_EXIT_GRACE_S = 15.0
+
+
+def _exit_within(seconds: float, code: int) -> None:
+    """An interrupted run ends within ``seconds`` whatever the interpreter's shutdown meets: a
+    burst of Ctrl-Cs can cut a thread pool's shutdown half-way (verify --versions under load:
+    an idle pool worker never told to stop, the main thread joining it at exit for ever). The
+    exit handlers (temporary folders) get their chance first; a daemon thread still runs while
+    the interpreter waits on the others, and ends the process with the same code."""
+    import threading
+
+    def watchdog():
+        time.sleep(seconds)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    threading.Thread(target=watchdog, name="reprokit-exit-watchdog", daemon=True).start()
 
 
 def main(argv=None) -> None:
