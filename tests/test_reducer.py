@@ -239,7 +239,7 @@ class FakePackReducer(FakePredicateReducer):
         self.calls += 1
         return super()._evaluate(nodes)
 
-    def _evaluate_pack(self, candidates, *, stop_at_hit=False):
+    def _evaluate_pack(self, candidates, *, stop_at_hit=False, speculative=None):
         self.calls += 1
         return [self.record(c, Outcome(bool(self.predicate(c)), "mismatch" if self.predicate(c) else "agree",
                                        "", None, packed=True)) for c in candidates]

@@ -176,6 +176,9 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         cli.main(args=args, prog_name="reprokit", standalone_mode=False)
+        if _SIGNALLED:  # an interrupt some library swallowed (an extension's import turned it into an
+            # ImportError a fingerprint took for "not installed"): still an interrupt, never exit 0
+            fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
     except SystemExit:
         raise
     except ReprokitError as exc:
