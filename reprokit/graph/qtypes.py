@@ -65,9 +65,7 @@ def qdq_types(model) -> frozenset[str]:
 FLOAT8 = FLOAT8_FORMATS
 
 
-def float8_spacing(kind: str, value: float) -> float:
-    """The spacing of the FP8 format ``kind``'s grid at magnitude ``value`` (in units of the scale)."""
-    return grid_spacing(kind, value)
+float8_spacing = grid_spacing  # the spacing of an FP8 format's grid at a magnitude (scale units)
 
 
 _RANGES = {

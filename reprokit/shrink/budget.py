@@ -64,7 +64,7 @@ def packs_share_feeds(target: str) -> bool:
     return backend_class(spec.engine)(spec).runs_nodes_as_written
 
 
-def default_replays(target: str, *, numeric: bool = False) -> tuple[int, int]:
+def default_replays(target: str) -> tuple[int, int]:
     """Extra runs of (the original, the result) when the user gives no --replays: none for a
     deterministic engine; for others the original once (a flaky target is caught before any
     reduction; for a group-tested check command that run is the pack calibration, no call of its
@@ -76,9 +76,8 @@ def default_replays(target: str, *, numeric: bool = False) -> tuple[int, int]:
     probability p whatever the model gets there with probability at most p^4 once it reached a
     result (a search that met a contradiction earns the result two more runs, steps.shrink:
     p^6). bench_passfail.py --flaky-only measures it. A check command whose outputs are judged
-    (``numeric``: it wrote them and the original's showed a numeric divergence) is replayed as a
-    built-in engine is: reprokit compares every member's numbers, and the result was seen failing
-    in the survey's pack and in the shapes ladder's before its judgement alone."""
+    (numeric) gets the same one replay of the result: its shapes ladder's pack that judged the crop
+    is that run, as for a built-in engine that is not deterministic."""
     spec = parse_target(target)
     if backend_class(spec.engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
         return 0, 0

@@ -123,7 +123,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     asked = _Asked(model_path, out_dir, options, clock, limits, jobs, original_replays, minimal_replays,
                    pack_candidates, localize_first, search_accumulated, accept_milder, keep_inputs, keep_outputs,
                    shrink_shapes, resume, share_feeds,
-                   weights_fit=weights <= limits.pack_memory_bytes // 2, replays_asked=replays is not None)
+                   weights_fit=weights <= limits.pack_memory_bytes // 2)
     fold = can_fold(run, replays=original_replays, packing=pack_candidates, localize=localize_first, resume=resume,
                     weights_fit=asked.weights_fit)
     try:
@@ -155,7 +155,6 @@ class _Asked:
     resume: bool
     share_feeds: bool
     weights_fit: bool  # a copy of the model's weights fits a pack beside the other members
-    replays_asked: bool = False  # --replays given: the defaults (budget.default_replays) do not apply
 
 
 # The signature a folded confirmation's reducer is built with: no candidate is judged under it
@@ -206,8 +205,6 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
                              "and the run went on as one confirmed alone")
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd, pre)
-    if cmd and reducer.packing == "numeric" and not asked.replays_asked:
-        minimal_replays = default_replays(run.target, numeric=True)[1]
     # the auto budget reserves one call less where the replay (or a folded confirmation) rides
     # along: the pack is a call anyway
     max_calls = (auto_call_budget(original_nodes, original_replays - (folded or fold) + minimal_replays) + opening_calls
