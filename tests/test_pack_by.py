@@ -3,9 +3,9 @@
 
 The same bundled sample is shrunk twice with the real fp16 emulator, once packed by count (the
 emulator's default: one survey pack holding every single, the producer→consumer pairs, the
-marked layerwise copy and the original) and once by build cost (the singles in graph-order
-chunks that stop at the first hit, no riders that do not pay, the marked copy only where no
-single answers). Both must keep the same nodes; the build-cost run must build fewer nodes, and
+marked layerwise copy and the original) and once by build cost (the singles in chunks that stop
+at the first hit — the nodes where an fp16 overflow or underflow is born first, then graph order —
+no riders that do not pay, the marked copy only where no single answers). Both must keep the same nodes; the build-cost run must build fewer nodes, and
 summary.json's ``build_work.by_kind`` must say where they went.
 """
 
@@ -64,6 +64,48 @@ def test_build_cost_policy_builds_less_and_keeps_the_answer(tmp_path, name, sing
         kind.endswith("rider") and kind.startswith("survey") for kind in costed["by_kind"]
     )
     assert ("survey: marked copy" in costed["by_kind"]) is not single_answers, costed["by_kind"]
+
+
+# polygraphy debug reduce on log_div_underflow (bench/results/shrink.md: its calls and nodes built are
+# deterministic, the same in every run): 12 builds, 204 nodes built in all.
+POLYGRAPHY_LOG_DIV = (12, 204)
+
+
+def test_log_div_costs_no_more_than_polygraphy(tmp_path):
+    """log_div_underflow (fp16 emulator, real model): no node shows the Inf alone. The survey asks
+    only the node where the underflow is born (Pow: its reference output flushes to zero in fp16),
+    then the marked copy's anchor leads localize to the same 3-node path packing by count keeps —
+    without every single and every pair asked first (13 calls, 498 nodes before: 2.2x polygraphy's
+    estimated build seconds)."""
+    by_cost = _shrink("log_div_underflow", tmp_path / "cost", "build-cost")
+    assert by_cost["status"] == "done"
+    assert sorted(by_cost["minimal"]["node_names"]) == [
+        "energy/log",
+        "energy/pow",
+        "energy/reduce_mean",
+    ]
+    assert by_cost["one_minimal"] is True
+    calls, nodes = by_cost["calls"]["target"], by_cost["build_work"]["nodes_built"]
+    assert TENSORRT.seconds(calls, nodes) <= TENSORRT.seconds(*POLYGRAPHY_LOG_DIV), (calls, nodes)
+    by_kind = by_cost["build_work"]["by_kind"]
+    assert by_kind["survey: asked"] == 1 and "pairs: asked" not in by_kind, by_kind
+
+
+@pytest.mark.parametrize(
+    "name, fault",
+    [
+        ("attention_softmax_nan", "layer2/self0/attn/qk_matmul"),
+        ("layernorm_overflow", "middle1/norm2/pow"),
+    ],
+)
+def test_build_cost_survey_asks_the_overflow_first(tmp_path, name, fault):
+    """The node whose reference output overflows fp16 is asked first, in the original's own call:
+    the survey builds one candidate node, not a graph-order chunk after chunk up to the fault."""
+    by_cost = _shrink(name, tmp_path / "cost", "build-cost")
+    assert by_cost["minimal"]["node_names"] == [fault]
+    by_kind = by_cost["build_work"]["by_kind"]
+    assert by_kind["survey: asked"] == 1 and "survey: marked copy" not in by_kind, by_kind
+    assert by_cost["steps"][[s["step"] for s in by_cost["steps"]].index("survey")]["calls"] == 1
 
 
 def test_chunk_size_is_the_expected_cost_minimum():

@@ -39,6 +39,22 @@ class BuildCost:
         best = max(1, round(math.sqrt(max(1, total) * self.per_call_s / self.per_node_s)))
         return best if calls is None else max(best, -(-total // max(1, calls)))
 
+    def chunks(self, total: int, calls: int | None = None) -> tuple[int, bool]:
+        """(the first chunk's candidate nodes, whether each next chunk doubles) for a sequence of
+        ``total`` nodes judged until its first hit in at most ``calls`` chunks. Chunks of
+        :meth:`chunk_nodes` where the calls suffice; where the budget would make every chunk larger,
+        the first keeps that size and each next one doubles (about log2 of total/first chunks): a
+        hit early in the order — births first, pairs likeliest first, rungs smallest first — then
+        costs one small chunk, not a budget-sized one (PP-OCRv4 rec's pairs: 230 nodes built for
+        the 11th pair), and a sequence without a hit costs fewer calls. Where even doubling needs
+        more calls than ``calls``, chunks of total/calls."""
+        best = self.chunk_nodes(total)
+        if calls is None or -(-total // best) <= calls:
+            return best, False
+        if math.ceil(math.log2(total / best + 1)) <= calls:
+            return best, True
+        return self.chunk_nodes(total, calls), False
+
 
 # TensorRT-RTX 1.7.1.116 on an H100, fp32, strongly typed (bench/results/buildcost/rtx_h100.jsonl,
 # bench/trt_buildcost_fit.py): a one-node build 13.5 ms (median of 72), then 3.07 ms a node.

@@ -185,8 +185,8 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
         else:
             members.append(Member(cand, sub, role="speculative" if cand in speculative else ""))
     # by build cost, a sequence that stops at its first hit is judged in chunks (buildcost.py)
-    chunk = reducer.chunk_nodes(candidates) if stop_at_hit else None
-    groups = fit(reducer, members, chunk_nodes=chunk)
+    chunk = reducer.chunks(candidates) if stop_at_hit else None
+    groups = fit(reducer, members, chunks=chunk)
     asked = set(candidates)
     ride_along(reducer, groups, reducer.take_speculative_members(),
                _rider_members(reducer, [(c, q) for c, q in reducer.take_riders() if c not in asked]))
@@ -225,8 +225,8 @@ def judge_members(reducer, members: list[Member], *, stop_at_hit: bool = False) 
     alone, in order, until one shows the signature (the ones after it stay None)."""
     if reducer.packing == "numeric" and len(members) > 1:
         found: dict[int, Outcome] = {}
-        chunk = reducer.chunk_nodes([m.nodes or () for m in members]) if stop_at_hit else None
-        for group in fit(reducer, members, chunk_nodes=chunk):
+        chunk = reducer.chunks([m.nodes or () for m in members]) if stop_at_hit else None
+        for group in fit(reducer, members, chunks=chunk):
             _carry_pending_replay(reducer, group)  # the shapes ladder carries the original's replay
             outcomes = _run_numeric_pack(reducer, group)
             found.update((id(m), o) for m, o in outcomes.items())

@@ -95,17 +95,19 @@ class Room:
         self.feeds.update(cost[1])
 
 
-def fit(reducer, members: list[Member], *, chunk_nodes: int | None = None) -> list[list[Member]]:
+def fit(reducer, members: list[Member], *, chunks: tuple[int, bool] | None = None) -> list[list[Member]]:
     """Split members into packs under the byte (memory) and node limits, the bytes spread evenly
     over as many packs as the byte limit needs: an engine's peak follows a pack's data, so two
     halves peak lower than a full pack and its remainder. Members that fit one pack stay one.
-    ``chunk_nodes``: a pack also closes once its candidates hold this many nodes (a sequence that
-    stops at its first hit, packed by build cost: buildcost.BuildCost.chunk_nodes)."""
+    ``chunks``: (nodes, doubling): a pack also closes once its candidates hold this many nodes,
+    twice as many in each next pack where doubling (a sequence that stops at its first hit,
+    packed by build cost: buildcost.BuildCost.chunks)."""
     costs = [(member_cost(reducer, m), len(m.sub.model.graph.node)) for m in members]
     whole = Room()
     for cost, many in costs:
         whole.add(cost, many)
     even = whole.bytes / max(1, -(-whole.bytes // reducer.pack_bytes))
+    chunk_nodes, doubling = chunks if chunks is not None else (None, False)
     groups, current, room, asked = [], [], Room(), 0
     for member, (cost, many) in zip(members, costs):
         if current and (room.bytes + room.weight(cost) > reducer.pack_bytes
@@ -113,6 +115,8 @@ def fit(reducer, members: list[Member], *, chunk_nodes: int | None = None) -> li
                         or (chunk_nodes is not None and asked >= chunk_nodes)):
             groups.append(current)
             current, room, asked = [], Room(), 0
+            if doubling and chunk_nodes is not None:
+                chunk_nodes *= 2
         current.append(member)
         room.add(cost, many)
         if member.nodes is not None and not member.replay:

@@ -92,8 +92,11 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
                 reducer.begin("pairs")
                 # packed by build cost no pair rode in the survey: the pairs are asked here, likeliest
                 # first in chunks that stop at the first hit, so the answer is the one packing by
-                # count takes from its riders (a pair before any region localize grows)
-                found = survey.pairs(reducer, known_only=reducer.build_cost is None)
+                # count takes from its riders (a pair before any region localize grows) — unless the
+                # survey stopped at the births of a NaN/Inf (survey._by_cost): localize starts there
+                found = survey.pairs(reducer, known_only=reducer.build_cost is None or not survey.complete(reducer))
+            if not found and numeric:
+                survey.anchor_now(reducer)  # packed by build cost the marked copy waits for this
             if not found and numeric and _born_somewhere(reducer):
                 reducer.begin("localize")
                 survey.ride_pairs(reducer)

@@ -382,14 +382,14 @@ class Reducer:
             return None
         return max(0, self.budget - self.spent - self.held())
 
-    def chunk_nodes(self, candidates) -> int | None:
-        """Packed by build cost: candidate nodes per call of a sequence judged until its first hit
-        (buildcost.BuildCost.chunk_nodes), spending at most half the calls the budget leaves;
-        None packs by count (as few calls as the limits allow)."""
+    def chunks(self, candidates) -> tuple[int, bool] | None:
+        """Packed by build cost: (candidate nodes in the first call of a sequence judged until its
+        first hit, whether each next call's doubles: buildcost.BuildCost.chunks), spending at most
+        half the calls the budget leaves; None packs by count (as few calls as the limits allow)."""
         if self.build_cost is None:
             return None
         left = self.calls_left()
-        return self.build_cost.chunk_nodes(sum(len(c) for c in candidates), None if left is None else max(1, left // 2))
+        return self.build_cost.chunks(sum(len(c) for c in candidates), None if left is None else max(1, left // 2))
 
     def charge(self, calls: int = 1) -> None:
         """Before an engine call: stop at the budget. The call is counted by ``note_call``."""

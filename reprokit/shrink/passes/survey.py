@@ -56,15 +56,13 @@ def run(reducer, *, layerwise: bool) -> bool:
         reducer.isolated.update({i: o for i in order if (o := reducer.cached(_region(reducer, i))) is not None})
         return _accept(reducer, candidates, hit)
     if by_cost:
-        # Packed by build cost (--pack-by build-cost): the singles in graph-order chunks that stop at
-        # the first hit, no pair riding, and the marked copy (as big as the model) built only where
-        # no single answers — the later steps need its anchors then.
-        outcomes = reducer.verdicts(singles, stop_at_hit=True)
-        reducer.isolated.update({i: o for i, o in zip(order, outcomes) if o is not None})
-        hit = next((k for k, o in enumerate(outcomes) if o is not None and o.interesting), None)
-        if hit is None and layerwise and saved is None:
-            reducer.want_layerwise = True
-            reducer.verdicts([])
+        # Packed by build cost (--pack-by build-cost): the singles in chunks that stop at the first
+        # hit, where a value the target cannot hold is born first (_by_cost), no pair riding, and
+        # the marked copy (as big as the model) not built here: where no single answers, the
+        # pairs step asks the pairs first, and only a step after it needs the anchors (anchor_now)
+        hit = _by_cost(reducer, order, singles)
+        if saved is None:
+            return _accept(reducer, candidates, hit)
     elif reducer.packing == "numeric":
         # every producer→consumer pair rides in the same call while the pack limits allow: when no
         # node shows the signature alone, the pairs step then costs no call (issue 25: ≤ 4 calls)
@@ -94,6 +92,64 @@ def run(reducer, *, layerwise: bool) -> bool:
             reducer.accept(together, "nodes that fail only together (group testing)")
         return False  # a union that fails alone, not a minimal one: the conflict search goes on from it
     return _accept(reducer, candidates, hit)
+
+
+def _by_cost(reducer, order: list[int], singles: list[frozenset]) -> int | None:
+    """The singles packed by build cost; the position of the one accepted, or None. First the
+    nodes where a value the target's storage cannot hold is born (:func:`born_here`: an overflow,
+    a flush to zero, read from the reference's own values, no call): they are where a NaN/Inf or
+    a mismatch most often starts, and on every bundled sample and planted case one of them is the
+    answer — asked first, the hit costs a chunk of a few nodes, not half the model. Then the rest
+    in graph order. A NaN/Inf that none of those births shows alone is no single node's: the rest
+    is not asked (every node alone costs as much as the model), the marked copy's anchor leads
+    localize (the path from the birth to where the NaN/Inf shows) and ddmin proves the result
+    1-minimal. Within each group the earliest hit in graph order wins, as packing by count takes it."""
+    born = [k for k, i in enumerate(order) if born_here(reducer, i)]
+    first = set(born)
+    hit = None
+    for group in (born, [k for k in range(len(order)) if k not in first]):
+        if not group:
+            continue
+        outcomes = reducer.verdicts([singles[k] for k in group], stop_at_hit=True)
+        reducer.isolated.update({order[k]: o for k, o in zip(group, outcomes) if o is not None})
+        hit = next((k for k, o in zip(group, outcomes) if o is not None and o.interesting), None)
+        if hit is not None or (group is born and reducer.signature.kind is Kind.NONFINITE):
+            break
+    return hit
+
+
+def born_here(reducer, i: int) -> bool:
+    """Does node ``i`` make a value the target's storage type cannot hold (beyond its maximum, or
+    mass flush to zero: compare.unrepresentable) from inputs it can hold? Read from the captured
+    reference activations (cached per tensor by the reducer); False where the target has no narrow
+    storage type or an index-free reducer has no values."""
+    index = reducer.index
+    if not hasattr(index, "node_outputs") or getattr(reducer, "store", None) is None:
+        return False
+
+    def cannot_hold(names) -> bool:
+        return any(reducer.unrepresentable_feed({name: None}) for name in names if name)
+
+    return cannot_hold(index.node_outputs[i]) and not cannot_hold(index.node_inputs[i])
+
+
+def anchor_now(reducer) -> None:
+    """Packed by build cost, the marked copy (a copy of the whole model, every tensor marked) is
+    built when a step first needs the anchors and origins — localize, the drift window, the
+    attribution — not in the survey: where a pair answers (PP-OCRv4 rec under emulate:bf16: the
+    11th pair likeliest first) no step needs it. A call of its own; none where it ran already
+    (packed by count, heavy, or before a --resume)."""
+    if reducer.build_cost is None or reducer.packing != "numeric" or reducer.journal.get("layerwise") is not None:
+        return
+    reducer.begin("survey")  # its nodes are the survey's (summary.json's build_work.by_kind)
+    reducer.want_layerwise = True
+    reducer.verdicts([])
+    _anchors(reducer, None)
+
+
+def complete(reducer) -> bool:
+    """Did the survey judge every node of the best alone (not stopped at a hit or at the births)?"""
+    return all(i in reducer.isolated for i in reducer.best)
 
 
 def pairs(reducer, *, known_only: bool = False) -> bool:
