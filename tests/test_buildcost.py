@@ -23,6 +23,7 @@ from reprokit.engine.oracle import Kind, Signature
 from reprokit.graph.index import GraphIndex
 from reprokit.shrink.buildcost import RIDER_CHANCE, TENSORRT, for_target, policy
 from reprokit.shrink.members import Member, fit, ride_along
+from reprokit.shrink.passes import survey
 from reprokit.shrink.reducer import Journal, Reducer
 from reprokit.shrink.steps import shrink
 
@@ -101,3 +102,39 @@ def test_riders_on_tensorrt_ride_only_where_their_build_pays(
     packed = {m.nodes for group in groups for m in group}
     assert pair in packed  # 2 nodes: the call it may save pays for building them now
     assert (window in packed) == window_rides, (target, nodes)
+
+
+@pytest.mark.parametrize(
+    "target, born", [("emulate:fp16", ["middle1/norm2/pow"]), ("emulate:bf16", [])]
+)
+def test_births_are_read_from_the_reference_values(captured, tmp_path, target, born):
+    """survey.born_here, on the layernorm sample's real captured activations: the one node whose
+    reference output overflows fp16 while its inputs do not is the Pow (the sample's answer; the
+    ReduceMean after it reads the overflowed value, so it is no birth); bf16 holds every value."""
+    reducer = _reducer(captured, target, tmp_path)
+    found = [
+        node.name for i, node in enumerate(reducer.model.graph.node) if survey.born_here(reducer, i)
+    ]
+    assert found == born
+
+
+def test_chunks_double_where_the_budget_binds(captured, tmp_path):
+    """Chunks of the expected-cost optimum where the calls suffice; where the budget binds, the
+    first keeps that size and each next doubles, covering the sequence within the calls; where
+    even that needs more calls, chunks of total/calls."""
+    first = TENSORRT.chunk_nodes(916)
+    assert TENSORRT.chunks(916) == (first, False)
+    assert TENSORRT.chunks(916, calls=50) == (first, False)
+    assert TENSORRT.chunks(916, calls=4) == (first, True)
+    sizes, left, size = [], 916, first
+    while left > 0:
+        sizes.append(min(size, left))
+        left, size = left - size, size * 2
+    assert len(sizes) <= 4, sizes
+    assert TENSORRT.chunks(4000, calls=2) == (2000, False)
+    reducer = _reducer(captured, "trt", tmp_path)
+    singles = [
+        Member(frozenset({i}), reducer.extraction(frozenset({i}), check=False)) for i in range(14)
+    ]
+    assert [len(g) for g in fit(reducer, singles, chunks=(2, True))] == [2, 4, 8]
+    assert [len(g) for g in fit(reducer, singles, chunks=(5, False))] == [5, 5, 4]
