@@ -10,7 +10,10 @@ For numeric oracles the whole survey is one packed call (a few when the pack lim
 and the marked layerwise run (every tensor of the whole model marked, where the signature's kind
 first appears) rides along in the same call. A model whose weights pass half a pack runs the
 marked model alone first and judges nodes nearest its anchor first, stopping at the first pack
-that holds a hit: memory stays that of one run of the model. For pass/fail oracles the same candidates are
+that holds a hit: memory stays that of one run of the model. Packed by build cost (TensorRT) the
+singles go in chunks that stop at the first hit, the nodes where an overflow or underflow is born
+first, and the marked copy waits until a step after the pairs needs it (``anchor_now``).
+For pass/fail oracles the same candidates are
 group-tested, singles only: nodes that fail only together (a pair, a fusion) are the conflict
 search's (``conflict.py``), which needs fewer calls than a group test over every edge.
 Each node's isolated outcome is kept for attribution when no small window diverges alone.
