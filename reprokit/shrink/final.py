@@ -204,7 +204,8 @@ def fixes_alone(run, reducer, nodes) -> dict:
                 f"{reducer.signature.kind.value} (the causal test, in the survey)", "other_causes": [label(i) for i in others]}
     if len(reducer.isolated) < len(reducer.model.graph.node):
         return {"answer": "unknown", "why": f"{len(reducer.isolated)} of {len(reducer.model.graph.node)} nodes were "
-                "judged alone (the survey stopped at its first hit)"}
+                "judged alone (the survey stopped at its first hit, or packed by build cost at the nodes "
+                "where a NaN/Inf is born)"}
     return {"answer": "not shown otherwise", "why": "no other node causes the original's symptom alone (every node "
             "judged alone); errors that only add up are not excluded"}
 
