@@ -214,6 +214,38 @@ def stage_external_data(model, src_dir: str, dst_dir: str) -> None:
             shutil.copyfile(src, dst)
 
 
+def weights_apart(model, path: str, *, min_bytes: int = 1024, align: int = 4096):
+    """A copy of ``model`` whose inline top-level weights (``raw_data`` of ``min_bytes`` or more)
+    are external data in ``path``, written here once; the copy references them by ``path``'s
+    base name, so a model file saved in the same folder finds them. Copies of that graph that
+    give one weight several names (:func:`reprokit.graph.pack.model_copies`' private weights)
+    then reference the same bytes: no weight is serialized, written or parsed once per copy.
+    Offsets are aligned to ``align`` bytes (onnxruntime maps aligned external data)."""
+    import onnx
+    from onnx import TensorProto
+
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    location, offset = os.path.basename(path), 0
+    with open(path, "wb") as handle:
+        for init in light.graph.initializer:
+            if init.data_location == TensorProto.EXTERNAL or len(init.raw_data) < min_bytes:
+                continue
+            data = init.raw_data
+            pad = (-offset) % align
+            handle.write(b"\0" * pad)
+            offset += pad
+            handle.write(data)
+            init.ClearField("raw_data")
+            init.data_location = TensorProto.EXTERNAL
+            del init.external_data[:]
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(data)))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+            offset += len(data)
+    return light
+
+
 def inline_external_data(model, base_dir: str):
     """Read the data of every external tensor the model still references into the proto.
 

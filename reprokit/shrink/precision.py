@@ -33,6 +33,7 @@ import os
 import uuid
 from dataclasses import dataclass, field, replace
 
+from reprokit.graph.io import external_locations, weights_apart
 from reprokit.graph.pack import model_copies
 from reprokit.shrink.fp32_nodes import packable, with_nodes
 from reprokit.shrink.journal import entry_key
@@ -128,6 +129,8 @@ class Search:
         self.journal = journal
         self.cancelled = cancelled or (lambda: False)
         self.charge = charge or (lambda: None)
+        self._light = None  # the model the packed calls copy, its weights apart (_copies_source)
+        self._weights_file: str | None = None
         os.makedirs(workdir, exist_ok=True)
 
     # ------------------------------------------------------------- the journal
@@ -213,11 +216,31 @@ class Search:
         fresh = iter(self._packed_call(todo) if todo else [])
         return [trial if trial is not None else next(fresh) for trial in saved]
 
+    def _copies_source(self):
+        """The model the packed calls copy: the search's model with its inline weights written
+        once beside the copies (:func:`weights_apart`), so that a copy's private weights (those
+        its kept nodes read) are references, not bytes; a model whose weights are external data
+        already is copied as it is. A Swin's 16 copies were 1.7 GB of protobuf per call, each
+        serialized here, parsed and saved again by the engine's worker."""
+        if self._light is None:
+            if external_locations(self.model):
+                self._light = self.model
+            else:
+                self._weights_file = os.path.join(self.workdir, f"weights-{uuid.uuid4().hex}.bin")
+                self._light = weights_apart(self.model, self._weights_file)
+        return self._light
+
+    def release(self) -> None:
+        """Remove the weights file the packed calls shared (the search is over)."""
+        if self._weights_file and os.path.exists(self._weights_file):
+            os.remove(self._weights_file)
+        self._light = self._weights_file = None
+
     def _packed_call(self, sets: list[list[str]]) -> list[Trial]:
         import onnx
 
-        model, outputs, names = model_copies(self.model, sets)
-        path = os.path.join(self.workdir, f"copies-{uuid.uuid4().hex}.onnx")
+        model, outputs, names = model_copies(self._copies_source(), sets)
+        path = os.path.join(self.workdir, f"copies-{uuid.uuid4().hex}.onnx")  # beside the weights file
         onnx.save(model, path)
         try:
             oracle, result = self._run(with_nodes(self.target, names), path, self.feeds,
@@ -265,6 +288,13 @@ def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Wor
     """The smallest prefix of ``ranked`` that agrees (each node with its readers), pruned to the
     nodes it needs (packed engines, a set of at most ``search.width`` nodes), confirmed by one
     call of the printed setting."""
+    try:
+        return _find_workaround(search, ranked, prune)
+    finally:
+        search.release()
+
+
+def _find_workaround(search: Search, ranked: list[str], prune: int) -> Workaround:
     found = Workaround("packed" if search.packed else "bisection", len(ranked))
     if not ranked:
         found.method, found.note = "none", "no node has an error of its own to keep in fp32"
