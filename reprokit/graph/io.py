@@ -292,7 +292,7 @@ def save_model(model, path: str, *, base_dir: str | None = None, self_contained:
     if self_contained and base_dir and external_locations(model):
         model = onnx.ModelProto.FromString(model.SerializeToString())
         inline_external_data(model, base_dir)
-    large = model.ByteSize() > _TWO_GB if _byte_size_ok(model) else True
+    large = _byte_size(model) > _TWO_GB  # sized once: it walks every weight
     data_name = os.path.basename(final_path or path) + ".data"
     data_path = path + ".data" if final_path else os.path.join(folder, data_name)
     if not large:
@@ -328,9 +328,8 @@ def staged_data(tmp: str, final: str) -> list[tuple[str, str]]:
     return renames
 
 
-def _byte_size_ok(model) -> bool:
+def _byte_size(model) -> int:
     try:
-        model.ByteSize()
-        return True
+        return model.ByteSize()
     except Exception:  # protobuf refuses to size messages over 2 GB
-        return False
+        return _TWO_GB + 1

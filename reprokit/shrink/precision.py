@@ -129,8 +129,7 @@ class Search:
         self.journal = journal
         self.cancelled = cancelled or (lambda: False)
         self.charge = charge or (lambda: None)
-        self._light = None  # the model the packed calls copy, its weights apart (_copies_source)
-        self._weights_file: str | None = None
+        self._light, self._weights_file = None, None  # _copies_source
         os.makedirs(workdir, exist_ok=True)
 
     # ------------------------------------------------------------- the journal
@@ -217,21 +216,16 @@ class Search:
         return [trial if trial is not None else next(fresh) for trial in saved]
 
     def _copies_source(self):
-        """The model the packed calls copy: the search's model with its inline weights written
-        once beside the copies (:func:`weights_apart`), so that a copy's private weights (those
-        its kept nodes read) are references, not bytes; a model whose weights are external data
-        already is copied as it is. A Swin's 16 copies were 1.7 GB of protobuf per call, each
-        serialized here, parsed and saved again by the engine's worker."""
+        """The model packed calls copy, its inline weights written once beside the copies: a
+        copy's private weights are references, not bytes (a Swin's 16 copies were 1.7 GB per call)."""
         if self._light is None:
-            if external_locations(self.model):
-                self._light = self.model
-            else:
-                self._weights_file = os.path.join(self.workdir, f"weights-{uuid.uuid4().hex}.bin")
-                self._light = weights_apart(self.model, self._weights_file)
+            self._weights_file = None if external_locations(self.model) else os.path.join(
+                self.workdir, f"weights-{uuid.uuid4().hex}.bin")
+            self._light = weights_apart(self.model, self._weights_file) if self._weights_file else self.model
         return self._light
 
     def release(self) -> None:
-        """Remove the weights file the packed calls shared (the search is over)."""
+        """The search is over: the weights file the packed calls shared goes."""
         if self._weights_file and os.path.exists(self._weights_file):
             os.remove(self._weights_file)
         self._light = self._weights_file = None
