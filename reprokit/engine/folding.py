@@ -261,7 +261,7 @@ FOLD_PASSES = 8
 
 def _fold_pass(onnx, gs, model):
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        model = _infer_shapes(onnx, model)
     except Exception:
         pass  # gs folds what it can without the shapes
     folded = _gs_fold(gs, model, flatten=True)
@@ -272,6 +272,33 @@ def _fold_pass(onnx, gs, model):
     if any(has_bodies(node) for node in model.graph.node) and not _well_formed(onnx, folded):
         folded = _gs_fold(gs, model, flatten=False)
     return folded
+
+
+_FLOATS = frozenset({1, 10, 11, 16})  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def _infer_shapes(onnx, model):
+    """onnx's shape inference, run on a view of ``model`` whose float weights of 1 KiB or more
+    have no bytes (marked external): it reads their dims and type, and the data only of shape
+    inputs (small integer tensors, kept). onnx hands the whole model to C++ and back as bytes,
+    weights and all; a Swin's 110 MB made that a second per pass. The inferred value infos are
+    set on ``model`` itself (the fold's own copy). A model with bodies is inferred as it is."""
+    if any(has_bodies(node) for node in model.graph.node):
+        return onnx.shape_inference.infer_shapes(model)
+    view = onnx.ModelProto()
+    view.CopyFrom(model)
+    for init in view.graph.initializer:
+        if init.data_type in _FLOATS and init.HasField("raw_data") and len(init.raw_data) >= 1024:
+            init.ClearField("raw_data")
+            init.data_location = onnx.TensorProto.EXTERNAL
+            entry = init.external_data.add()
+            entry.key, entry.value = "location", "reprokit-shape-view"  # never read: nothing loads it
+    inferred = onnx.shape_inference.infer_shapes(view)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
 
 
 def _gs_fold(gs, model, *, flatten: bool):
