@@ -23,7 +23,7 @@ from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, NothingToReduce, UsageError
-from reprokit.graph.io import inline_external_data, load_model, save_model
+from reprokit.graph.io import external_locations, inline_external_data, load_model, save_model
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import write_archive, write_manifest
 from reprokit.report.describe import (
@@ -164,7 +164,9 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
     if converted_by_reprokit and (spec.has("fp16") or spec.has("bf16")):
         narrow = "fp16" if spec.has("fp16") else "bf16"
         keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
-        inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
+        inline = model  # the conversion copies it; a copy here only for what changes it in place
+        if keep or external_locations(model):
+            inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
         if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
             name_unnamed_nodes(inline)
         converted, report = convert_float_model_report(inline, narrow, keep)
