@@ -296,3 +296,18 @@ def test_the_fold_check_runs_the_users_file_and_the_checked_file_is_the_one_used
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, x)[0]
     got = ort.InferenceSession(prepared.path, providers=["CPUExecutionProvider"]).run(None, x)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_the_archives_check_counts_as_engine_time_not_reprokits(tmp_path):
+    """pack judges the minimal model once more, on both engines in worker processes, before it
+    writes the archive: summary.json counts those runs' seconds as engine time
+    (``resources.pack_engine_seconds``, inside ``engine_seconds``), as it counts the fold's
+    check, so ``bench_bookkeeping.py``'s "own" share is reprokit's own work."""
+    path = _save(overflow_after_constants(), tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:fp16", "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    resources = summary["resources"]
+    assert summary["report_reproduces"] and resources["pack_engine_seconds"] > 0, resources
+    assert resources["engine_seconds"] >= summary["calls"]["target_seconds"] + resources["pack_engine_seconds"] - 0.002

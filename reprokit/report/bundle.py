@@ -53,6 +53,7 @@ class PackResult:
     reproduces: bool  # repro.py, run here, exited 1
     notes: list[str] = field(default_factory=list)
     redaction: dict | None = None
+    engine_seconds: float = 0.0  # its checks' engine runs (worker processes), for shrink's accounts
 
 
 def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | None = None,
@@ -72,6 +73,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
     with tempfile.TemporaryDirectory(prefix="reprokit-pack-") as tmp:
         event(f"checking {model_path} under {target}")
         result = check(model_path, target, options=options, workdir=os.path.join(tmp, "check"))
+        engine_seconds = result.engine_seconds
         if not result.verdict.diverges:
             raise NothingToReduce(
                 f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): nothing to pack",
@@ -81,6 +83,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         if redact:
             event("redacting and checking that the redacted model still diverges")
             result, redaction = _redacted(result, target, options, tmp, notes)
+            engine_seconds += result.engine_seconds
         stage = os.path.join(tmp, name)
         os.makedirs(os.path.join(stage, "logs"))
         if options.reference_model:  # the user's converted cut, the target's model (repro.py runs it)
@@ -103,7 +106,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         write_manifest(stage, extra)
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_archive(stage, out_path, fmt)
-    return PackResult(out_path, result.verdict, reproduces, notes, redaction)
+    return PackResult(out_path, result.verdict, reproduces, notes, redaction, engine_seconds)
 
 
 def _redacted(result, target, options, tmp, notes):
