@@ -17,7 +17,10 @@ reference runs outside the capture (shape tries, confirm), the journal, the summ
 steps' own logic.
 
 "own s (share)" is the wall time less the target calls and the reference runs (summary.json's
-``resources.engine_seconds``): what issue 39's 15% bounds. ``--polygraphy`` runs polygraphy's
+``resources.engine_seconds``, which holds the fold's check and the archive's check of both
+engines too — "reference s" is that less the target calls): what issue 39's 15% bounds. The
+archive's repro.py and polygraphy runs stay in "own" (processes of their own, start-up and
+imports included). ``--polygraphy`` runs polygraphy's
 documented workflow (bench_shrink.py's ``run_polygraphy``: sanitize, mark all, data merge, debug
 reduce in bisect mode with the same oracle) on the same feeds right after, and sets its wall time
 and calls beside the row (polygraphy has no packs: its own work is not split out).

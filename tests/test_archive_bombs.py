@@ -107,3 +107,37 @@ def test_a_zip_declaring_too_many_members_is_refused_before_listing(tmp_path):
             archive.writestr(f"top/{index}", b"")
     with pytest.raises(InputError, match=f"{MAX_MEMBERS + 1} members"):
         safe_extract(str(path), str(tmp_path / "x"))
+
+
+def test_weights_that_do_not_compress_are_stored_and_round_trip(tmp_path):
+    """Float weights barely deflate (a Swin window: 9%, seconds per 100 MB): a report folder
+    that is mostly such bytes is written stored (the .tar.gz no smaller than they are; a zip
+    stores that member and deflates the text), text alone is deflated, and both archives
+    extract to the same bytes, their manifests checked."""
+    import numpy as np
+
+    from reprokit.report.archive import check_manifest, write_archive, write_manifest
+
+    weights = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32).tobytes()
+    text = ("the same line of a README, again and again\n" * 20000).encode()
+    for name, files in (("weights", {"model.onnx": weights, "README.md": text[:4000]}), ("text", {"README.md": text})):
+        root = tmp_path / name / "report"
+        root.mkdir(parents=True)
+        for rel, data in files.items():
+            (root / rel).write_bytes(data)
+        write_manifest(str(root))
+        raw = sum(len(d) for d in files.values())
+        for fmt in ("tar.gz", "zip"):
+            out = tmp_path / name / f"report.{fmt}"
+            write_archive(str(root), str(out), fmt)
+            size = out.stat().st_size
+            assert (size >= len(weights)) if name == "weights" else (size < raw // 10), (name, fmt, size, raw)
+            if fmt == "zip":
+                with zipfile.ZipFile(out) as archive:
+                    kinds = {i.filename.split("/", 1)[1]: i.compress_type for i in archive.infolist()}
+                assert kinds["README.md"] == zipfile.ZIP_DEFLATED
+                assert kinds.get("model.onnx", zipfile.ZIP_STORED) == zipfile.ZIP_STORED
+            top = safe_extract(str(out), str(tmp_path / name / f"x-{fmt}"))
+            assert check_manifest(top) == []
+            for rel, data in files.items():
+                assert Path(top, rel).read_bytes() == data

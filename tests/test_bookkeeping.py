@@ -267,3 +267,47 @@ def test_a_tensor_file_gives_back_every_dtype_and_shape_it_was_given(tmp_path):
     assert not back["ids"].flags.writeable
     nothing = str(tmp_path / "none.bin")
     assert len(Tensors(nothing, write_tensors(nothing, []))) == 0
+
+
+def test_the_fold_check_runs_the_users_file_and_the_checked_file_is_the_one_used(tmp_path):
+    """x[4,16] + (w · s), w·s constant: folding turns Mul into a weight. The check's reference
+    runs read the user's file as it is (no copy of it is saved: a Swin's 110 MB were written
+    once more) and the folded file it ran becomes prepared.onnx (not serialized a second
+    time); it computes what the user's model computes."""
+    from reprokit.engine.session import RunOptions, prepare
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 16)).astype(np.float32), "w")
+    s = numpy_helper.from_array(np.float32(0.5) * np.ones((4, 16), np.float32), "s")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["w", "s"], ["ws"], name="scale"),
+         helper.make_node("Add", ["x", "ws"], ["y"], name="shift")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [w, s])
+    path = _save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "m.onnx")
+    state = tmp_path / "state"
+    prepared = prepare(path, RunOptions(), str(state), fold=True)
+    assert prepared.path == str(state / "prepared.onnx")
+    assert [n.op_type for n in onnx.load(prepared.path).graph.node] == ["Add"]
+    assert [n.op_type for n in prepared.model.graph.node] == ["Add"]
+    assert not [f for f in os.listdir(state / "fold-check") if f.endswith(".onnx")], os.listdir(state / "fold-check")
+    x = {"x": prepared.feeds.arrays["x"]}
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, x)[0]
+    got = ort.InferenceSession(prepared.path, providers=["CPUExecutionProvider"]).run(None, x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_the_archives_check_counts_as_engine_time_not_reprokits(tmp_path):
+    """pack judges the minimal model once more, on both engines in worker processes, before it
+    writes the archive: summary.json counts those runs' seconds as engine time
+    (``resources.pack_engine_seconds``, inside ``engine_seconds``), as it counts the fold's
+    check, so ``bench_bookkeeping.py``'s "own" share is reprokit's own work."""
+    path = _save(overflow_after_constants(), tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:fp16", "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    resources = summary["resources"]
+    assert summary["report_reproduces"] and resources["pack_engine_seconds"] > 0, resources
+    assert resources["engine_seconds"] >= summary["calls"]["target_seconds"] + resources["pack_engine_seconds"] - 0.002

@@ -304,3 +304,35 @@ def test_a_narrow_pack_still_tries_every_ranked_node_in_fp32(tmp_path, width):
     assert every, [t.nodes for t in search.trials]  # the whole ranking was judged
     if not found.agrees:
         assert every[-1].agrees is False and "even all" in found.note
+
+
+def test_packed_copies_reference_one_file_of_weights_and_leave_none_behind(tmp_path):
+    """Four whole-model copies keeping every node in fp32 (each with private copies of all 8
+    weights, 128 KiB each) and one copy keeping none: the packed call's model file references the
+    weights written once beside it, so it is smaller than ONE copy of the weights (inline, it was
+    four); each set still gets the error one call of it alone gets, and when the search ends the
+    weights file is gone."""
+    search = _search(tmp_path, accumulating_mlp(8), "emulate:bf16", tolerance=1e-3)
+    sizes, make = [], search.oracle_for
+
+    def oracle_for(spec):  # the real oracle; each model file's size noted before its call
+        oracle = make(spec)
+        run_target = oracle.run_target
+
+        def noted(path, feeds, *args, **kwargs):
+            sizes.append(os.path.getsize(path))
+            return run_target(path, feeds, *args, **kwargs)
+
+        oracle.run_target = noted
+        return oracle
+
+    search.oracle_for = oracle_for
+    every = [f"{op}{k}" for k in range(8) for op in ("mm", "tanh")]
+    packed = search.judge([every, every, every, every, []])
+    assert search.calls == 1 and sizes[0] < 8 * 64 * 64 * 4, sizes
+    for nodes, trial in ((every, packed[0]), ([], packed[4])):
+        _, alone = search.alone(nodes)
+        assert trial.error == pytest.approx(alone.error, rel=1e-6, abs=1e-12)
+    assert packed[0].error < packed[4].error
+    precision.find_workaround(search, ["mm0"])
+    assert not [f for f in os.listdir(tmp_path / "work") if f.startswith("weights-")]

@@ -177,3 +177,28 @@ def test_issue_md_golden(tmp_path):
     if os.environ.get("UPDATE_GOLDEN") == "1" or not golden.exists():
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+def test_a_command_started_beside_another_is_bounded_and_never_outlives_its_step(tmp_path):
+    """pack starts repro.py and polygraphy's runs at once (report/reprorun.Started): a run past
+    its timeout is killed and reads as subprocess.run's would (124, "timed out after"), one that
+    finishes gives its exit code and output, and a step left early (an interrupt) kills what it
+    started; no output file stays behind."""
+    import time
+
+    from reprokit.report.reprorun import Started
+
+    sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    slow = Started(sleeper, str(tmp_path), str(tmp_path), timeout=2.0)
+    done = Started([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"], str(tmp_path), str(tmp_path), 60)
+    began = time.monotonic()
+    timed_out = slow.result()
+    assert timed_out.returncode == 124 and "timed out after 2.0 s" in timed_out.stderr and "started" in timed_out.stdout
+    assert time.monotonic() - began < 30 and slow.process.poll() is not None
+    finished = done.result()
+    assert (finished.returncode, finished.stdout.strip()) == (3, "out")
+    with pytest.raises(KeyboardInterrupt):
+        with Started(sleeper, str(tmp_path), str(tmp_path), timeout=60) as left:
+            raise KeyboardInterrupt
+    assert left.process.poll() is not None
+    assert os.listdir(tmp_path) == []

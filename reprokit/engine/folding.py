@@ -24,6 +24,7 @@ import numpy as np
 from reprokit.engine.enginelog import captured
 from reprokit.engine.worker import run_in_worker
 from reprokit.errors import ReferenceFailure, ReprokitError
+from reprokit.graph.index import has_bodies
 from reprokit.graph.io import external_locations, save_model
 from reprokit.graph.model import name_unnamed_nodes, node_label
 from reprokit.standalone.arrays import save_npz
@@ -36,6 +37,7 @@ class Folded:
     model: object  # the folded model when it passed the check, else the model as it was
     folded: bool
     note: str = ""  # why folding was skipped (empty when it was used or there was nothing to fold)
+    path: str = ""  # the folded model's file, the one the check ran (when folded)
 
 
 def folding_changed(before, after) -> bool:
@@ -87,19 +89,21 @@ def failure_words(exc: ReprokitError) -> str:
 
 
 def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: str, *,
-                 reference_outputs: dict | None = None, base_dir: str | None = None) -> Folded:
+                 reference_outputs: dict | None = None, base_dir: str | None = None,
+                 model_path: str | None = None) -> Folded:
     """Fold ``model``'s constants and keep the result only when it agrees with ``model`` on
     ``feeds``. ``run(path, feeds)`` runs the reference and returns its outputs (raising a
     ReprokitError when the engine fails). ``reference_outputs``: the unfolded model's, when the
     caller has them already; otherwise the unfolded model is run first (when that fails, the
     model is returned unfolded and the caller's own reference run reports the user's model,
-    never the folded copy)."""
+    never the folded copy) — from ``model_path`` when the caller has ``model`` in that file
+    already (a Swin's 110 MB are not written a second time), else from a copy saved here."""
     folded = fold_constants(model)
     if not folding_changed(model, folded):
         return Folded(model, False)
     os.makedirs(workdir, exist_ok=True)
     if reference_outputs is None:
-        unfolded_path = save_model(model, os.path.join(workdir, "unfolded.onnx"), base_dir=base_dir)
+        unfolded_path = model_path or save_model(model, os.path.join(workdir, "unfolded.onnx"), base_dir=base_dir)
         try:
             reference_outputs = run(unfolded_path, feeds)
         except ReprokitError:
@@ -114,7 +118,7 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
     if why:
         return Folded(model, False, f"{SKIPPED}: the folded model computes something else ({why}); "
                                     "the model runs unfolded")
-    return Folded(folded, True)
+    return Folded(folded, True, path=path)
 
 
 def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights_dir: str | None = None):
@@ -164,7 +168,8 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
         return model, path
     run = reference_runner(options.reference, os.path.join(workdir, "fold-check"), timeout=options.timeout,
                            weights_dir=base_dir)
-    result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir)
+    # ``path`` holds ``model`` as it is (the user's file, or the frozen copy just saved)
+    result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir, model_path=path)
     if spent is not None:
         spent.append(run.seconds)
     if result.folded and not frozen and _only_constant_nodes(model, result.model):
@@ -180,7 +185,9 @@ def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir
         notes.append(frozen + " and folded constants" if frozen else
                      f"constants folded before the survey ({before} → {after} nodes, as polygraphy's surgeon "
                      f"sanitize --fold-constants does; node names are the model's own): {NO_FOLD_HINT}")
-        return result.model, save_model(result.model, os.path.join(workdir, "prepared.onnx"))
+        prepared = os.path.join(workdir, "prepared.onnx")
+        os.replace(result.path, prepared)  # the file the check ran: saved once, not serialized again
+        return result.model, prepared
     if frozen or result.note:
         notes.append("; ".join(filter(None, [frozen, result.note])))
     return model, path
@@ -254,16 +261,44 @@ FOLD_PASSES = 8
 
 def _fold_pass(onnx, gs, model):
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        model = _infer_shapes(onnx, model)
     except Exception:
         pass  # gs folds what it can without the shapes
     folded = _gs_fold(gs, model, flatten=True)
-    if not _well_formed(onnx, folded):
-        # gs's flattening of nested If nodes with constant conditions can drop a branch output
-        # (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a previous node");
-        # folding without flattening still folds the shape arithmetic
+    # gs's flattening of nested If nodes with constant conditions can drop a branch output
+    # (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a previous node");
+    # folding without flattening still folds the shape arithmetic. Only a model with bodies is
+    # checked: onnx's checker serializes the whole model, weights and all, on every pass
+    if any(has_bodies(node) for node in model.graph.node) and not _well_formed(onnx, folded):
         folded = _gs_fold(gs, model, flatten=False)
     return folded
+
+
+_FLOATS = frozenset({1, 10, 11, 16})  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def _infer_shapes(onnx, model):
+    """onnx's shape inference, run on a view of ``model`` whose float weights of 1 KiB or more
+    have no bytes (marked external): it reads their dims and type, and the data only of shape
+    inputs (small integer tensors, kept). onnx hands the whole model to C++ and back as bytes,
+    weights and all; a Swin's 110 MB made that a second per pass. The inferred value infos are
+    set on ``model`` itself (the fold's own copy). A model with bodies is inferred as it is."""
+    if any(has_bodies(node) for node in model.graph.node):
+        return onnx.shape_inference.infer_shapes(model)
+    view = onnx.ModelProto()
+    view.CopyFrom(model)
+    for init in view.graph.initializer:
+        if init.data_type in _FLOATS and init.HasField("raw_data") and len(init.raw_data) >= 1024:
+            init.ClearField("raw_data")
+            init.data_location = onnx.TensorProto.EXTERNAL
+            entry = init.external_data.add()
+            entry.key, entry.value = "location", "reprokit-shape-view"  # never read: nothing loads it
+    inferred = onnx.shape_inference.infer_shapes(view)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
 
 
 def _gs_fold(gs, model, *, flatten: bool):

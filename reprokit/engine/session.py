@@ -217,6 +217,7 @@ class CheckResult:
     samples: list = field(default_factory=list)  # SampleVerdict per sample of a multi-sample --inputs
     quantized: object | None = None  # engine/quantized.Attribution: the engine's or the quantization's
     quant: object | None = None  # engine/quantized.QuantPolicy the outputs were judged with, else None
+    engine_seconds: float = 0.0  # the worker processes' seconds of its engine runs, reference's included
 
 
 def _refuse_empty_comparison(verdict: Verdict, target: str) -> None:
@@ -303,6 +304,7 @@ def check(model, target: str = "emulate:fp16", *, options: RunOptions | None = N
         report = run_layerwise(oracle, prepared, os.path.join(workdir, "layerwise"))
     out = CheckResult(verdict, prepared, reference.outputs, result.outputs, report, marking,
                       target_log=f"{result.message}\n{result.log}".strip(), samples=samples,
-                      quantized=attribution, quant=policy)
+                      quantized=attribution, quant=policy,
+                      engine_seconds=oracle.stats.target_seconds + oracle.stats.reference_seconds)
     out._tmp = own_tmp  # keep memory-mapped outputs alive as long as the result
     return out

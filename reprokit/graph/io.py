@@ -181,7 +181,8 @@ def tensor_proto_bytes(tensor) -> int:
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     if not uses_external_data(tensor):
-        return tensor.ByteSize()
+        size = _fixed_size(tensor)  # from the dims: sizing the message walks it (3 ms for 9 MB)
+        return tensor.ByteSize() if size is None else size
     info = ExternalDataInfo(tensor)
     if info.length:
         return int(info.length)
@@ -190,6 +191,22 @@ def tensor_proto_bytes(tensor) -> int:
     except Exception:
         itemsize = 4
     return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+def _fixed_size(tensor) -> int | None:
+    """Bytes of an inline tensor's ``raw_data`` from its dims and type, without touching them
+    (None for strings, sub-byte types or data in typed fields: those are sized as a message)."""
+    itemsize = _ITEM_BYTES.get(tensor.data_type)
+    if itemsize is None or not tensor.HasField("raw_data"):
+        return None
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+
+
+# TensorProto.DataType -> bytes per element, for the types stored a whole number of bytes each
+# (float, uint8, int8, uint16, int16, int32, int64, bool, float16, double, uint32, uint64,
+# complex64, complex128, bfloat16, and the float8s)
+_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2,
+               17: 1, 18: 1, 19: 1, 20: 1, 24: 1}
 
 
 def stage_external_data(model, src_dir: str, dst_dir: str) -> None:
@@ -212,6 +229,38 @@ def stage_external_data(model, src_dir: str, dst_dir: str) -> None:
             os.link(src, dst)
         except OSError:
             shutil.copyfile(src, dst)
+
+
+def weights_apart(model, path: str, *, min_bytes: int = 1024, align: int = 4096):
+    """A copy of ``model`` whose inline top-level weights (``raw_data`` of ``min_bytes`` or more)
+    are external data in ``path``, written here once; the copy references them by ``path``'s
+    base name, so a model file saved in the same folder finds them. Copies of that graph that
+    give one weight several names (:func:`reprokit.graph.pack.model_copies`' private weights)
+    then reference the same bytes: no weight is serialized, written or parsed once per copy.
+    Offsets are aligned to ``align`` bytes (onnxruntime maps aligned external data)."""
+    import onnx
+    from onnx import TensorProto
+
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    location, offset = os.path.basename(path), 0
+    with open(path, "wb") as handle:
+        for init in light.graph.initializer:
+            if init.data_location == TensorProto.EXTERNAL or len(init.raw_data) < min_bytes:
+                continue
+            data = init.raw_data
+            pad = (-offset) % align
+            handle.write(b"\0" * pad)
+            offset += pad
+            handle.write(data)
+            init.ClearField("raw_data")
+            init.data_location = TensorProto.EXTERNAL
+            del init.external_data[:]
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(data)))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+            offset += len(data)
+    return light
 
 
 def inline_external_data(model, base_dir: str):
@@ -260,7 +309,8 @@ def save_model(model, path: str, *, base_dir: str | None = None, self_contained:
     if self_contained and base_dir and external_locations(model):
         model = onnx.ModelProto.FromString(model.SerializeToString())
         inline_external_data(model, base_dir)
-    large = model.ByteSize() > _TWO_GB if _byte_size_ok(model) else True
+    # sizing the message walks every weight: only near the limit (the weights' bytes come from dims)
+    large = weight_bytes(model) > _TWO_GB - (256 << 20) and _byte_size(model) > _TWO_GB
     data_name = os.path.basename(final_path or path) + ".data"
     data_path = path + ".data" if final_path else os.path.join(folder, data_name)
     if not large:
@@ -296,9 +346,8 @@ def staged_data(tmp: str, final: str) -> list[tuple[str, str]]:
     return renames
 
 
-def _byte_size_ok(model) -> bool:
+def _byte_size(model) -> int:
     try:
-        model.ByteSize()
-        return True
+        return model.ByteSize()
     except Exception:  # protobuf refuses to size messages over 2 GB
-        return False
+        return _TWO_GB + 1

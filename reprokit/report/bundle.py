@@ -11,8 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -20,13 +18,12 @@ import numpy as np
 
 from reprokit import __version__
 from reprokit.convert import convert_float_model_report
-from reprokit.engine.backends import backend_class
 from reprokit.engine.bug import shows_bug
 from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, NothingToReduce, UsageError
-from reprokit.graph.io import inline_external_data, load_model, save_model
+from reprokit.graph.io import external_locations, inline_external_data, load_model, save_model
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import write_archive, write_manifest
 from reprokit.report.describe import (
@@ -37,12 +34,13 @@ from reprokit.report.describe import (
     title,
     trtexec_command,
 )
+from reprokit.report.logs import write_logs
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
-from reprokit.report.reprorun import repro_argv
+from reprokit.report.reprorun import Started, repro_argv
 from reprokit.report.reprovalues import ENGINE_PACKAGES, criterion_words, repro_values
 from reprokit.report.trtcommands import beyond_range, trt_values
-from reprokit.report.twincommands import reference_run, target_run, twin_commands
+from reprokit.report.twincommands import twin_commands
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
@@ -55,6 +53,7 @@ class PackResult:
     reproduces: bool  # repro.py, run here, exited 1
     notes: list[str] = field(default_factory=list)
     redaction: dict | None = None
+    engine_seconds: float = 0.0  # its checks' engine runs (worker processes), for shrink's accounts
 
 
 def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | None = None,
@@ -74,6 +73,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
     with tempfile.TemporaryDirectory(prefix="reprokit-pack-") as tmp:
         event(f"checking {model_path} under {target}")
         result = check(model_path, target, options=options, workdir=os.path.join(tmp, "check"))
+        engine_seconds = result.engine_seconds
         if not result.verdict.diverges:
             raise NothingToReduce(
                 f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): nothing to pack",
@@ -83,6 +83,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         if redact:
             event("redacting and checking that the redacted model still diverges")
             result, redaction = _redacted(result, target, options, tmp, notes)
+            engine_seconds += result.engine_seconds
         stage = os.path.join(tmp, name)
         os.makedirs(os.path.join(stage, "logs"))
         if options.reference_model:  # the user's converted cut, the target's model (repro.py runs it)
@@ -105,7 +106,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         write_manifest(stage, extra)
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_archive(stage, out_path, fmt)
-    return PackResult(out_path, result.verdict, reproduces, notes, redaction)
+    return PackResult(out_path, result.verdict, reproduces, notes, redaction, engine_seconds)
 
 
 def _redacted(result, target, options, tmp, notes):
@@ -166,7 +167,9 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
     if converted_by_reprokit and (spec.has("fp16") or spec.has("bf16")):
         narrow = "fp16" if spec.has("fp16") else "bf16"
         keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
-        inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
+        inline = model  # the conversion copies it; a copy here only for what changes it in place
+        if keep or external_locations(model):
+            inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
         if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
             name_unnamed_nodes(inline)
         converted, report = convert_float_model_report(inline, narrow, keep)
@@ -206,17 +209,22 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
     os.chmod(os.path.join(stage, "repro.py"), 0o755)
     event("running the bundled repro.py")
     # repro.py gives each engine call the run's --timeout itself (a hang is a verdict there too);
-    # the margin covers its own start and the reference run
-    repro = _run(repro_argv(), stage, timeout=max(60.0, options.timeout + 60.0))
+    # the margin covers its own start and the reference run. On CPU engines it runs while
+    # polygraphy writes its logs (a Swin window: 2 s of a 2-core machine's archive step); a GPU
+    # is not shared with another run
+    with Started(repro_argv(), stage, os.path.dirname(stage), timeout=max(60.0, options.timeout + 60.0)) as started:
+        with open(os.path.join(stage, "commands.sh"), "w") as handle:
+            handle.write(render("commands.sh.j2", **values))
+        os.chmod(os.path.join(stage, "commands.sh"), 0o755)
+        alone = spec.engine in ("trt", "cmd") or spec.has("cuda")  # a GPU (a check command's, maybe)
+        repro = started.result() if alone else None
+        write_logs(stage, result, spec, values, event, together=not alone)
+        repro = repro or started.result()
     reproduces = repro.returncode == 1 and "REPRODUCES" in repro.stdout
     if not reproduces:
         notes.append(f"WARNING: repro.py did not reproduce here (exit {repro.returncode}); see logs/repro.log")
     with open(os.path.join(stage, "logs", "repro.log"), "w") as handle:
         handle.write(f"$ python repro.py\n{repro.stdout}{repro.stderr}\n[exit code {repro.returncode}]\n")
-    with open(os.path.join(stage, "commands.sh"), "w") as handle:
-        handle.write(render("commands.sh.j2", **values))
-    os.chmod(os.path.join(stage, "commands.sh"), 0o755)
-    _write_logs(stage, result, spec, values, event)
     values["repro_output"] = repro.stdout.strip() + f"\n[exit code {repro.returncode}]"
     with open(os.path.join(stage, "ISSUE.md"), "w") as handle:
         handle.write(render(issue_template(spec), **values))
@@ -352,48 +360,3 @@ def _other_frameworks(env, reference: str) -> str:
         setting += ", graph optimizations off"
     return (f"Yes. {name}{version} ({setting}) runs the model with finite outputs: `reference_outputs.npz`, "
             "and `logs/polygraphy_run_onnxrt.log` for polygraphy's own ONNX Runtime run.")
-
-
-def _polygraphy() -> list[str] | None:
-    beside = os.path.join(os.path.dirname(sys.executable), "polygraphy")
-    found = beside if os.path.exists(beside) else shutil.which("polygraphy")
-    return [found] if found else None
-
-
-def _run(argv, cwd, timeout=300.0):
-    try:
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:  # its output is bytes, whatever text= said
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        return subprocess.CompletedProcess(argv, 124, out, f"timed out after {timeout} s")
-
-
-def _write_logs(stage, result, spec, values, event) -> None:
-    logs = os.path.join(stage, "logs")
-    tool = _polygraphy()
-    runs = {
-        "polygraphy_inspect_model.log": ["inspect", "model", "model.onnx", "--show", "layers"],
-        "polygraphy_run_onnxrt.log": ["run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json"],
-    }
-
-    saved = os.path.join(os.path.dirname(stage), "twin_reference_outputs.json")  # beside the archive's folder
-    if values.get("twin"):  # the fp32 cut's outputs, which the converted cut's TensorRT run compares against
-        runs["polygraphy_run_onnxrt.log"] = reference_run(saved)
-    if spec.engine == "trt" and backend_class("trt").probe().available:
-        runs["polygraphy_run_trt_vs_onnxrt.log"] = (target_run(spec, result.verdict, saved) if values.get("twin")
-                                                    else shlex.split(values["polygraphy_command"])[1:])
-    for file, args in runs.items():
-        with open(os.path.join(logs, file), "w") as handle:
-            if tool is None:
-                handle.write("polygraphy is not installed here: pip install polygraphy\n")
-                continue
-            if "inputs.json" in args and not os.path.exists(os.path.join(stage, "inputs.json")):
-                handle.write("not run: the feeds hold strings, sequences or optionals, which polygraphy cannot load "
-                             "(they are in inputs.npz)\n")
-                continue
-            event(f"logs/{file}: polygraphy {' '.join(args[:2])}")
-            done = _run(tool + args, stage)
-            handle.write(f"$ polygraphy {shlex.join(args)}\n{done.stdout}{done.stderr}\n[exit code {done.returncode}]\n")
-    with open(os.path.join(logs, f"target_{spec.engine}.log"), "w") as handle:
-        handle.write(f"target {result.verdict.target}; engine settings: {json.dumps(result.verdict.target_meta, default=str)}\n")
-        handle.write(result.target_log or "(the engine printed nothing)\n")

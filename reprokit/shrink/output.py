@@ -284,6 +284,10 @@ def _record_report(out_dir: str, summary: dict, packed, clock=None):
     """summary.json names the archive and whether its own repro.py reproduced (``clock``: the
     steps' seconds brought up to now); returns ``packed``."""
     summary["report"], summary["report_reproduces"] = packed.archive, packed.reproduces
+    resources = summary.get("resources")
+    if resources is not None and packed.engine_seconds:  # the archive's check ran both engines once more
+        resources["engine_seconds"] = round(resources.get("engine_seconds", 0.0) + packed.engine_seconds, 3)
+        resources["pack_engine_seconds"] = round(packed.engine_seconds, 3)
     _atomic_json(os.path.join(out_dir, "summary.json"), retime(summary, clock))
     return packed
 

@@ -33,6 +33,7 @@ import os
 import uuid
 from dataclasses import dataclass, field, replace
 
+from reprokit.graph.io import external_locations, weights_apart
 from reprokit.graph.pack import model_copies
 from reprokit.shrink.fp32_nodes import packable, with_nodes
 from reprokit.shrink.journal import entry_key
@@ -128,6 +129,7 @@ class Search:
         self.journal = journal
         self.cancelled = cancelled or (lambda: False)
         self.charge = charge or (lambda: None)
+        self._light, self._weights_file = None, None  # _copies_source
         os.makedirs(workdir, exist_ok=True)
 
     # ------------------------------------------------------------- the journal
@@ -213,11 +215,26 @@ class Search:
         fresh = iter(self._packed_call(todo) if todo else [])
         return [trial if trial is not None else next(fresh) for trial in saved]
 
+    def _copies_source(self):
+        """The model packed calls copy, its inline weights written once beside the copies: a
+        copy's private weights are references, not bytes (a Swin's 16 copies were 1.7 GB per call)."""
+        if self._light is None:
+            self._weights_file = None if external_locations(self.model) else os.path.join(
+                self.workdir, f"weights-{uuid.uuid4().hex}.bin")
+            self._light = weights_apart(self.model, self._weights_file) if self._weights_file else self.model
+        return self._light
+
+    def release(self) -> None:
+        """The search is over: the weights file the packed calls shared goes."""
+        if self._weights_file and os.path.exists(self._weights_file):
+            os.remove(self._weights_file)
+        self._light = self._weights_file = None
+
     def _packed_call(self, sets: list[list[str]]) -> list[Trial]:
         import onnx
 
-        model, outputs, names = model_copies(self.model, sets)
-        path = os.path.join(self.workdir, f"copies-{uuid.uuid4().hex}.onnx")
+        model, outputs, names = model_copies(self._copies_source(), sets)
+        path = os.path.join(self.workdir, f"copies-{uuid.uuid4().hex}.onnx")  # beside the weights file
         onnx.save(model, path)
         try:
             oracle, result = self._run(with_nodes(self.target, names), path, self.feeds,
@@ -265,6 +282,13 @@ def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Wor
     """The smallest prefix of ``ranked`` that agrees (each node with its readers), pruned to the
     nodes it needs (packed engines, a set of at most ``search.width`` nodes), confirmed by one
     call of the printed setting."""
+    try:
+        return _find_workaround(search, ranked, prune)
+    finally:
+        search.release()
+
+
+def _find_workaround(search: Search, ranked: list[str], prune: int) -> Workaround:
     found = Workaround("packed" if search.packed else "bisection", len(ranked))
     if not ranked:
         found.method, found.note = "none", "no node has an error of its own to keep in fp32"
