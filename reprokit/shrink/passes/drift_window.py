@@ -109,12 +109,13 @@ def _bar(reducer) -> float | None:
 
 def peaks(reducer, order: list[int]):
     """``peak((start, size))``: the largest error the marked run saw at the window's nodes'
-    float outputs (its judged error, the run's metric); None without a marked run. A node whose
+    float outputs (its judged error, the run's metric); None without a marked run, or where the
+    windows are judged in quantization steps. A node whose
     tensor the target did not return counts as unbounded (no evidence), one without a float
     output as 0 (it rounds nothing)."""
     report = getattr(reducer, "layerwise_report", None)
-    if report is None or not report.rows:
-        return None
+    if report is None or not report.rows or getattr(reducer.oracle, "quant", None) is not None:
+        return None  # a quantized run judges its outputs in quantization steps, the marked rows are not
     seen = {row.tensor: float(row.error.error) for row in report.rows}
     missing = set(report.missing)
 
