@@ -35,3 +35,23 @@ def test_a_rounds_riders_are_the_next_round_of_its_likeliest_hit_first():
     assert riders[:len(_next_round(44, 10, 80, seen, 0.1))] == _next_round(44, 10, 80, seen, 0.1)
     assert not any(a < 40 and a + s <= 40 for a, s in riders)  # inside a window at a tenth of the bar
     assert len(riders) == len(set(riders)) and not set(riders) & set(tiles)
+
+
+def test_windows_the_marked_run_leaves_under_half_the_bar_are_not_asked_the_likeliest_first():
+    """The marked run's error at a window's nodes bounds what the window adds alone: a window whose
+    nodes stayed under half the bar there is not asked, and each size asks its windows the
+    largest marked-run error first (the window holding the error's jump before the others)."""
+    at = [0.01] * 320 + [0.3] + [0.04] * 9  # 330 nodes: the marked run's error jumps at node 320
+
+    def peak(tile):
+        return max(at[tile[0]:tile[0] + tile[1]])
+
+    tiles = first_tiles(330, peak, 0.1)
+    assert tiles and all(peak(t) >= 0.05 for t in tiles)  # only windows holding node 320 are left
+    assert all(a <= 320 < a + s for a, s in tiles)
+    sizes = [s for _, s in tiles]
+    assert sizes == sorted(sizes)
+    assert first_tiles(330, None, 0.1) == first_tiles(330)  # no marked run: every window, as before
+    flat = [0.06] * 330
+    ranked = first_tiles(330, lambda t: max(flat[t[0]:t[0] + t[1]]) + (0.01 if t[0] == 40 else 0.0), 0.1)
+    assert [t for t in ranked if t[1] == 20][0] == (40, 20)  # within a size, the likeliest first

@@ -11,8 +11,10 @@ Two searches, chosen by the engine, never by the caller:
   no larger than one call's width, every "the set minus one node" to drop what it does not need
   (a larger set is offered as the ranked prefix: pruning it costs as many calls as the search);
 - **bisection** over the prefix size elsewhere (OpenVINO, TensorRT: one build per size, as
-  ``polygraphy debug precision`` does over the topological order); each call is already the
-  printed setting on the user's model, so the last agreeing one is the answer.
+  ``polygraphy debug precision`` does over the topological order; and wherever shrink packs by
+  build cost: a packed call builds every copy), its first sizes all of the ranking and the
+  largest close enough beside it; each call is already the printed setting on the user's model,
+  so the last agreeing one is the answer.
 
 Whatever the search, the answer offered is one call of the printed target spec on the model the
 user gave (its result travels beside it). Given a journal (shrink's), every trial is journaled under
@@ -278,24 +280,26 @@ def _union(units: list[list[str]], k: int) -> list[str]:
     return list(dict.fromkeys(n for unit in units[:k] for n in unit))
 
 
-def find_workaround(search: Search, ranked: list[str], *, prune: int = 2) -> Workaround:
+def find_workaround(search: Search, ranked: list[str], *, prune: int = 2, calls: int | None = None,
+                    slack: int = 10) -> Workaround:
     """The smallest prefix of ``ranked`` that agrees (each node with its readers), pruned to the
     nodes it needs (packed engines, a set of at most ``search.width`` nodes), confirmed by one
-    call of the printed setting."""
+    call of the printed setting. Bisection only: ``calls`` caps its calls (None: none) and
+    ``slack`` is :func:`close_enough`'s bracket (a ``1/slack`` share of the agreeing set)."""
     try:
-        return _find_workaround(search, ranked, prune)
+        return _find_workaround(search, ranked, prune, calls, slack)
     finally:
         search.release()
 
 
-def _find_workaround(search: Search, ranked: list[str], prune: int) -> Workaround:
+def _find_workaround(search: Search, ranked: list[str], prune: int, calls: int | None, slack: int) -> Workaround:
     found = Workaround("packed" if search.packed else "bisection", len(ranked))
     if not ranked:
         found.method, found.note = "none", "no node has an error of its own to keep in fp32"
         return found
     units = with_readers(search.model, ranked)
     ranked = [_union(units, k) for k in range(1, len(units) + 1)]  # ranked[k-1]: the set of prefix k
-    size = _packed_prefix(search, ranked) if search.packed else _bisect_prefix(search, ranked)
+    size = _packed_prefix(search, ranked) if search.packed else _bisect_prefix(search, ranked, calls, slack)
     if size is None:
         found.note = f"even all {len(ranked)} ranked nodes in fp32 do not bring the model within tolerance"
         if search.not_kept:
@@ -358,16 +362,16 @@ def _fill(found: Workaround, search: Search, nodes, spec, trial: Trial) -> None:
     found.trials = list(search.trials)
 
 
-def close_enough(sets: list[list[str]], bad: int, good: int) -> bool:
+def close_enough(sets: list[list[str]], bad: int, good: int, slack: int = 10) -> bool:
     """Is the agreeing prefix ``good`` the answer, with prefix ``bad`` (0: none) known to fail?
-    Exact when they are neighbours; else when the failing set holds all but a tenth of the
-    agreeing one's nodes: a call (an engine build) more would spare at most that tenth, and the
-    answer says the bracket (``Workaround.prefix_fails``). PP-OCRv4 det under emulate:bf16: 291
-    nodes offered where 288 was the fewest, for 2 calls fewer."""
+    Exact when they are neighbours; else when the failing set holds all but a ``1/slack`` share
+    (a tenth) of the agreeing one's nodes: a call (an engine build) more would spare at most that
+    share, and the answer says the bracket (``Workaround.prefix_fails``). PP-OCRv4 det under
+    emulate:bf16: 291 nodes offered where 288 was the fewest, for 2 calls fewer."""
     if good - bad <= 1:
         return True
     agreeing = len(sets[good - 1])
-    return agreeing - (len(sets[bad - 1]) if bad else 0) <= agreeing // 10
+    return agreeing - (len(sets[bad - 1]) if bad else 0) <= agreeing // slack
 
 
 def _packed_prefix(search: Search, sets: list[list[str]]) -> int | None:
@@ -405,14 +409,22 @@ def _between(bad: int, good: int, width: int) -> list[int]:
     return sorted({inner[int(i * step)] for i in range(width)})
 
 
-def _bisect_prefix(search: Search, sets: list[list[str]]) -> int | None:
-    """Smallest agreeing prefix size by bisection, one call per size, all of the ranking first."""
+def _bisect_prefix(search: Search, sets: list[list[str]], calls: int | None = None, slack: int = 10) -> int | None:
+    """Smallest agreeing prefix size by bisection, one call per size: all of the ranking first,
+    then the largest prefix that would be close enough beside it (an accumulated error needs most
+    of its ranking: PP-OCRv4 det under emulate:bf16 needs 288 of 330 nodes, and there two whole
+    models answer where bisection from the middle builds six), then bisection. ``calls``: the
+    search stops there at the bracket it has (an agreeing prefix, run as printed, is an answer)."""
     n = len(sets)
+    start = search.calls
     if not search.alone(sets[-1])[1].agrees:
         return None
     bad, good = 0, n
-    while not close_enough(sets, bad, good):
-        mid = (bad + good) // 2
+    near = next((m for m in range(1, n) if close_enough(sets, m, n, slack)), None)
+    first = near is not None and near > n // 2  # where it is the middle or below, plain bisection
+    while not close_enough(sets, bad, good, slack) and (calls is None or search.calls - start < calls):
+        mid = near if first else (bad + good) // 2
+        first = False
         if not search.alone(sets[mid - 1])[1].agrees:
             bad = mid
         else:
