@@ -44,7 +44,7 @@ DENSE = 8  # at most this many nodes left between two necessary ones: each is le
 # From this many nodes on, windows are halved first (:func:`halve`): a prefix bisection builds
 # about b·log2 n nodes (b: the last necessary node's place), halving about 1.5·n, for about half
 # a call more a level; below it the calls weigh more than the nodes (issue 39: est. build seconds)
-HALVE_FROM = 128
+HALVE_FROM = 64
 
 
 def bound(n: int, k: int = 2) -> int:
@@ -52,16 +52,21 @@ def bound(n: int, k: int = 2) -> int:
     return 2 * k * math.ceil(math.log2(max(2, n / k))) + 2 * k
 
 
+def allowance(n: int) -> int:
+    """What the search claims on top of the auto budget's bisection over n nodes: its bound for
+    a pair (k = 2) and, where it halves windows first (n ≥ ``HALVE_FROM``), the halving's worst
+    case (two calls a level, then one a level for each side, the pair judged alone)."""
+    halving = 4 * math.ceil(math.log2(n)) + 1 if n >= HALVE_FROM else 0
+    return bound(n) - 2 * math.ceil(math.log2(n + 1)) + halving
+
+
 def run(reducer) -> bool:
     """Accept a minimal set of nodes that shows the signature alone; True when found."""
     order = reducer.ordered()
     if len(order) < 3:
         return False
-    # the search's bound for a pair (k = 2), the auto budget's bisection aside; halving first adds
-    # its own worst case (two calls a level, then one a level for each side)
     halving = len(order) >= HALVE_FROM
-    extra = 4 * math.ceil(math.log2(len(order))) + 1 if halving else 0
-    reducer.claim(bound(len(order)) - 2 * math.ceil(math.log2(len(order) + 1)) + extra)
+    reducer.claim(allowance(len(order)))
     smallest: list[frozenset] = []
 
     def narrowed(nodes: frozenset) -> None:  # a window seen failing alone: kept should the search stop
