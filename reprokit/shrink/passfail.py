@@ -59,15 +59,14 @@ def calibrate_first(reducer) -> None:
     then (a run that never packs never calibrates: issue 39's fixed calls); the step that asked
     goes on after it."""
     pending, reducer.calibration = reducer.calibration, None
-    step, calls, owed = reducer.step, reducer.oracle.stats.target, 1 + (reducer.ride_along is not None)
+    step, calls = reducer.step, reducer.oracle.stats.target
     try:
         pending()
     finally:
         reducer.begin(step)
-        # the budget held a call for the calibration and one for the original's replay: where one
-        # call made both, the call held for the replay is not the passes' to spend
-        made = reducer.oracle.stats.target - calls
-        reducer.spent += max(0, owed - (reducer.ride_along is not None) - made)
+        # made during the passes: counted as theirs, as the calls held for them are released
+        # (Reducer.held) — the budget is a promise
+        reducer.spent += reducer.oracle.stats.target - calls
 
 
 def calibrate_packs(reducer, event, ran: tuple | None = None) -> None:

@@ -334,6 +334,7 @@ def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd
     run.probe_calls += cmd  # the Identity probe (confirm.py), held back until a call of the run passes
     reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None) + (reducer.calibration is not None))
     reducer.before_accept = lambda: _replay_then_probe(run, reducer, verdict)
+    reducer.settle = lambda: _settle_replay(reducer)
     return folded
 
 
@@ -347,7 +348,9 @@ def _replay_then_probe(run, reducer, verdict) -> None:
 def _settle_replay(reducer) -> None:
     """The original's replay alone, where a pending calibration was to carry it and no pack came."""
     if reducer.calibration is not None and reducer.ride_along is not None:
+        calls = reducer.oracle.stats.target
         run_replay_alone(reducer)
+        reducer.spent += reducer.oracle.stats.target - calls  # made during the passes: the budget's
 
 
 def _probe(run, reducer, verdict) -> None:
