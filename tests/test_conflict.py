@@ -24,7 +24,7 @@ import shrink_models as sm
 from onnx import helper
 
 from reprokit.shrink.budget import Limits
-from reprokit.shrink.passes.conflict import bound
+from reprokit.shrink.passes.conflict import allowance, bound
 from reprokit.shrink.steps import shrink
 
 PY = shlex.quote(sys.executable)
@@ -207,7 +207,7 @@ def test_a_resumed_run_keeps_the_allowance_the_search_was_granted(tmp_path):
     bisection budget. Four nodes that fail only together need more: the run stops at the budget.
     Resumed with the same (auto) budget it is granted the same allowance once, not again: its
     passes stop at once, where they were."""
-    model = sm.pair_chain(length=64, first=3, second=60)
+    model = sm.pair_chain(length=63, first=3, second=60)  # under conflict.HALVE_FROM: prefixes only
     path = sm.save(model, tmp_path / "chain.onnx")
     script = sm.write_script(tmp_path, "check.py", NAMES_CHECK)
     log = tmp_path / "runs.log"
@@ -227,7 +227,9 @@ def test_a_resumed_run_keeps_the_allowance_the_search_was_granted(tmp_path):
     assert first["minimal"]["nodes"] < 64
     journal = [json.loads(line) for line in open(tmp_path / "out" / ".reprokit" / "journal.jsonl")]
     # one grant, journaled: the bound for a pair, less the bisection the auto budget already holds
-    assert [e["calls"] for e in journal if e["key"].startswith("allowance:")] == [bound(64) - 2 * math.ceil(math.log2(65))]
+    assert [e["calls"] for e in journal if e["key"].startswith("allowance:")] == [allowance(63)]
+    assert allowance(63) == bound(63) - 2 * math.ceil(math.log2(64))
+    assert allowance(64) == bound(64) - 2 * math.ceil(math.log2(65)) + 4 * 6 + 1  # halved first
 
     # resumed with the same auto budget: the same allowance, already spent — the passes make no
     # call (the resumed run's own confirming call and final judgement aside), and it says so

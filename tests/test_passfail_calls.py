@@ -164,31 +164,33 @@ def test_a_tight_max_calls_is_never_exceeded(tmp_path, max_calls):
 def test_a_calibration_pack_passing_earns_the_result_two_more_runs(tmp_path):
     """The original fails alone, passes inside the calibration pack, fails alone again (a check
     that reads part of a pack, or a coin: one run in 8 of a 50%-flaky check): the result must
-    then fail 4 fresh runs, not 2, before "done" (issue 39). The check answers F P F, the search
-    over the 8-node chain one by one (3 prefixes, all F), then F F F P on the result: its fourth
-    run passes, so the run ends "flaky" (exit 7). Before issue 39 the result ran 3 times afresh
-    and this run ended "done" (exit 0) on n0."""
+    then fail 4 fresh runs, not 2, before "done" (issue 39). The check answers F P F — the
+    calibration comes with the survey's first pack (issue 39: a run that never packs never
+    calibrates) —, the survey's left half, its packs now off, one by one (n0: F), then F F F P on
+    the result: its fourth run passes, so the run ends "flaky" (exit 7). Before issue 39 the
+    result ran 3 times afresh and this run ended "done" (exit 0) on n0."""
     path = sm.save(chain(), tmp_path / "m.onnx")
-    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="FPF" + "FFF" + "FFFP")
+    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="FPF" + "F" + "FFFP")
     out = tmp_path / "out"
     proc = run_cli("shrink", path, "--target", target, "-o", str(out), "--no-pack")
     assert proc.returncode == 7, proc.stderr[-2000:]
     error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
     assert "is flaky" in error and "reduced model" in error and "agree ×1" in error, error
-    assert _calls(log) == 10, _calls(log)
+    assert _calls(log) == 8, _calls(log)
     assert json.loads((out / "summary.json").read_text())["status"] == "flaky"
 
 
 def test_no_reduce_inputs_searches_windows_at_polygraphy_s_calls(tmp_path):
     """polygraphy's --no-reduce-inputs: nodes go only from the end, so a node alone is no
     candidate (but the first). n5 of the 8-node chain: the conflict search's prefixes alone, no
-    survey pack and, since a prefix passes before a best is kept, no Identity probe: confirm, the
-    calibration, prefixes n0–n3 (pass), n0–n5 (fail), n0–n4 (pass), ddmin's coarsest deletion
-    n0–n2 (pass) — 6 calls. Before issue 39: 7 (a survey pack of its own)."""
+    survey pack and, since a prefix passes before a best is kept, no Identity probe: confirm,
+    prefixes n0–n3 (pass), n0–n5 (fail), n0–n4 (pass), ddmin's coarsest deletion n0–n2 (pass) —
+    5 calls; no calibration pack, since nothing is packed. Before issue 39: 7 (a survey pack of
+    its own, and the calibration)."""
     path = sm.save(chain(), tmp_path / "m.onnx")
     target, log = _check(tmp_path, NAME_CHECK, fail=["n5"])
     summary = shrink(path, target, str(tmp_path / "out"), replays=0, shrink_shapes=False, keep_inputs=True).summary
     assert summary["minimal"]["node_names"] == [f"n{k}" for k in range(6)]
     steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
-    assert summary["calls"]["target"] == _calls(log) == 6, (steps, _calls(log))
+    assert summary["calls"]["target"] == _calls(log) == 5, (steps, _calls(log))
     assert "survey" not in steps and "probe" not in steps, steps

@@ -186,7 +186,7 @@ PROBE_FEEDS = {"x": np.ones((1,), np.float32)}
 def probe_pending(run) -> bool:
     """Does this run still owe the Identity probe? Only a check command does, and only until one
     of its calls agreed: a check that passed once does not fail whatever the model."""
-    return parse_target(run.target).engine == "cmd" and run.oracle.stats.agreed == 0
+    return parse_target(run.target).engine == "cmd" and run.oracle.stats.agreed == 0 and not getattr(run, "probed", False)
 
 
 def refuse_model_blind_check(run, verdict) -> None:
@@ -198,6 +198,7 @@ def refuse_model_blind_check(run, verdict) -> None:
         return
     path = save_model(probe_model(run.model), os.path.join(run.models_dir, "probe.onnx"))
     seen = run.oracle.run_again(path, PROBE_FEEDS, {"y": PROBE_FEEDS["x"]})
+    run.probed = True  # a probe that showed something else (no pass either) is not asked twice
     if not shows_bug(verdict.signature, seen):
         return
     broken = _BROKEN_CHECK.search(verdict.message or "")

@@ -22,7 +22,13 @@ from reprokit.shrink.references import save_candidate
 
 def group_fails(reducer, group: list[frozenset]) -> bool:
     """Pass/fail: does a pack of these disjoint candidates show the signature? One call.
-    A pack that passes clears every member: journaled as inferred from the group, not observed."""
+    A pack that passes clears every member: journaled as inferred from the group, not observed.
+    The first pack of a run is preceded by the check's calibration (``reducer.calibration``);
+    where it turns packs off, the members are judged one by one."""
+    if reducer.calibration is not None:
+        calibrate_first(reducer)
+    if reducer.packing != "group":
+        return any(reducer.test(cand) for cand in group)
     prepared = []
     for cand in group:
         sub, trivial = prepare_candidate(reducer, cand, check=False)
@@ -46,6 +52,21 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
         for cand, _ in prepared:
             reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
     return fails
+
+
+def calibrate_first(reducer) -> None:
+    """The pending calibration, made now, before the run's first pack, with the best as it is
+    then (a run that never packs never calibrates: issue 39's fixed calls); the step that asked
+    goes on after it."""
+    pending, reducer.calibration = reducer.calibration, None
+    step, calls = reducer.step, reducer.oracle.stats.target
+    try:
+        pending()
+    finally:
+        reducer.begin(step)
+        # made during the passes: counted as theirs, as the calls held for them are released
+        # (Reducer.held) — the budget is a promise
+        reducer.spent += reducer.oracle.stats.target - calls
 
 
 def calibrate_packs(reducer, event, ran: tuple | None = None) -> None:

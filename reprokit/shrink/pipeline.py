@@ -3,7 +3,8 @@ region says instead (attribution).
 
 1. **named** (pass/fail signatures): the node the engine's message names, alone.
 2. **survey**: every node alone (one packed call for numeric oracles, with the marked
-   layerwise run riding along; group testing for pass/fail ones).
+   layerwise run riding along; group testing for pass/fail ones below ``conflict.HALVE_FROM``
+   nodes — from there on the conflict search's halving finds a single as well, for fewer nodes).
 3. **pairs** and **localize** (numeric): every producer→consumer pair alone rides in the
    survey's call while the pack limits allow (a pair that reproduces there is taken for no
    call); then regions around the anchor and the origins, one packed call (the pairs not judged
@@ -82,7 +83,11 @@ def reduce(reducer, plan: Plan, message: str = "") -> str:
             # where the inputs or outputs are kept (polygraphy's --no-reduce-*) a node alone is
             # mostly no candidate at all: the conflict search's windows are what is left to try
             kept = reducer.keep_inputs or reducer.keep_outputs
-            if not found and (numeric or (reducer.packing is not None and not kept)):
+            # from conflict.HALVE_FROM nodes on, the conflict search's halving finds a single alone
+            # too, building windows where the survey's packs build every node: the survey's two
+            # calls and n nodes would only say "no single" to a pair (issue 39: nodes built)
+            halved = len(reducer.best) >= conflict.HALVE_FROM and len(reducer.best) <= CONFLICT_UP_TO
+            if not found and (numeric or (reducer.packing is not None and not kept and not halved)):
                 reducer.begin("survey")
                 found = survey.run(reducer, layerwise=numeric)
             # pairs ride in the survey's call while the pack has room: one that reproduces is

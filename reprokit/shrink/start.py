@@ -48,6 +48,7 @@ class _Run:
     shrink_shapes: bool = True  # halve the result's input shapes while the signature holds
     refused: bool = False  # the Identity probe failed alike: the check does not depend on the model
     probe_calls: int = 0  # what a check command adds to the auto budget: the calibration, the probe reserved
+    probed: bool = False  # the Identity probe ran (once a run: its answer does not change)
 
     @property
     def feeds(self) -> dict:

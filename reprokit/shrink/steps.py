@@ -237,6 +237,7 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
             if pending.verdict is None:
                 run_replay_alone(reducer)
             verdict = pending.verdict
+        _settle_replay(reducer)
         _probe(run, reducer, verdict)
         reducer.close()
         if reducer.causal is not None and reducer.causal.model is not reducer.model:
@@ -315,18 +316,41 @@ def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd
     reducer.original_replay = ("none" if not original_replays else
                                f"{original_replays - folded} call(s) of its own at confirm"
                                + (f" and one riding with the {ride_along.carrier}" if folded else ""))
-    if reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
+    if reducer.packing == "group" and cmd:
+        # one call, made before the first pack (passfail.group_fails), with the best as it is then:
+        # a run that never packs (a named node, the conflict search's windows) never pays for it;
+        # the original's replay rides in it, or runs alone before a best is kept
+        reducer.calibration = lambda: calibrate_packs(reducer, run.event)
+        run.probe_calls += 1
+        folded = False  # the replay may run alone: the auto budget holds a call for it
+    elif reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
         calls = run.oracle.stats.target
         calibrate_packs(reducer, run.event, pre and as_calibration(run, reducer, pre))
         run.probe_calls += 1  # the calibration; a second call was the original's replay alone
         folded = folded and run.oracle.stats.target - calls == (pre is None)
-    if reducer.packing != "numeric" and reducer.ride_along is not None:  # no packed call will carry it
-        run_replay_alone(reducer)
+    if reducer.packing != "numeric" and reducer.ride_along is not None and reducer.calibration is None:
+        run_replay_alone(reducer)  # no packed call will carry it
         folded = False
     run.probe_calls += cmd  # the Identity probe (confirm.py), held back until a call of the run passes
-    reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None))
-    reducer.before_accept = lambda: _probe(run, reducer, verdict)
+    reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None) + (reducer.calibration is not None))
+    reducer.before_accept = lambda: _replay_then_probe(run, reducer, verdict)
+    reducer.settle = lambda: _settle_replay(reducer)
     return folded
+
+
+def _replay_then_probe(run, reducer, verdict) -> None:
+    """Before a best is kept: the original's replay where no pack carried it yet (the pending
+    calibration will hold the smaller best instead), then the Identity probe where no call passed."""
+    _settle_replay(reducer)
+    _probe(run, reducer, verdict)
+
+
+def _settle_replay(reducer) -> None:
+    """The original's replay alone, where a pending calibration was to carry it and no pack came."""
+    if reducer.calibration is not None and reducer.ride_along is not None:
+        calls = reducer.oracle.stats.target
+        run_replay_alone(reducer)
+        reducer.spent += reducer.oracle.stats.target - calls  # made during the passes: the budget's
 
 
 def _probe(run, reducer, verdict) -> None:

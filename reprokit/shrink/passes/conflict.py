@@ -37,9 +37,14 @@ from __future__ import annotations
 
 import math
 
+from reprokit.shrink.evaluator import Outcome
 from reprokit.shrink.reducer import BudgetExhausted
 
 DENSE = 8  # at most this many nodes left between two necessary ones: each is left out in turn
+# From this many nodes on, windows are halved first (:func:`halve`): a prefix bisection builds
+# about b·log2 n nodes (b: the last necessary node's place), halving about 1.5·n, for about half
+# a call more a level; below it the calls weigh more than the nodes (issue 39: est. build seconds)
+HALVE_FROM = 64
 
 
 def bound(n: int, k: int = 2) -> int:
@@ -47,13 +52,25 @@ def bound(n: int, k: int = 2) -> int:
     return 2 * k * math.ceil(math.log2(max(2, n / k))) + 2 * k
 
 
+def allowance(n: int) -> int:
+    """What the search claims on top of the auto budget's bisection over n nodes: its bound for
+    a pair (k = 2) and, where it halves windows first (n ≥ ``HALVE_FROM``), the halving's worst
+    case (two calls a level, then one a level for each side, the pair judged alone)."""
+    halving = 4 * math.ceil(math.log2(n)) + 1 if n >= HALVE_FROM else 0
+    return bound(n) - 2 * math.ceil(math.log2(n + 1)) + halving
+
+
 def run(reducer) -> bool:
     """Accept a minimal set of nodes that shows the signature alone; True when found."""
     order = reducer.ordered()
     if len(order) < 3:
         return False
-    # the search's bound for a pair (k = 2), the auto budget's bisection aside
-    reducer.claim(bound(len(order)) - 2 * math.ceil(math.log2(len(order) + 1)))
+    halving = len(order) >= HALVE_FROM
+    reducer.claim(allowance(len(order)))
+    if halving and reducer.settle is not None:
+        # windows judged alone, no pack to carry the original's replay: it runs first, so that a
+        # check that fails only sometimes is told before a search on its coin flips
+        reducer.settle()
     smallest: list[frozenset] = []
 
     def narrowed(nodes: frozenset) -> None:  # a window seen failing alone: kept should the search stop
@@ -67,8 +84,19 @@ def run(reducer) -> bool:
         if smallest and reducer.smaller(smallest[0]):
             reducer.accept(smallest[0], "a window that fails alone (conflict-set search)")
 
+    passed: list[frozenset] = []
+
+    def asked(nodes: frozenset) -> bool:
+        if reducer.test(nodes):
+            return True
+        passed.append(nodes)
+        return False
+
     try:
-        found = search(reducer.test, order, producers=_producers(reducer), narrowed=narrowed)
+        producers = _producers(reducer)
+        found = halve(asked, order, producers=producers, narrowed=narrowed) if halving else None
+        if found is None:  # the halves' answers left no set that fails alone: the bisection over all
+            found = search(asked, order, producers=producers, narrowed=narrowed)
     except BudgetExhausted:
         keep_smallest()  # a run stopped at the budget keeps the smallest failing window
         raise
@@ -81,7 +109,20 @@ def run(reducer) -> bool:
         return False
     if reducer.smaller(found):
         reducer.accept(found, f"{len(found)} nodes that fail only together (conflict-set search)")
+    _clear_inside_passes(reducer, found, passed)
     return found == reducer.best
+
+
+def _clear_inside_passes(reducer, found: frozenset, passed: list[frozenset]) -> None:
+    """The result less one node lies inside a set the search saw pass: under the search's own
+    assumption (a subset of a passing set passes) it passes too, journaled as inferred, as a
+    group test's cleared members are — ddmin's 1-minimality sweep and the branches' cones then
+    ask no call for it (the survey's packs said so of single nodes where it ran)."""
+    for node in found:
+        rest = found - {node}
+        if rest and reducer.cached(rest) is None and any(rest <= seen for seen in passed):
+            reducer.record(rest, Outcome(False, "agree", "inside a set that passed (conflict-set search)", None,
+                                         inferred=True))
 
 
 def _producers(reducer):
@@ -134,6 +175,65 @@ def search(test, order: list[int], producers=None, narrowed=None) -> frozenset |
         found.append(rest[first])
         rest = rest[first + 1:]
     return frozenset(found)
+
+
+def halve(test, order: list[int], producers=None, narrowed=None) -> frozenset | None:
+    """A small set of ``order`` that fails alone, by halving windows, or None. Each question keeps a
+    window of the graph (a fusion inside it stays intact) and builds only that window: while one
+    half of the current window fails alone the search goes down it (one call, two when the first
+    half passes). When neither half fails, a necessary node lies on each side (a distant pair, or a
+    fusion the cut went through): :func:`_straddle` narrows both sides. About 1.5·n nodes built for
+    a fusion or a single, 2·n for a pair across the halves, where the prefix bisection of
+    :func:`search` builds b·log2 n. None when the end set does not fail alone (more than one
+    necessary node on a side): :func:`search` then starts over, its repeated questions cached."""
+    narrowed = narrowed or (lambda nodes: None)
+
+    def fails(nodes) -> bool:
+        nodes = frozenset(nodes)
+        if test(nodes):
+            narrowed(nodes)
+            return True
+        return False
+
+    window = list(order)
+    while len(window) > 1:
+        half = len(window) // 2
+        first, second = window[:half], window[half:]
+        if fails(first):
+            window = first
+        elif fails(second):
+            window = second
+        else:
+            return _straddle(fails, first, second, producers)
+    return frozenset(window)
+
+
+def _straddle(fails, early: list[int], late: list[int], producers=None) -> frozenset | None:
+    """Neither ``early`` nor ``late`` fails alone, together they do: one necessary node on each
+    side is assumed (checked at the end). The larger side (the later on a tie) is halved, one half
+    of it asked with the whole other side: a pass points at the other half. Once the later side is
+    one node, its producers on the early side are asked first (a fusion cut in two). Each question
+    builds the two sides as they are: the sizes fall by half a question. Returns the pair (asked
+    alone, usually as the last question), or None when it does not fail alone."""
+    guess = producers is not None
+    seen = False  # the last question failed on exactly the sides as they now are
+    while len(early) > 1 or len(late) > 1:
+        if guess and len(late) == 1:
+            guess = False
+            near = [node for node in early if node in producers(late[0])]
+            if near and len(near) < len(early) and fails(near + late):
+                early, seen = near, True
+                continue
+        if len(late) >= len(early):
+            part = late[:len(late) // 2]
+            seen = fails(early + part)
+            late = part if seen else late[len(late) // 2:]
+        else:
+            part = early[len(early) // 2:]  # the later half first: nearer the other side
+            seen = fails(part + late)
+            early = part if seen else early[:len(early) // 2]
+    found = frozenset(early + late)
+    return found if seen or fails(found) else None
 
 
 def _first(low: int, high: int, holds) -> int:
