@@ -436,3 +436,16 @@ def write_script(directory, name: str, text: str) -> str:
     with open(path, "w") as handle:
         handle.write(textwrap.dedent(text).lstrip())
     return path
+
+
+# Answers by a fixed sequence, one letter per call (F fails, P passes), whatever the model.
+SEQUENCE_CHECK = """
+import sys
+with open({log!r}, "a+") as handle:
+    handle.seek(0)
+    count = len(handle.read().splitlines())
+    handle.write(sys.argv[1] + "\\n")
+if {sequence!r}[count % len({sequence!r})] == "F":
+    print("FLAKY FAILURE")
+    sys.exit(1)
+"""

@@ -135,17 +135,6 @@ def test_a_named_node_costs_four_calls_outside_the_search_and_no_calibration(tmp
     assert built.count(40) == 2  # the original built twice: confirmed and replayed, never packed
 
 
-# Answers by a fixed sequence, one letter per call (F fails, P passes), whatever the model.
-SEQUENCE_CHECK = """
-import sys
-with open({log!r}, "a+") as handle:
-    handle.seek(0)
-    count = len(handle.read().splitlines())
-    handle.write(sys.argv[1] + "\\n")
-if {sequence!r}[count % len({sequence!r})] == "F":
-    print("FLAKY FAILURE")
-    sys.exit(1)
-"""
 
 
 def test_a_check_that_passes_the_original_again_is_told_before_the_windows(tmp_path):
@@ -156,7 +145,7 @@ def test_a_check_that_passes_the_original_again_is_told_before_the_windows(tmp_p
 
     path = sm.save(sm.pair_chain(length=100, first=3, second=90), tmp_path / "m.onnx")
     log = tmp_path / "calls.log"
-    script = sm.write_script(tmp_path, "check.py", SEQUENCE_CHECK.format(log=str(log), sequence="FP"))
+    script = sm.write_script(tmp_path, "check.py", sm.SEQUENCE_CHECK.format(log=str(log), sequence="FP"))
     proc = run_cli("shrink", path, "--target", f"cmd:{PY} {script} {{model}}", "-o", str(tmp_path / "out"),
                    "--no-pack")
     assert proc.returncode == 6, proc.stderr[-2000:]

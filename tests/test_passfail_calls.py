@@ -32,17 +32,6 @@ if {fail!r} and set({fail!r}) <= names:
     sys.exit(1)
 """
 
-# Answers by a fixed sequence, one letter per call (F fails, P passes), whatever the model.
-SEQUENCE_CHECK = """
-import sys
-with open({log!r}, "a+") as handle:
-    handle.seek(0)
-    count = len(handle.read().splitlines())
-    handle.write(sys.argv[1] + "\\n")
-if {sequence!r}[count % len({sequence!r})] == "F":
-    print("FLAKY FAILURE")
-    sys.exit(1)
-"""
 
 
 def chain(length: int = 8, shape=(16,)):
@@ -101,7 +90,7 @@ def test_the_probe_runs_only_when_no_call_passed(tmp_path):
 def test_a_check_that_always_fails_is_refused_with_exit_4(tmp_path):
     """No call ever passes, so the probe runs before any result is accepted, and fails alike."""
     path = sm.save(chain(), tmp_path / "m.onnx")
-    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="F")
+    target, log = _check(tmp_path, sm.SEQUENCE_CHECK, sequence="F")
     proc = run_cli("shrink", path, "--target", target, "-o", str(tmp_path / "out"))
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert "does not depend on the model" in proc.stderr and "FLAKY FAILURE" in proc.stderr, proc.stderr
@@ -114,7 +103,7 @@ def test_a_check_that_passed_the_original_twice_is_not_said_to_never_fail(tmp_pa
     """A check failing every other call that happens to pass the original twice (the first run
     and its replay) may still fail: the message says so and how to go on, never "does not diverge"."""
     path = sm.save(chain(), tmp_path / "m.onnx")
-    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="PPF")
+    target, log = _check(tmp_path, sm.SEQUENCE_CHECK, sequence="PPF")
     proc = run_cli("shrink", path, "--target", target, "-o", str(tmp_path / "out"))
     assert proc.returncode == 6, proc.stderr[-2000:]
     assert "the check passed on the original twice: it does not fail, or fails only sometimes" in proc.stderr
@@ -132,7 +121,7 @@ def test_a_check_that_passed_the_original_twice_is_not_said_to_never_fail(tmp_pa
 ])
 def test_a_flaky_check_ends_with_the_flaky_verdict(tmp_path, sequence, code, where):
     path = sm.save(chain(), tmp_path / "m.onnx")
-    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence=sequence)
+    target, log = _check(tmp_path, sm.SEQUENCE_CHECK, sequence=sequence)
     out = tmp_path / "out"
     proc = run_cli("shrink", path, "--target", target, "-o", str(out))
     assert proc.returncode == code, proc.stderr[-2000:]
@@ -170,7 +159,7 @@ def test_a_calibration_pack_passing_earns_the_result_two_more_runs(tmp_path):
     the result: its fourth run passes, so the run ends "flaky" (exit 7). Before issue 39 the
     result ran 3 times afresh and this run ended "done" (exit 0) on n0."""
     path = sm.save(chain(), tmp_path / "m.onnx")
-    target, log = _check(tmp_path, SEQUENCE_CHECK, sequence="FPF" + "F" + "FFFP")
+    target, log = _check(tmp_path, sm.SEQUENCE_CHECK, sequence="FPF" + "F" + "FFFP")
     out = tmp_path / "out"
     proc = run_cli("shrink", path, "--target", target, "-o", str(out), "--no-pack")
     assert proc.returncode == 7, proc.stderr[-2000:]

@@ -133,6 +133,19 @@ def _producers(reducer):
     return lambda node: {p for t in index.node_inputs[node] if (p := index.producer.get(t)) is not None}
 
 
+def _heard(test, narrowed):
+    """``test`` as a predicate on any iterable of nodes, telling ``narrowed`` (optional) each set it
+    held on."""
+    def fails(nodes) -> bool:
+        nodes = frozenset(nodes)
+        if test(nodes):
+            if narrowed is not None:
+                narrowed(nodes)
+            return True
+        return False
+    return fails
+
+
 def search(test, order: list[int], producers=None, narrowed=None) -> frozenset | None:
     """A minimal subset of ``order`` for which ``test`` holds, assuming it holds on all of
     ``order`` and is monotone. ``test`` takes a frozenset; ``producers(node)`` (optional) names
@@ -140,14 +153,7 @@ def search(test, order: list[int], producers=None, narrowed=None) -> frozenset |
     each set that ``test`` held on, as the search closes in."""
     if not order:
         return None
-    narrowed = narrowed or (lambda nodes: None)
-
-    def fails(nodes) -> bool:
-        nodes = frozenset(nodes)
-        if test(nodes):
-            narrowed(nodes)
-            return True
-        return False
+    fails = _heard(test, narrowed)
 
     position = {node: i for i, node in enumerate(order)}
     high = _first(1, len(order), lambda length: fails(order[:length]))  # the smallest failing prefix
@@ -186,14 +192,7 @@ def halve(test, order: list[int], producers=None, narrowed=None) -> frozenset | 
     a fusion or a single, 2·n for a pair across the halves, where the prefix bisection of
     :func:`search` builds b·log2 n. None when the end set does not fail alone (more than one
     necessary node on a side): :func:`search` then starts over, its repeated questions cached."""
-    narrowed = narrowed or (lambda nodes: None)
-
-    def fails(nodes) -> bool:
-        nodes = frozenset(nodes)
-        if test(nodes):
-            narrowed(nodes)
-            return True
-        return False
+    fails = _heard(test, narrowed)
 
     window = list(order)
     while len(window) > 1:
