@@ -316,10 +316,11 @@ def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd
     reducer.original_replay = ("none" if not original_replays else
                                f"{original_replays - folded} call(s) of its own at confirm"
                                + (f" and one riding with the {ride_along.carrier}" if folded else ""))
-    if reducer.packing == "group" and cmd:
+    if reducer.packing == "group" and cmd and pre is None:
         # one call, made before the first pack (passfail.group_fails), with the best as it is then:
         # a run that never packs (a named node, the conflict search's windows) never pays for it;
-        # the original's replay rides in it, or runs alone before a best is kept
+        # the original's replay rides in it, or runs alone before a best is kept (a calibration
+        # made before the confirmation, ``pre``, was paid already and carried it: taken below)
         reducer.calibration = lambda: calibrate_packs(reducer, run.event)
         run.probe_calls += 1
         folded = False  # the replay may run alone: the auto budget holds a call for it
