@@ -186,7 +186,7 @@ PROBE_FEEDS = {"x": np.ones((1,), np.float32)}
 def probe_pending(run) -> bool:
     """Does this run still owe the Identity probe? Only a check command does, and only until one
     of its calls agreed: a check that passed once does not fail whatever the model."""
-    return parse_target(run.target).engine == "cmd" and run.oracle.stats.agreed == 0 and not getattr(run, "probed", False)
+    return parse_target(run.target).engine == "cmd" and run.oracle.stats.agreed == 0 and not run.probed
 
 
 def refuse_model_blind_check(run, verdict) -> None:

@@ -129,10 +129,11 @@ def peaks(reducer, order: list[int]):
     return lambda tile: max(at[tile[0]:tile[0] + tile[1]], default=0.0)
 
 
-def _marked_may_drift(tile: tuple[int, int], peak, bar: float | None) -> bool:
+def _marked_may_drift(tile: tuple[int, int], peak, bar: float | None, share: float = 0.5) -> bool:
     """Can this window drift, going by the marked run? Not where the largest error the marked run
-    saw at its nodes stayed under half the bar (the margin :func:`_may_drift` keeps too)."""
-    return peak is None or not bar or bar != bar or peak(tile) >= bar / 2
+    saw at its nodes stayed under ``share`` of the bar (half by default: the margin
+    :func:`_may_drift` keeps too)."""
+    return peak is None or not bar or bar != bar or peak(tile) >= bar * share
 
 
 def _likeliest_first(tiles: list[tuple[int, int]], peak) -> list[tuple[int, int]]:
@@ -196,7 +197,7 @@ def _shorter(size: int, n: int, seen: dict, bar: float | None, peak=None) -> lis
     than the whole model's run shows at its nodes (PP-OCRv4 det under openvino:bf16: 1,507 nodes
     of 61- and 51-node windows asked for no hit, none of them over the bar in the marked run)."""
     return [t for part in (3 * size // 4, 5 * size // 8) for t in _tiles(0, n, part)
-            if _may_drift(t, seen, bar) and (peak is None or not bar or bar != bar or peak(t) >= bar)]
+            if _may_drift(t, seen, bar) and _marked_may_drift(t, peak, bar, share=1.0)]
 
 
 def _next_round(start: int, size: int, n: int, seen: dict, bar: float | None, peak=None) -> list[tuple[int, int]]:
