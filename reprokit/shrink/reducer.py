@@ -75,6 +75,7 @@ class Reducer:
     pack_nodes: int = 4096  # nodes one packed call may build
     build_cost: object | None = None  # buildcost.BuildCost packs follow (--pack-by build-cost); None: by count
     isolated: dict = field(default_factory=dict)  # node index -> Outcome of the node alone
+    exact_pairs: int = 0  # pairs not built: each is its consumer alone (survey.consumer_alone)
     severity: float | None = None  # a mismatch candidate's error must reach this (None: the tolerance)
     message_key: str = ""  # the original failure's normalized message (pass/fail oracles)
     allowance: Callable[[int], int] | None = None  # allowance(calls): extra budget a pass may claim (auto budget)
