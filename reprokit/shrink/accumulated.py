@@ -57,13 +57,14 @@ def finish_accumulated(run, reducer, writer, verdict) -> tuple[str, str]:
     judged = "no single node, pair or region around the first divergence" if "localize" in reducer.stats else \
         "no single node or producer→consumer pair (no node diverges alone, so no region was grown from one)"
     found["regions_judged"] = "localize" in reducer.stats
-    if reducer.exact_pairs:  # not built, and said so: the claim covers them by the survey's evidence
-        found["exact_pairs_not_built"] = reducer.exact_pairs
-        judged += (f" ({reducer.exact_pairs} pairs not built: their producer computed the reference's values "
-                   "exactly alone, so each is its consumer alone, judged in the survey)")
     note = (f"accumulated error: {judged} shows the "
             f"mismatch on its own ({found['diverging_alone']} of {found['nodes_judged_alone']} nodes exceed the "
-            "tolerance alone); see `attribution` for the layers that contribute most; " + advice)
+            "tolerance alone); ")
+    if reducer.exact_pairs:  # not built, and said so: the claim covers them by the survey's evidence
+        found["exact_pairs_not_built"] = reducer.exact_pairs
+        note += (f"{reducer.exact_pairs} pairs were not built: their producer computed the reference's values "
+                 "exactly alone, so each is its consumer alone, judged in the survey; ")
+    note += "see `attribution` for the layers that contribute most; " + advice
     if window is not None:
         anchor = window["anchor"]
         where = (f": nodes {anchor['first']}–{anchor['last']} of the file's {anchor['of']}"
