@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import math
 
-from reprokit.shrink.passes.drift_window import _may_drift, _next_round, _next_rounds, first_tiles
+from reprokit.shrink.passes.drift_window import (
+    FIRST_BY_COST,
+    _may_drift,
+    _next_round,
+    _next_rounds,
+    first_tiles,
+)
 
 
 def test_the_first_round_asks_its_windows_smallest_first_and_covers_the_graph():
@@ -55,3 +61,21 @@ def test_windows_the_marked_run_leaves_under_half_the_bar_are_not_asked_the_like
     flat = [0.06] * 330
     ranked = first_tiles(330, lambda t: max(flat[t[0]:t[0] + t[1]]) + (0.01 if t[0] == 40 else 0.0), 0.1)
     assert [t for t in ranked if t[1] == 20][0] == (40, 20)  # within a size, the likeliest first
+
+
+def test_by_build_cost_the_first_tiling_starts_at_eighths_and_still_covers_every_sixteenth():
+    """Each size's tiling builds about twice the model: packed by build cost the sixteenths are
+    not tiled, and every sixteenth-window lies whole inside an eighth-window (half-window strides)."""
+    coarse = first_tiles(330, finest=FIRST_BY_COST)
+    assert min(size for _, size in coarse) == 330 // 8
+    for a, size in first_tiles(330):
+        if size == 330 // 16:
+            assert any(b <= a and a + size <= b + length for b, length in coarse if length == 330 // 8)
+
+
+def test_after_a_hit_below_the_first_tiling_no_shorter_size_goes_over_the_graph():
+    """The round after a 12-node hit asks inside it only (elsewhere=False), not the 3/4 and 5/8
+    sizes over all 403 nodes (PP-OCRv4 rec under openvino:bf16: 988 nodes built for no hit)."""
+    inside = _next_round(213, 12, 403, {}, 0.01, elsewhere=False)
+    assert inside and all(213 <= a and a + s <= 225 for a, s in inside)
+    assert len(_next_round(213, 12, 403, {}, 0.01)) > 4 * len(inside)  # by count: the graph too

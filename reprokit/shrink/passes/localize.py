@@ -16,6 +16,7 @@ in every later candidate: a reduction never slips from this fault to another one
 
 from __future__ import annotations
 
+from reprokit.engine.oracle import Kind
 from reprokit.graph.extract import NotCaptured
 from reprokit.shrink.passes import ddmin, shapes
 
@@ -31,15 +32,16 @@ CROP_RUNGS = 12
 def run(reducer) -> bool:
     """Accept the smallest reproducing region around an anchor or an origin; True when found."""
     best = set(reducer.best)
+    anchors, origins = _births(reducer)
     rungs: list[tuple[frozenset, str, int | None]] = []
-    for anchor in [a for a in reducer.anchors if a in best][:1]:
+    for anchor in [a for a in anchors if a in best][:1]:
         cone = sorted(reducer.index.ancestors(anchor, within=best))
         path = origin_path(reducer, anchor, set(cone))
         if path:
             rungs.append((path, "the path from where the divergence starts to where it takes its kind", anchor))
         for width in _widths(len(cone)):
             rungs.append((frozenset(cone[-width:]), f"region of {width} nodes ending at the anchor", anchor))
-    for origin in [o for o in reducer.origins if o in best][:2]:
+    for origin in [o for o in origins if o in best][:2]:
         ahead = sorted(reducer.index.descendants(origin, within=best))
         for width in _widths(len(ahead)):
             rungs.append((frozenset(ahead[:width]), f"region of {width} nodes starting where it diverges", origin))
@@ -62,6 +64,19 @@ def run(reducer) -> bool:
     if anchor is not None and reducer.signature.kind.value in ("nonfinite", "mismatch"):
         reducer.required = frozenset([anchor])
     return True
+
+
+def _births(reducer) -> tuple[list[int], list[int]]:
+    """(anchors, origins) the regions grow from. Packed by build cost a mismatch's regions grow
+    only from the nodes that diverge alone — the births that let localize run for a mismatch at
+    all (``pipeline._born_somewhere``) — not from the marked run's anchors and first diverging
+    tensors: where the error adds up, those are only where the marked run first crosses the bar
+    (PP-OCRv4 rec under openvino:bf16: nodes 11 and 19, 148 nodes of regions judged, while the
+    one node that diverges alone is node 239). By count the rungs ride in calls that come anyway."""
+    if reducer.build_cost is None or reducer.signature.kind is not Kind.MISMATCH:
+        return reducer.anchors, reducer.origins
+    alone = [i for i, o in sorted(reducer.isolated.items()) if o.kind in (Kind.MISMATCH.value, Kind.NONFINITE.value)]
+    return [], alone
 
 
 def _speculate_crops(reducer, regions: list[frozenset]) -> None:
