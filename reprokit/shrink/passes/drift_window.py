@@ -166,12 +166,14 @@ def _likeliest_first(tiles: list[tuple[int, int]], peak, own=None) -> list[tuple
                                         -peak(t) if peak is not None else 0.0))
 
 
-def _rounds_nothing(reducer, order: list[int]):
+def _rounds_nothing(reducer, order: list[int], bar: float | None):
     """``rounds_nothing((start, size))``: did every node of the window stay within float32
     rounding of the reference alone in the survey (``survey.rounds_nothing_alone``: the engine
     ran it in fp32)? Packed by build cost such a window is not asked: with no node that rounds to
     a narrow type it cannot drift (PP-OCRv4 rec under openvino:bf16: 8 such windows judged, each
     under 2e-7 at a bar of 0.01)."""
+    if not bar or bar != bar or bar < survey.EXACT_RULE_FROM:  # float32 rounding could matter there
+        return lambda tile: False
     fp32 = [survey.rounds_nothing_alone(reducer, i) for i in order]
     return lambda tile: all(fp32[tile[0]:tile[0] + tile[1]])
 
@@ -201,7 +203,7 @@ def run(reducer, rounds: int = ROUNDS) -> Window | None:
     seen: dict[tuple[int, int], float] = {}  # (start, size) -> error of every window judged
     bar = _bar(reducer)
     peak = peaks(reducer, order)
-    rounds_nothing = _rounds_nothing(reducer, order) if reducer.build_cost is not None else (lambda t: False)
+    rounds_nothing = _rounds_nothing(reducer, order, bar) if reducer.build_cost is not None else (lambda t: False)
     may = lambda t: _marked_may_drift(t, peak, bar) and not rounds_nothing(t)  # noqa: E731
     if reducer.build_cost is not None and peak is not None:
         reducer.claim(3 * (rounds + 1))  # each round's sequences (_ask): a size each, the rest
