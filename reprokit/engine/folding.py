@@ -208,51 +208,194 @@ def _outputs_folded(before, after) -> bool:
 
 
 def fold_constants(model):
-    """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept.
-    Models whose weights stay on disk (external data) are left unfolded: folding would pull
-    every weight into memory. Unnamed nodes are named by :func:`node_label` first, so the
-    folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came from
-    (:func:`reprokit.graph.model.node_label`).
+    """Constant folding, opset and IR kept: onnxruntime's own constant folding alone (one
+    session built with every other basic rewrite disabled, the folded graph written out), and
+    where that is not a pure fold (:func:`pure_fold`: a rewrite this list does not name, a body
+    changed) or onnxruntime cannot load the model, onnx-graphsurgeon's passes as polygraphy's
+    sanitize runs them. Models whose weights stay on disk (external data) are left unfolded:
+    folding would pull every weight into memory. Unnamed nodes are named by :func:`node_label`
+    first, so the folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came
+    from (:func:`reprokit.graph.model.node_label`).
 
-    Folding is an optimization that onnx-graphsurgeon sometimes gets wrong (shapes folded from
+    Folding is an optimization that can get shapes wrong (onnx-graphsurgeon folded some from
     wrong inferred shapes): callers that run the result check it against the unfolded model
     (:func:`checked_fold`)."""
     import onnx
-    import onnx_graphsurgeon as gs
 
     if external_locations(model):
         return model
     ir_version, opsets = model.ir_version, list(model.opset_import)
-    # gs folds with onnxruntime in this process: its log lines and gs's own go to the run's log
-    # (reprokit.engine.enginelog), never to the console. Warnings about the folding's own constant
-    # subgraphs say nothing about the user's engine: errors only.
-    try:
-        import onnxruntime
-
-        onnxruntime.set_default_logger_severity(3)
-    except Exception:
-        pass
-    try:
-        with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
-            folded = onnx.ModelProto.FromString(model.SerializeToString())
-            name_unnamed_nodes(folded)
-            # As polygraphy's sanitize: shapes inferred before each pass (gs folds a Shape only
-            # where it knows the shape), passes until nothing more folds — each pass's folded
-            # shapes let the next fold what read them (a Swin export: 3,647 → 1,624 → 960 → 665).
-            for _ in range(FOLD_PASSES):
-                before = len(folded.graph.node)
-                folded = _fold_pass(onnx, gs, folded)
-                if len(folded.graph.node) >= before:
-                    break
-    except Exception:  # folding is an optimization: keep the model as it was
+    named = onnx.ModelProto.FromString(model.SerializeToString())
+    name_unnamed_nodes(named)
+    # the fold's engines log to the run's log (reprokit.engine.enginelog), never to the console;
+    # warnings about the folding's own constant subgraphs say nothing about the user's engine
+    with captured("constant folding (onnxruntime in process)"):
+        folded = _ort_fold(onnx, named)
+        if folded is None:
+            folded = _gs_passes(onnx, named)
+    if folded is None:  # folding is an optimization: keep the model as it was
         return model
     folded.ir_version = ir_version
     del folded.opset_import[:]
     folded.opset_import.extend(opsets)
     try:
-        folded = onnx.shape_inference.infer_shapes(folded)
+        folded = _infer_shapes(onnx, folded)
     except Exception:
         pass
+    return folded
+
+
+# onnxruntime's basic-level rewrites other than ConstantFolding (its rule and transformer
+# names): each would change what the engine is asked to build (MatMul+Add into Gemm, Conv+BN,
+# Identity removed) or rename tensors (ConstantSharing). A name missing here from a later
+# onnxruntime shows as a node that is not the user's, and :func:`pure_fold` sends that model
+# to onnx-graphsurgeon instead.
+_ORT_NOT_FOLDING = (
+    "CommonSubexpressionElimination",
+    "ConstantSharing",
+    "MatMulAddFusion",
+    "ReshapeFusion",
+    "FreeDimensionOverrideTransformer",
+    "QDQPropagationTransformer",
+    "WeightBiasQuantization",
+    "EnsureUniqueDQForNodeUnit",
+    "DoubleQDQPairsRemover",
+    "RemoveDuplicateCastTransformer",
+    "CastFloat16Transformer",
+    "QDQS8ToU8Transformer",
+    "QDQFinalCleanupTransformer",
+    "ShapeInputMerge",
+    "GatherToSplitFusion",
+    "GatherToSliceFusion",
+    "ConcatSliceElimination",
+    "MatMulBNFusion",
+    "PadFusion",
+    "SliceElimination",
+    "Conv1dReplacement",
+    "TransposeOptimizer",
+    "DQMatMulNBitsFusion",
+    "EliminateIdentity",
+    "EliminateSlice",
+    "UnsqueezeElimination",
+    "EliminateDropout",
+    "ExpandElimination",
+    "CastElimination",
+    "CastChainElimination",
+    "PreShapeNodeElimination",
+    "NoopElimination",
+    "DivMulFusion",
+    "FuseReluClip",
+    "GemmSumFusion",
+    "GemmTransposeFusion",
+    "NotWhereFusion",
+    "ConvAddFusion",
+    "ConvMulFusion",
+    "ConvBNFusion",
+    "ClipQuantFusion",
+    "ReluQuantFusion",
+    "LabelEncoderFusion",
+    "Level1_RuleBasedTransformer",
+)
+
+
+def _ort_fold(onnx, model):
+    """``model`` (its nodes named) folded by onnxruntime's ConstantFolding, which folds what its
+    own shape inference pins in one session (a Swin export: 3,647 → 665 nodes, where
+    onnx-graphsurgeon needed five import/fold/export passes); None when onnxruntime cannot or
+    its result is not a pure fold (:func:`pure_fold`). The nodes kept are the user's own protos
+    (onnxruntime writes attributes with their defaults filled in), the values of what folded
+    are onnxruntime's."""
+    import tempfile
+
+    try:
+        import onnxruntime as ort
+
+        with tempfile.TemporaryDirectory(prefix="reprokit-fold-") as tmp:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.optimized_model_filepath = os.path.join(tmp, "folded.onnx")
+            options.log_severity_level = 3
+            ort.InferenceSession(
+                model.SerializeToString(),
+                options,
+                providers=["CPUExecutionProvider"],
+                disabled_optimizers=list(_ORT_NOT_FOLDING),
+            )
+            written = onnx.load(options.optimized_model_filepath)
+    except Exception:
+        return None
+    if not pure_fold(model, written):
+        return None
+    kept = {n.name for n in written.graph.node}
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)  # the user's model, its metadata and functions; graph rebuilt below
+    graph = folded.graph
+    del graph.node[:], graph.initializer[:], graph.value_info[:]
+    graph.node.extend(n for n in model.graph.node if n.name in kept)
+    read = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+    graph.initializer.extend(t for t in written.graph.initializer if t.name in read)
+    return folded
+
+
+def pure_fold(before, after) -> bool:
+    """Is ``after`` ``before`` with some nodes folded away, and nothing else? Every node of
+    ``after`` is one of ``before``'s (name, op, domain, the attributes ``before`` sets: a
+    writer may add defaults), reading and writing the same tensor names; what the removed
+    nodes computed is an initializer now; the graph's inputs and outputs are the same names.
+    Cheap (no engine): a rewrite that fused, merged or renamed anything fails it."""
+    if [i.name for i in after.graph.input] != [i.name for i in before.graph.input] or [
+        o.name for o in after.graph.output
+    ] != [o.name for o in before.graph.output]:
+        return False
+    by_name = {n.name: n for n in before.graph.node}
+    available = (
+        {i.name for i in after.graph.input} | {t.name for t in after.graph.initializer} | {""}
+    )
+    seen: set[str] = set()
+    for node in after.graph.node:
+        mine = by_name.get(node.name)
+        if (
+            mine is None
+            or node.name in seen
+            or mine.op_type != node.op_type
+            or mine.domain != node.domain
+            or list(mine.input) != list(node.input)
+            or list(mine.output) != list(node.output)
+        ):
+            return False
+        theirs = {a.name: a.SerializeToString(deterministic=True) for a in node.attribute}
+        if any(
+            theirs.get(a.name) != a.SerializeToString(deterministic=True) for a in mine.attribute
+        ):
+            return False
+        seen.add(node.name)
+        available.update(node.output)
+    # every tensor read is defined: a folded producer's output became an initializer of its name
+    return all(name in available for node in after.graph.node for name in node.input) and all(
+        o.name in available for o in after.graph.output
+    )
+
+
+def _gs_passes(onnx, folded):
+    """onnx-graphsurgeon's folding as polygraphy's sanitize runs it: shapes inferred before
+    each pass (gs folds a Shape only where it knows the shape), passes until nothing more folds
+    — each pass's folded shapes let the next fold what read them. None when gs fails."""
+    import onnx_graphsurgeon as gs
+
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)  # gs folds with onnxruntime in this process
+    except Exception:
+        pass
+    try:
+        for _ in range(FOLD_PASSES):
+            before = len(folded.graph.node)
+            folded = _fold_pass(onnx, gs, folded)
+            if len(folded.graph.node) >= before:
+                break
+    except Exception:
+        return None
     return folded
 
 
