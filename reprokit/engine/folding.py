@@ -98,7 +98,7 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
     model is returned unfolded and the caller's own reference run reports the user's model,
     never the folded copy) — from ``model_path`` when the caller has ``model`` in that file
     already (a Swin's 110 MB are not written a second time), else from a copy saved here."""
-    folded = fold_constants(model)
+    folded = fold_constants(model, model_path)
     if not folding_changed(model, folded):
         return Folded(model, False)
     os.makedirs(workdir, exist_ok=True)
@@ -207,7 +207,7 @@ def _outputs_folded(before, after) -> bool:
     return any(o.name in made and o.name not in still for o in after.graph.output)
 
 
-def fold_constants(model):
+def fold_constants(model, source_path: str | None = None):
     """Constant folding, opset and IR kept: onnxruntime's own constant folding alone (one
     session built with every other basic rewrite disabled, the folded graph written out), and
     where that is not a pure fold (:func:`pure_fold`: a rewrite this list does not name, a body
@@ -215,7 +215,8 @@ def fold_constants(model):
     sanitize runs them. Models whose weights stay on disk (external data) are left unfolded:
     folding would pull every weight into memory. Unnamed nodes are named by :func:`node_label`
     first, so the folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came
-    from (:func:`reprokit.graph.model.node_label`).
+    from (:func:`reprokit.graph.model.node_label`). ``source_path``: a file holding ``model`` as
+    it is, which onnxruntime then reads itself (a Swin's 110 MB are not serialized for it).
 
     Folding is an optimization that can get shapes wrong (onnx-graphsurgeon folded some from
     wrong inferred shapes): callers that run the result check it against the unfolded model
@@ -225,12 +226,16 @@ def fold_constants(model):
     if external_locations(model):
         return model
     ir_version, opsets = model.ir_version, list(model.opset_import)
-    named = onnx.ModelProto.FromString(model.SerializeToString())
-    name_unnamed_nodes(named)
+    if source_path:  # the file's own bytes, parsed: no serialization of the model in memory
+        named = onnx.load(source_path, load_external_data=False)
+    else:
+        named = onnx.ModelProto.FromString(model.SerializeToString())
+    if name_unnamed_nodes(named):
+        source_path = None  # onnxruntime must see the names given here
     # the fold's engines log to the run's log (reprokit.engine.enginelog), never to the console;
     # warnings about the folding's own constant subgraphs say nothing about the user's engine
     with captured("constant folding (onnxruntime in process)"):
-        folded = _ort_fold(onnx, named)
+        folded = _ort_fold(onnx, named, source_path)
         if folded is None:
             folded = _gs_passes(onnx, named)
     if folded is None:  # folding is an optimization: keep the model as it was
@@ -298,13 +303,14 @@ _ORT_NOT_FOLDING = (
 )
 
 
-def _ort_fold(onnx, model):
+def _ort_fold(onnx, model, source_path: str | None = None):
     """``model`` (its nodes named) folded by onnxruntime's ConstantFolding, which folds what its
     own shape inference pins in one session (a Swin export: 3,647 → 665 nodes, where
     onnx-graphsurgeon needed five import/fold/export passes); None when onnxruntime cannot or
     its result is not a pure fold (:func:`pure_fold`). The nodes kept are the user's own protos
     (onnxruntime writes attributes with their defaults filled in), the values of what folded
-    are onnxruntime's."""
+    are onnxruntime's; ``model`` (a private copy) becomes the folded model. ``source_path``: a
+    file holding ``model`` as it is, which onnxruntime reads itself."""
     import tempfile
 
     try:
@@ -316,7 +322,7 @@ def _ort_fold(onnx, model):
             options.optimized_model_filepath = os.path.join(tmp, "folded.onnx")
             options.log_severity_level = 3
             ort.InferenceSession(
-                model.SerializeToString(),
+                source_path or model.SerializeToString(),
                 options,
                 providers=["CPUExecutionProvider"],
                 disabled_optimizers=list(_ORT_NOT_FOLDING),
@@ -327,14 +333,17 @@ def _ort_fold(onnx, model):
     if not pure_fold(model, written):
         return None
     kept = {n.name for n in written.graph.node}
-    folded = onnx.ModelProto()
-    folded.CopyFrom(model)  # the user's model, its metadata and functions; graph rebuilt below
-    graph = folded.graph
+    nodes = []  # the user's node protos, copied (no weights in them) before the graph is emptied
+    for node in model.graph.node:
+        if node.name in kept:
+            nodes.append(onnx.NodeProto())
+            nodes[-1].CopyFrom(node)
+    graph = model.graph  # rebuilt in place: its metadata, inputs and outputs are the user's
     del graph.node[:], graph.initializer[:], graph.value_info[:]
-    graph.node.extend(n for n in model.graph.node if n.name in kept)
+    graph.node.extend(nodes)
     read = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
     graph.initializer.extend(t for t in written.graph.initializer if t.name in read)
-    return folded
+    return model
 
 
 def pure_fold(before, after) -> bool:
