@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from reprokit.engine import floatref, quantized, twinrun
 from reprokit.engine.activations import ActivationStore, tensor_bytes
+from reprokit.engine.backends import backend_class
 from reprokit.engine.recall import verdict_from_json
 from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
 from reprokit.errors import InputError
@@ -93,7 +94,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     # candidate is another file with other positions, so every node carries its label from here
     # on, and the minimal model and the summary name the user's node (folding named them first).
     name_unnamed_nodes(model)
-    if not converted and parse_target(target).engine != "cmd":  # a check script may read only whole files
+    if not converted and _reads_weights_dir(target, options.reference):
         model = weights_apart_for_run(prepared, model, oracle, models_dir)
     choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
     given = model
@@ -113,6 +114,14 @@ LIGHT_WEIGHT_BYTES = 8 << 20
 WEIGHTS_FILE = "model.weights"
 
 
+def _reads_weights_dir(target: str, reference: str) -> bool:
+    """Do both engines read external weights from the folder they are told (onnxruntime, the
+    emulator)? The others get hard links staged beside each call's file, which onnx's own loader
+    refuses (TensorRT's strongly typed conversion loads the file with onnx), and a check script
+    may read only whole files: for them the model keeps its weights inline."""
+    return all(backend_class(parse_target(spec).engine).reads_weights_dir for spec in (target, reference))
+
+
 def weights_apart_for_run(prepared, model, oracle, models_dir: str):
     """The model the run reduces, its inline weights written once to ``models_dir/weights/``
     (:func:`reprokit.graph.io.weights_apart`) and referenced from there: each candidate's
@@ -121,7 +130,8 @@ def weights_apart_for_run(prepared, model, oracle, models_dir: str):
     and call). Engines are told the folder (``oracle.weights_dir``), as for a user's own external
     data; results that travel (minimal.onnx, the window, the archive) are saved self-contained
     from it. Kept inline: a model with external data of its own (already referenced), a
-    quantized one (its scales are read as values), one with little to gain."""
+    quantized one (its scales are read as values), one with little to gain; the caller keeps
+    it inline for engines that do not read weights from a folder (:func:`_reads_weights_dir`)."""
     if (external_locations(model) or weight_bytes(model) < LIGHT_WEIGHT_BYTES
             or any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)):
         return model
