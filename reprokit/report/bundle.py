@@ -24,7 +24,13 @@ from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, NothingToReduce, UsageError
-from reprokit.graph.io import external_locations, inline_external_data, load_model, save_model
+from reprokit.graph.io import (
+    external_locations,
+    fits_inline,
+    inline_external_data,
+    load_model,
+    save_model,
+)
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import write_archive, write_manifest
 from reprokit.report.describe import (
@@ -243,13 +249,13 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
 
 
 def _write_model(stage: str, result, redaction, model_path: str) -> None:
-    """model.onnx: the checked file's own bytes when it is the model as checked and holds its
-    weights (a shrink's window or minimal model: no parse-and-serialize of its weights a second
-    time), else the model saved with its weights read in."""
+    """model.onnx: the checked file's own bytes when it is the model as checked, holds its
+    weights and stays one file (a shrink's window or minimal model: no parse-and-serialize of its
+    weights a second time), else the model saved with its weights read in (past 2 GB, beside it)."""
     prepared = result.prepared
     target = os.path.join(stage, "model.onnx")
     if not redaction and os.path.isfile(prepared.path) and not external_locations(prepared.model) and (
-            os.path.abspath(prepared.path) == os.path.abspath(model_path or "")):
+            os.path.abspath(prepared.path) == os.path.abspath(model_path or "")) and fits_inline(prepared.model):
         shutil.copyfile(prepared.path, target)
         return
     save_model(prepared.model, target, base_dir=prepared.base_dir, self_contained=True)
