@@ -286,3 +286,19 @@ def test_a_rewrite_that_fuses_or_renames_is_no_pure_fold():
     fused = onnx.load(options.optimized_model_filepath)
     assert "Gemm" in {n.op_type for n in fused.graph.node}  # onnxruntime fused MatMul+Add
     assert not pure_fold(model, fused)
+
+
+def test_folding_keeps_the_right_node_of_two_with_one_name():
+    """Two nodes named alike (exports do that): the Shape folds away, the Relu of the same name
+    stays, and the folded model defines every tensor once."""
+    from reprokit.engine.folding import fold_constants
+
+    # x[2,3] -> Shape "dup" -> s; Reshape(x, s) "rs" -> r -> Relu "dup" -> y
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="dup"), helper.make_node("Reshape", ["x", "s"], ["r"], name="rs"),
+             helper.make_node("Relu", ["r"], ["y"], name="dup")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    folded = fold_constants(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    onnx.checker.check_model(folded)
+    assert [(n.name, n.op_type) for n in folded.graph.node] == [("rs", "Reshape"), ("dup", "Relu")]
+    assert [t.name for t in folded.graph.initializer] == ["s"]

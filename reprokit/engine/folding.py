@@ -332,10 +332,10 @@ def _ort_fold(onnx, model, source_path: str | None = None):
         return None
     if not pure_fold(model, written):
         return None
-    kept = {n.name for n in written.graph.node}
+    kept = {tuple(n.output) for n in written.graph.node}  # outputs: unique, where names may repeat
     nodes = []  # the user's node protos, copied (no weights in them) before the graph is emptied
     for node in model.graph.node:
-        if node.name in kept:
+        if tuple(node.output) in kept:
             nodes.append(onnx.NodeProto())
             nodes[-1].CopyFrom(node)
     graph = model.graph  # rebuilt in place: its metadata, inputs and outputs are the user's
@@ -356,16 +356,17 @@ def pure_fold(before, after) -> bool:
         o.name for o in after.graph.output
     ] != [o.name for o in before.graph.output]:
         return False
-    by_name = {n.name: n for n in before.graph.node}
+    by_outputs = {tuple(n.output): n for n in before.graph.node}  # unique, where names may repeat
     available = (
         {i.name for i in after.graph.input} | {t.name for t in after.graph.initializer} | {""}
     )
-    seen: set[str] = set()
+    seen: set[tuple] = set()
     for node in after.graph.node:
-        mine = by_name.get(node.name)
+        mine = by_outputs.get(tuple(node.output))
         if (
             mine is None
-            or node.name in seen
+            or tuple(node.output) in seen
+            or mine.name != node.name
             or mine.op_type != node.op_type
             or mine.domain != node.domain
             or list(mine.input) != list(node.input)
@@ -377,7 +378,7 @@ def pure_fold(before, after) -> bool:
             theirs.get(a.name) != a.SerializeToString(deterministic=True) for a in mine.attribute
         ):
             return False
-        seen.add(node.name)
+        seen.add(tuple(node.output))
         available.update(node.output)
     # every tensor read is defined: a folded producer's output became an initializer of its name
     return all(name in available for node in after.graph.node for name in node.input) and all(
