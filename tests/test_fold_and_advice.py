@@ -250,7 +250,8 @@ def test_a_rewrite_that_fuses_or_renames_is_no_pure_fold():
     Shape folded into an initializer of its output's name is."""
     import onnxruntime
 
-    from reprokit.engine.folding import fold_constants, pure_fold
+    from reprokit.engine.folding import fold_constants
+    from reprokit.engine.ortfold import pure_fold
 
     # x[2,4] -> MatMul(w) -> Add(b) -> y ; x -> Shape -> Reshape(x, shape) -> z (the Shape folds)
     w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
