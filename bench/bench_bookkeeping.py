@@ -131,6 +131,7 @@ def run_case(case: dict, work: str, tree: str | None = None) -> dict:
     capture = steps.get("capture", 0.0)
     startup = steps.get("startup", 0.0) + steps.get("setup", 0.0)
     archive = steps.get("pack", 0.0)
+    resources = summary.get("resources", {})
     return {
         "name": name, "target": case["target"], "rc": rc, "status": summary["status"],
         "signature": summary.get("signature", {}).get("kind"),
@@ -139,7 +140,9 @@ def run_case(case: dict, work: str, tree: str | None = None) -> dict:
         "calls": summary["calls"]["target"], "wall_s": wall, "wall_outside_s": round(outside, 3),
         "target_s": target, "reference_s": round(reference, 3), "own_s": round(wall - target - reference, 3),
         "file_nodes": summary["original"].get("file_nodes"), "window": summary.get("window"),
-        "capture_s": capture, "startup_s": round(startup, 3), "archive_s": archive, **{f"{k}_s": v for k, v in kinds.items()},
+        "capture_s": capture, "startup_s": round(startup, 3), "archive_s": archive,
+        "archive_engine_s": resources.get("pack_engine_seconds", 0.0), "archive_tools_s": resources.get("pack_tool_seconds"),
+        **{f"{k}_s": v for k, v in kinds.items()},
         "bookkeeping_s": round(sum(kinds.values()), 3),
         "other_s": round(wall - target - capture - startup - archive - sum(kinds.values()), 3),
         "steps": steps,
@@ -164,11 +167,12 @@ def pct(part: float, whole: float) -> str:
 def table(rows: list[dict]) -> str:
     head = ("| case | target | nodes → minimal | calls | wall s | target calls s | reference s | **own s (share)** "
             "| extraction s | pack s | write s | compare s | bookkeeping s (share) | capture s | start-up s "
-            "| archive s | other s | polygraphy: wall s, calls, nodes |")
+            "| archive s | archive: check's engines s, waiting on repro.py + polygraphy s | other s "
+            "| polygraphy: wall s, calls, nodes |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | | | | | | | | | | | | {r['error']} | | | | | |")
+            lines.append(f"| {r['name']} | | | | | | | | | | | | {r['error']} | | | | | | |")
             continue
         w = r["wall_s"]
         nodes = f"{r['file_nodes']} (folded {r['nodes']})" if r.get("file_nodes") else f"{r['nodes']}"
@@ -181,9 +185,18 @@ def table(rows: list[dict]) -> str:
             f"| **{r['own_s']:.1f} ({pct(r['own_s'], w)})** "
             + " ".join(f"| {r[k + '_s']:.2f} ({pct(r[k + '_s'], w)})" for k in KINDS)
             + f" | **{r['bookkeeping_s']:.1f} ({pct(r['bookkeeping_s'], w)})** "
-            + " ".join(f"| {r[k]:.1f} ({pct(r[k], w)})" for k in ("capture_s", "startup_s", "archive_s", "other_s"))
+            + " ".join(f"| {r[k]:.1f} ({pct(r[k], w)})" for k in ("capture_s", "startup_s", "archive_s"))
+            + f" | {_archive_split(r)} | {r['other_s']:.1f} ({pct(r['other_s'], w)})"
             + f" | {poly_text} |")
     return "\n".join(lines)
+
+
+def _archive_split(row: dict) -> str:
+    """The archive step's check (engine seconds, not "own") and its wait for the bundled
+    repro.py's and polygraphy's processes (in "own": their start-up, imports and engine runs are
+    not told apart); "-" for a tree that did not record it."""
+    tools = row.get("archive_tools_s")
+    return f"{row.get('archive_engine_s') or 0.0:.1f}, " + ("-" if tools is None else f"{tools:.1f}")
 
 
 def profile(case: dict, work: str, top: int = 25) -> str:

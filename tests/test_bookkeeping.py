@@ -311,3 +311,54 @@ def test_the_archives_check_counts_as_engine_time_not_reprokits(tmp_path):
     resources = summary["resources"]
     assert summary["report_reproduces"] and resources["pack_engine_seconds"] > 0, resources
     assert resources["engine_seconds"] >= summary["calls"]["target_seconds"] + resources["pack_engine_seconds"] - 0.002
+
+
+
+def heavy_chain():
+    """x[1,1024] → MatMul(w0) → Relu → MatMul(w1) → Relu → MatMul(w2) → y: three 4 MiB weights
+    (12 MiB, over shrink's LIGHT_WEIGHT_BYTES); w2's entries are large, so the last MatMul's
+    sums overflow fp16 (its weights themselves fit)."""
+    rng = np.random.default_rng(0)
+    scales = (1 / 32, 1 / 32, 1e5 / 32)
+    inits = [numpy_helper.from_array((rng.standard_normal((1024, 1024)) * s).astype(np.float32), f"w{k}")
+             for k, s in enumerate(scales)]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a0"], name="mm0"), helper.make_node("Relu", ["a0"], ["r0"], name="relu0"),
+             helper.make_node("MatMul", ["r0", "w1"], ["a1"], name="mm1"), helper.make_node("Relu", ["a1"], ["r1"], name="relu1"),
+             helper.make_node("MatMul", ["r1", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])], inits)
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_candidates_reference_the_runs_one_weights_file_instead_of_copying_weights(tmp_path):
+    """A model with 12 MiB of inline weights: shrink writes them once to its state folder and
+    every model file it writes for a call (captures, the survey pack, candidates, shape crops)
+    references that file — none holds a weight's bytes —, while minimal.onnx and the archive's
+    model.onnx are whole files holding the user's weight (cropped by the shapes pass from the
+    referenced bytes: a contiguous block of w2)."""
+    model = heavy_chain()
+    path = _save(model, tmp_path / "heavy.onnx")
+    x = np.random.default_rng(1).standard_normal((1, 1024)).astype(np.float32)
+    inputs = save_npz(str(tmp_path / "x.npz"), {"x": x})
+    out = tmp_path / "out"
+    proc = run_cli("shrink", path, "--target", "emulate:fp16", "--inputs", inputs, "-o", str(out), "--keep-state")
+    assert proc.returncode == 0, proc.stderr
+    weights = out / ".reprokit" / "models" / "weights" / "model.weights"
+    assert weights.exists() and weights.stat().st_size >= 12 << 20
+    # final.onnx is the result judged alone as the file that travels: whole, as minimal.onnx
+    written = [os.path.join(base, f) for base, _, files in os.walk(out / ".reprokit") for f in files
+               if f.endswith(".onnx") and f != "final.onnx"]
+    assert written and all(os.path.getsize(f) < 64 << 10 for f in written), [
+        (f, os.path.getsize(f)) for f in written if os.path.getsize(f) >= 64 << 10]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["minimal"]["node_names"] == ["mm2"], summary["minimal"]
+    assert summary["report_reproduces"] is True
+    with tarfile.open(out / "report.tar.gz") as archive:
+        model_bytes = next(archive.extractfile(m).read() for m in archive.getmembers()
+                           if m.name.endswith("/model.onnx"))
+    w2 = numpy_helper.to_array(model.graph.initializer[2])
+    for data in ((out / "minimal.onnx").read_bytes(), model_bytes):
+        small = onnx.load_from_string(data)
+        (weight,) = [numpy_helper.to_array(t) for t in small.graph.initializer if t.name == "w2"]
+        (row, col), = np.argwhere(w2 == weight[0, 0])  # random floats: the first entry is met once
+        np.testing.assert_array_equal(weight, w2[row:row + weight.shape[0], col:col + weight.shape[1]])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.engine.enginelog import captured
+from reprokit.engine.ortfold import ort_fold
 from reprokit.engine.worker import run_in_worker
 from reprokit.errors import ReferenceFailure, ReprokitError
 from reprokit.graph.index import has_bodies
@@ -98,7 +99,7 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
     model is returned unfolded and the caller's own reference run reports the user's model,
     never the folded copy) — from ``model_path`` when the caller has ``model`` in that file
     already (a Swin's 110 MB are not written a second time), else from a copy saved here."""
-    folded = fold_constants(model)
+    folded = fold_constants(model, model_path)
     if not folding_changed(model, folded):
         return Folded(model, False)
     os.makedirs(workdir, exist_ok=True)
@@ -207,52 +208,69 @@ def _outputs_folded(before, after) -> bool:
     return any(o.name in made and o.name not in still for o in after.graph.output)
 
 
-def fold_constants(model):
-    """Shape inference + constant folding through onnx-graphsurgeon; opset and IR kept.
-    Models whose weights stay on disk (external data) are left unfolded: folding would pull
-    every weight into memory. Unnamed nodes are named by :func:`node_label` first, so the
-    folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came from
-    (:func:`reprokit.graph.model.node_label`).
+def fold_constants(model, source_path: str | None = None):
+    """Constant folding, opset and IR kept: onnxruntime's own constant folding alone (one
+    session built with every other basic rewrite disabled, the folded graph written out), and
+    where that is not a pure fold (:func:`reprokit.engine.ortfold.pure_fold`: a rewrite this list does not name, a body
+    changed) or onnxruntime cannot load the model, onnx-graphsurgeon's passes as polygraphy's
+    sanitize runs them. Models whose weights stay on disk (external data) are left unfolded:
+    folding would pull every weight into memory. Unnamed nodes are named by :func:`node_label`
+    first, so the folded model keeps the names (and ``fp32-nodes=`` labels) of the model it came
+    from (:func:`reprokit.graph.model.node_label`). ``source_path``: a file holding ``model`` as
+    it is, which onnxruntime then reads itself (a Swin's 110 MB are not serialized for it).
 
-    Folding is an optimization that onnx-graphsurgeon sometimes gets wrong (shapes folded from
+    Folding is an optimization that can get shapes wrong (onnx-graphsurgeon folded some from
     wrong inferred shapes): callers that run the result check it against the unfolded model
     (:func:`checked_fold`)."""
     import onnx
-    import onnx_graphsurgeon as gs
 
     if external_locations(model):
         return model
     ir_version, opsets = model.ir_version, list(model.opset_import)
-    # gs folds with onnxruntime in this process: its log lines and gs's own go to the run's log
-    # (reprokit.engine.enginelog), never to the console. Warnings about the folding's own constant
-    # subgraphs say nothing about the user's engine: errors only.
-    try:
-        import onnxruntime
-
-        onnxruntime.set_default_logger_severity(3)
-    except Exception:
-        pass
-    try:
-        with captured("onnx-graphsurgeon constant folding (onnxruntime in process)"):
-            folded = onnx.ModelProto.FromString(model.SerializeToString())
-            name_unnamed_nodes(folded)
-            # As polygraphy's sanitize: shapes inferred before each pass (gs folds a Shape only
-            # where it knows the shape), passes until nothing more folds — each pass's folded
-            # shapes let the next fold what read them (a Swin export: 3,647 → 1,624 → 960 → 665).
-            for _ in range(FOLD_PASSES):
-                before = len(folded.graph.node)
-                folded = _fold_pass(onnx, gs, folded)
-                if len(folded.graph.node) >= before:
-                    break
-    except Exception:  # folding is an optimization: keep the model as it was
+    if source_path:  # the file's own bytes, parsed: no serialization of the model in memory
+        named = onnx.load(source_path, load_external_data=False)
+    else:
+        named = onnx.ModelProto.FromString(model.SerializeToString())
+    if name_unnamed_nodes(named):
+        source_path = None  # onnxruntime must see the names given here
+    # the fold's engines log to the run's log (reprokit.engine.enginelog), never to the console;
+    # warnings about the folding's own constant subgraphs say nothing about the user's engine
+    with captured("constant folding (onnxruntime in process)"):
+        folded = ort_fold(onnx, named, source_path)
+        if folded is None:
+            folded = _gs_passes(onnx, named)
+    if folded is None:  # folding is an optimization: keep the model as it was
         return model
     folded.ir_version = ir_version
     del folded.opset_import[:]
     folded.opset_import.extend(opsets)
     try:
-        folded = onnx.shape_inference.infer_shapes(folded)
+        folded = _infer_shapes(onnx, folded)
     except Exception:
         pass
+    return folded
+
+
+def _gs_passes(onnx, folded):
+    """onnx-graphsurgeon's folding as polygraphy's sanitize runs it: shapes inferred before
+    each pass (gs folds a Shape only where it knows the shape), passes until nothing more folds
+    — each pass's folded shapes let the next fold what read them. None when gs fails."""
+    import onnx_graphsurgeon as gs
+
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)  # gs folds with onnxruntime in this process
+    except Exception:
+        pass
+    try:
+        for _ in range(FOLD_PASSES):
+            before = len(folded.graph.node)
+            folded = _fold_pass(onnx, gs, folded)
+            if len(folded.graph.node) >= before:
+                break
+    except Exception:
+        return None
     return folded
 
 

@@ -309,8 +309,9 @@ def judge_with(oracle, model, options, *, command: str = "check") -> QuantPolicy
             hint="drop --quant-reference (docs/quantized.md)",
         )
     given = options.tolerance is not None or options.atol is not None or options.rtol is not None
-    try:
-        policy = policy_for(model, GraphIndex.build(model), tolerance_given=given)
+    try:  # the index (shape inference over the whole model) only for a model that holds quantized ops
+        quantized = bool(quant.holds_quantized(model)) and not given
+        policy = policy_for(model, GraphIndex.build(model), tolerance_given=given) if quantized else None
     except Exception:  # scales in external data not loaded: judged as any model, said by the caller
         policy = None
     oracle.quant = policy

@@ -309,8 +309,7 @@ def save_model(model, path: str, *, base_dir: str | None = None, self_contained:
     if self_contained and base_dir and external_locations(model):
         model = onnx.ModelProto.FromString(model.SerializeToString())
         inline_external_data(model, base_dir)
-    # sizing the message walks every weight: only near the limit (the weights' bytes come from dims)
-    large = weight_bytes(model) > _TWO_GB - (256 << 20) and _byte_size(model) > _TWO_GB
+    large = not fits_inline(model)
     data_name = os.path.basename(final_path or path) + ".data"
     data_path = path + ".data" if final_path else os.path.join(folder, data_name)
     if not large:
@@ -335,6 +334,13 @@ def save_model(model, path: str, *, base_dir: str | None = None, self_contained:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return path
+
+
+def fits_inline(model) -> bool:
+    """Does :func:`save_model` write ``model`` as one file (under protobuf's 2 GB line), not
+    with its weights in a ``.data`` file beside it?"""
+    # sizing the message walks every weight: only near the limit (the weights' bytes come from dims)
+    return not (weight_bytes(model) > _TWO_GB - (256 << 20) and _byte_size(model) > _TWO_GB)
 
 
 def staged_data(tmp: str, final: str) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,13 @@ from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, NothingToReduce, UsageError
-from reprokit.graph.io import external_locations, inline_external_data, load_model, save_model
+from reprokit.graph.io import (
+    external_locations,
+    fits_inline,
+    inline_external_data,
+    load_model,
+    save_model,
+)
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import write_archive, write_manifest
 from reprokit.report.describe import (
@@ -34,7 +41,7 @@ from reprokit.report.describe import (
     title,
     trtexec_command,
 )
-from reprokit.report.logs import write_logs
+from reprokit.report.logs import finish_logs, start_logs, stop_logs
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
 from reprokit.report.reprorun import Started, repro_argv
@@ -54,6 +61,9 @@ class PackResult:
     notes: list[str] = field(default_factory=list)
     redaction: dict | None = None
     engine_seconds: float = 0.0  # its checks' engine runs (worker processes), for shrink's accounts
+    # the seconds it waited, its own writing done, for repro.py's and polygraphy's processes: what
+    # of the archive's wall is those processes' (their start-up, imports and engine runs alike)
+    tool_seconds: float = 0.0
 
 
 def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | None = None,
@@ -90,7 +100,9 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
                        base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
         event("writing the bundle")
-        reproduces = _write_bundle(stage, result, spec, options, context, redaction, name, fmt, notes, event)
+        waited: list[float] = []
+        reproduces = _write_bundle(stage, result, spec, options, context, redaction, name, fmt, notes, event,
+                                   model_path=os.fspath(model_path), waited=waited)
         if audit_dir and redact:
             notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
         elif audit_dir:
@@ -106,7 +118,7 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         write_manifest(stage, extra)
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_archive(stage, out_path, fmt)
-    return PackResult(out_path, result.verdict, reproduces, notes, redaction, engine_seconds)
+    return PackResult(out_path, result.verdict, reproduces, notes, redaction, engine_seconds, round(sum(waited), 3))
 
 
 def _redacted(result, target, options, tmp, notes):
@@ -150,31 +162,17 @@ def _with_inputs(options: RunOptions, inputs: str, names: dict) -> RunOptions:
     return replace(options, inputs=inputs, sample=None, input_shapes={}, val_ranges={}, quant_steps=table)
 
 
-def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, name, fmt, notes, event) -> bool:
+def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, name, fmt, notes, event,
+                  model_path: str = "", waited: list | None = None) -> bool:
     verdict = result.verdict
     feeds = result.prepared.feeds.arrays
     model = result.prepared.model
-    save_model(model, os.path.join(stage, "model.onnx"), base_dir=result.prepared.base_dir, self_contained=True)
+    _write_model(stage, result, redaction, model_path)
     save_npz(os.path.join(stage, "inputs.npz"), feeds)
     save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
     save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
     bins = _write_inputs_for_tools(stage, feeds)
     spec, bundled, needed = _bundle_check_files(stage, spec)
-    conversion = None
-    # the explicit-precision model a strongly typed TensorRT (or ort:cuda,fp16) builds; emulate
-    # archives carry it too, so a maintainer on TensorRT 11 can run them (issue 36)
-    converted_by_reprokit = spec.engine in ("trt", "emulate") or (spec.engine == "ort" and spec.has("cuda"))
-    if converted_by_reprokit and (spec.has("fp16") or spec.has("bf16")):
-        narrow = "fp16" if spec.has("fp16") else "bf16"
-        keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
-        inline = model  # the conversion copies it; a copy here only for what changes it in place
-        if keep or external_locations(model):
-            inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
-        if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
-            name_unnamed_nodes(inline)
-        converted, report = convert_float_model_report(inline, narrow, keep)
-        save_model(converted, os.path.join(stage, f"model.{narrow}.onnx"))
-        conversion = {"schema_fp32": list(report.schema_fp32), "clamped": beyond_range(inline, narrow)}
     recorded = {**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
                 "redaction": redaction, "timeout": options.timeout}
     if result.quant is not None:  # a quantized model: its outputs' steps, so repro.py and verify judge alike
@@ -192,45 +190,94 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
     # renders reprokit's own repro.py from an archive's verdict.json with it too)
     repro = repro_values(recorded, target=str(spec), bundled=bundled, needs=needed)
     values = _template_values(result, spec, env, context, archive_name, model, bins, recorded)
-    values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
     values["twin"] = bool(options.reference_model)  # model.target.onnx: the user's converted cut
-    if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
-        values.update(twin_commands(spec, verdict, bins))
-        # the user's converted cut is the explicit-precision model: no weakly typed form of the fp32
-        # cut and no conversion of reprokit's own stand beside it
-        values.update(trt_forms=[], converted="", converted_file=None)
-    values.update({key: repro[key] for key in ("settings", "engine_requirement", "alternative")})
-    values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link
-    if spec.engine == "cmd":
-        values["command_heading"] = "The check command on the bundled files (also in `commands.sh`):"
-        values["check_note"] = _check_note(bundled, needed)
     with open(os.path.join(stage, "repro.py"), "w") as handle:
         handle.write(render("repro.py.j2", **repro))
     os.chmod(os.path.join(stage, "repro.py"), 0o755)
+    # on a GPU (TensorRT, CUDA, a check command's maybe) one process at a time, and repro.py may
+    # build the converted model: it is written first. On CPU engines repro.py reads model.onnx
+    # alone: it and polygraphy's runs start now and the conversion is written while they run (a
+    # Swin window's 96 MB: its conversion and save overlap their start-up and model loading)
+    alone = spec.engine in ("trt", "cmd") or spec.has("cuda")
+    conversion = _write_conversion(stage, result, spec) if alone else None
     event("running the bundled repro.py")
     # repro.py gives each engine call the run's --timeout itself (a hang is a verdict there too);
-    # the margin covers its own start and the reference run. On CPU engines it runs while
-    # polygraphy writes its logs (a Swin window: 2 s of a 2-core machine's archive step); a GPU
-    # is not shared with another run
+    # the margin covers its own start and the reference run
     with Started(repro_argv(), stage, os.path.dirname(stage), timeout=max(60.0, options.timeout + 60.0)) as started:
-        with open(os.path.join(stage, "commands.sh"), "w") as handle:
-            handle.write(render("commands.sh.j2", **values))
-        os.chmod(os.path.join(stage, "commands.sh"), 0o755)
-        alone = spec.engine in ("trt", "cmd") or spec.has("cuda")  # a GPU (a check command's, maybe)
-        repro = started.result() if alone else None
-        write_logs(stage, result, spec, values, event, together=not alone)
-        repro = repro or started.result()
-    reproduces = repro.returncode == 1 and "REPRODUCES" in repro.stdout
+        logs = None if alone else start_logs(stage, result, spec, values, event, together=True)
+        try:
+            if not alone:
+                conversion = _write_conversion(stage, result, spec)
+            values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
+            if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
+                values.update(twin_commands(spec, verdict, bins))
+                # the user's converted cut is the explicit-precision model: no weakly typed form of the fp32
+                # cut and no conversion of reprokit's own stand beside it
+                values.update(trt_forms=[], converted="", converted_file=None)
+            values.update({key: repro[key] for key in ("settings", "engine_requirement", "alternative")})
+            values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link
+            if spec.engine == "cmd":
+                values["command_heading"] = "The check command on the bundled files (also in `commands.sh`):"
+                values["check_note"] = _check_note(bundled, needed)
+            with open(os.path.join(stage, "commands.sh"), "w") as handle:
+                handle.write(render("commands.sh.j2", **values))
+            os.chmod(os.path.join(stage, "commands.sh"), 0o755)
+        except BaseException:
+            if logs is not None:
+                stop_logs(logs)
+            raise
+        since = time.monotonic()
+        if alone:
+            ran = started.result()
+            finish_logs(start_logs(stage, result, spec, values, event))
+        else:
+            finish_logs(logs)
+            ran = started.result()
+        if waited is not None:
+            waited.append(time.monotonic() - since)
+    reproduces = ran.returncode == 1 and "REPRODUCES" in ran.stdout
     if not reproduces:
-        notes.append(f"WARNING: repro.py did not reproduce here (exit {repro.returncode}); see logs/repro.log")
+        notes.append(f"WARNING: repro.py did not reproduce here (exit {ran.returncode}); see logs/repro.log")
     with open(os.path.join(stage, "logs", "repro.log"), "w") as handle:
-        handle.write(f"$ python repro.py\n{repro.stdout}{repro.stderr}\n[exit code {repro.returncode}]\n")
-    values["repro_output"] = repro.stdout.strip() + f"\n[exit code {repro.returncode}]"
+        handle.write(f"$ python repro.py\n{ran.stdout}{ran.stderr}\n[exit code {ran.returncode}]\n")
+    values["repro_output"] = ran.stdout.strip() + f"\n[exit code {ran.returncode}]"
     with open(os.path.join(stage, "ISSUE.md"), "w") as handle:
         handle.write(render(issue_template(spec), **values))
     with open(os.path.join(stage, "README.md"), "w") as handle:
         handle.write(render("README.md.j2", **values))
     return reproduces
+
+
+def _write_model(stage: str, result, redaction, model_path: str) -> None:
+    """model.onnx: the checked file's own bytes when it is the model as checked, holds its
+    weights and stays one file (a shrink's window or minimal model: no parse-and-serialize of its
+    weights a second time), else the model saved with its weights read in (past 2 GB, beside it)."""
+    prepared = result.prepared
+    target = os.path.join(stage, "model.onnx")
+    if not redaction and os.path.isfile(prepared.path) and not external_locations(prepared.model) and (
+            os.path.abspath(prepared.path) == os.path.abspath(model_path or "")) and fits_inline(prepared.model):
+        shutil.copyfile(prepared.path, target)
+        return
+    save_model(prepared.model, target, base_dir=prepared.base_dir, self_contained=True)
+
+
+def _write_conversion(stage: str, result, spec) -> dict | None:
+    """The explicit-precision model a strongly typed TensorRT (or ort:cuda,fp16) builds; emulate
+    archives carry it too, so a maintainer on TensorRT 11 can run them (issue 36)."""
+    converted_by_reprokit = spec.engine in ("trt", "emulate") or (spec.engine == "ort" and spec.has("cuda"))
+    if not converted_by_reprokit or not (spec.has("fp16") or spec.has("bf16")):
+        return None
+    model = result.prepared.model
+    narrow = "fp16" if spec.has("fp16") else "bf16"
+    keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
+    inline = model  # the conversion copies it; a copy here only for what changes it in place
+    if keep or external_locations(model):
+        inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
+    if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
+        name_unnamed_nodes(inline)
+    converted, report = convert_float_model_report(inline, narrow, keep)
+    save_model(converted, os.path.join(stage, f"model.{narrow}.onnx"))
+    return {"schema_fp32": list(report.schema_fp32), "clamped": beyond_range(inline, narrow)}
 
 
 CHECK_DIR = "check"  # where a cmd target's own script goes in the archive

@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import sys
+from dataclasses import dataclass
 
 from reprokit.engine.backends import backend_class
 from reprokit.report.reprorun import Started
@@ -25,7 +26,24 @@ def _polygraphy() -> list[str] | None:
 
 def write_logs(stage, result, spec, values, event, together: bool = False) -> None:
     """polygraphy's logs; ``together``: its runs at once (CPU engines: each is mostly its own start)."""
-    logs = os.path.join(stage, "logs")
+    finish_logs(start_logs(stage, result, spec, values, event, together))
+
+
+@dataclass
+class Logs:
+    """polygraphy's runs for ``logs/``, started (together) or done (one at a time)."""
+
+    stage: str
+    result: object
+    spec: object
+    runs: dict  # file -> polygraphy's arguments
+    done: dict  # file -> Started, a CompletedProcess, or the words written instead
+
+
+def start_logs(stage, result, spec, values, event, together: bool = False) -> Logs:
+    """Start polygraphy's runs on the bundled model (``together``: all at once, left running
+    while the caller writes the rest of the archive; else one at a time, each waited for).
+    Needs model.onnx and inputs.json in ``stage``; :func:`finish_logs` writes the logs."""
     tool = _polygraphy()
     runs = {
         "polygraphy_inspect_model.log": ["inspect", "model", "model.onnx", "--show", "layers"],
@@ -38,19 +56,35 @@ def write_logs(stage, result, spec, values, event, together: bool = False) -> No
     if spec.engine == "trt" and backend_class("trt").probe().available:
         runs["polygraphy_run_trt_vs_onnxrt.log"] = (target_run(spec, result.verdict, saved) if values.get("twin")
                                                     else shlex.split(values["polygraphy_command"])[1:])
-    done: dict = {}
+    logs = Logs(stage, result, spec, runs, {})
     try:
-        _start_logs(runs, tool, stage, done, event, together)
-        for file, args in runs.items():
-            run = done[file].result() if isinstance(done[file], Started) else done[file]
-            with open(os.path.join(logs, file), "w") as handle:
+        _start_logs(runs, tool, stage, logs.done, event, together)
+    except BaseException:
+        stop_logs(logs)
+        raise
+    return logs
+
+
+def stop_logs(logs: Logs) -> None:
+    """Kill what still runs (an error or an interrupt while the archive was written): no orphan."""
+    for run in logs.done.values():
+        if isinstance(run, Started):
+            run.stop()
+
+
+def finish_logs(logs: Logs) -> None:
+    """Wait for polygraphy's runs and write logs/ (and the target engine's log)."""
+    folder = os.path.join(logs.stage, "logs")
+    try:
+        for file, args in logs.runs.items():
+            run = logs.done[file].result() if isinstance(logs.done[file], Started) else logs.done[file]
+            with open(os.path.join(folder, file), "w") as handle:
                 handle.write(run if isinstance(run, str) else f"$ polygraphy {shlex.join(args)}\n{run.stdout}"
                              f"{run.stderr}\n[exit code {run.returncode}]\n")
     finally:
-        for run in done.values():
-            if isinstance(run, Started):
-                run.stop()
-    with open(os.path.join(logs, f"target_{spec.engine}.log"), "w") as handle:
+        stop_logs(logs)
+    result, spec = logs.result, logs.spec
+    with open(os.path.join(folder, f"target_{spec.engine}.log"), "w") as handle:
         handle.write(f"target {result.verdict.target}; engine settings: {json.dumps(result.verdict.target_meta, default=str)}\n")
         handle.write(result.target_log or "(the engine printed nothing)\n")
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 
 from reprokit.engine import floatref, quantized, twinrun
 from reprokit.engine.activations import ActivationStore, tensor_bytes
+from reprokit.engine.backends import backend_class
 from reprokit.engine.recall import verdict_from_json
 from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
 from reprokit.errors import InputError
 from reprokit.graph.index import GraphIndex
-from reprokit.graph.io import save_model
+from reprokit.graph.io import external_locations, save_model, weight_bytes, weights_apart
 from reprokit.graph.model import check_target_nodes, mark_outputs, name_unnamed_nodes
 from reprokit.shrink.opening import open_levels
 from reprokit.shrink.reducer import Journal
@@ -93,6 +94,8 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     # candidate is another file with other positions, so every node carries its label from here
     # on, and the minimal model and the summary name the user's node (folding named them first).
     name_unnamed_nodes(model)
+    if not converted and _reads_weights_dir(target, options.reference):
+        model = weights_apart_for_run(prepared, model, oracle, models_dir)
     choose_sample(oracle, prepared, model, models_dir, event)  # several input samples: the first failing one
     given = model
     clock.begin("opening")
@@ -103,6 +106,41 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
                 GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
                 given, levels)
+
+
+# A model with this many bytes of inline weights is reduced with its weights in one file of the
+# run's (below): every candidate, pack and call then references them instead of copying them
+LIGHT_WEIGHT_BYTES = 8 << 20
+WEIGHTS_FILE = "model.weights"
+
+
+def _reads_weights_dir(target: str, reference: str) -> bool:
+    """Do both engines read external weights from the folder they are told (onnxruntime, the
+    emulator)? The others get hard links staged beside each call's file, which onnx's own loader
+    refuses (TensorRT's strongly typed conversion loads the file with onnx), and a check script
+    may read only whole files: for them the model keeps its weights inline."""
+    return all(backend_class(parse_target(spec).engine).reads_weights_dir for spec in (target, reference))
+
+
+def weights_apart_for_run(prepared, model, oracle, models_dir: str):
+    """The model the run reduces, its inline weights written once to ``models_dir/weights/``
+    (:func:`reprokit.graph.io.weights_apart`) and referenced from there: each candidate's
+    extraction, each pack and each model file written for a worker then holds references, not
+    bytes (a 3,647-node Swin: 110 MB copied into every extraction and serialized into every pack
+    and call). Engines are told the folder (``oracle.weights_dir``), as for a user's own external
+    data; results that travel (minimal.onnx, the window, the archive) are saved self-contained
+    from it. Kept inline: a model with external data of its own (already referenced), a
+    quantized one (its scales are read as values), one with little to gain; the caller keeps
+    it inline for engines that do not read weights from a folder (:func:`_reads_weights_dir`)."""
+    if (external_locations(model) or weight_bytes(model) < LIGHT_WEIGHT_BYTES
+            or any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)):
+        return model
+    folder = os.path.join(models_dir, "weights")
+    os.makedirs(folder, exist_ok=True)
+    light = weights_apart(model, os.path.join(folder, WEIGHTS_FILE))
+    prepared.model, prepared.base_dir = light, folder
+    oracle.weights_dir = folder
+    return light
 
 
 def keep_verdicts(oracle, path: str, resume: bool) -> None:

@@ -49,6 +49,7 @@ class ShapeTry:
     label: str
     windows: dict = field(default_factory=dict)  # input -> [start, size] per axis, in the node-minimal's feeds
     reference: dict | None = None  # the reference's outputs on this crop, once run
+    weights_dir: str | None = None  # where the model's external weights are (a weight cropped is read from there)
 
 
 def elements(feeds: dict) -> int:
@@ -108,7 +109,8 @@ def _crop(base: ShapeTry, cuts: dict, label: str) -> ShapeTry:
                 windows[name][axis] = [windows[name][axis][0] + start, size]
             if name not in feeds:  # an initializer: the same window of it, in the model itself
                 tensor = weights[name]
-                cropped = np.take(numpy_helper.to_array(tensor), range(start, start + size), axis=axis)
+                cropped = np.take(numpy_helper.to_array(tensor, base.weights_dir or ""), range(start, start + size),
+                                  axis=axis)
                 tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(cropped), name))
                 continue
             feeds[name] = np.ascontiguousarray(np.take(feeds[name], range(start, start + size), axis=axis))
@@ -120,7 +122,7 @@ def _crop(base: ShapeTry, cuts: dict, label: str) -> ShapeTry:
     for output in model.graph.output:
         if output.type.HasField("tensor_type"):
             output.type.tensor_type.ClearField("shape")
-    return ShapeTry(model, feeds, base.outputs, label, windows)
+    return ShapeTry(model, feeds, base.outputs, label, windows, weights_dir=base.weights_dir)
 
 
 def centers(found: list, feeds: dict, hotspot) -> dict:
@@ -193,11 +195,12 @@ def smallest_of_each(base: ShapeTry, found: list, ready: list[ShapeTry], middle:
     return _crop(base, cuts, "every axis at its smallest") if len(cuts) > 1 else None
 
 
-def _base(model, feeds: dict, outputs: list) -> ShapeTry:
-    """The uncropped model as the ladder's base: every input and weight whole."""
+def _base(model, feeds: dict, outputs: list, weights_dir: str | None = None) -> ShapeTry:
+    """The uncropped model as the ladder's base: every input and weight whole; ``weights_dir``:
+    where its external weights are (the run's own weights file, or the user's)."""
     windows = {k: [[0, int(d)] for d in np.shape(v)] for k, v in feeds.items() if isinstance(v, np.ndarray)}
     windows.update({t.name: [[0, int(d)] for d in t.dims] for t in model.graph.initializer if t.name not in windows})
-    return ShapeTry(model, dict(feeds), list(outputs), "", windows)
+    return ShapeTry(model, dict(feeds), list(outputs), "", windows, weights_dir=weights_dir)
 
 
 class Shapes:
@@ -265,7 +268,7 @@ class Shapes:
         for nodes, sub, reference in regions:
             found = groups(sub.model, sub.feeds)
             if found and elements(sub.feeds) > MIN_ELEMENTS:
-                entries.append((frozenset(nodes), _base(sub.model, sub.feeds, list(reference)), found,
+                entries.append((frozenset(nodes), _base(sub.model, sub.feeds, list(reference), self.reducer.oracle.weights_dir), found,
                                 centers(found, sub.feeds, None)))
         prepared = [(key, t) for key, crops in self._ladders(entries) for t in crops]
         if not prepared:
@@ -287,7 +290,7 @@ class Shapes:
         known = self.known()
         if known:  # crops of this best that rode along in an earlier packed call and held
             return known
-        base = _base(model, feeds, outputs)
+        base = _base(model, feeds, outputs, self.reducer.oracle.weights_dir)
         found = groups(model, feeds)
         if not found:
             return []
