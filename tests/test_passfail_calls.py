@@ -172,6 +172,7 @@ def test_a_calibration_pack_passing_earns_the_result_two_more_runs(tmp_path):
     assert _calls(log) == 9, _calls(log)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "flaky" and summary["no_slippage"]["packs"].startswith("one candidate per call")
+    assert summary["original_replays"].startswith("1 call of its own, after the calibration pack passed it")
 
 
 def test_no_reduce_inputs_searches_windows_at_polygraphy_s_calls(tmp_path):

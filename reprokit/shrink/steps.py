@@ -209,7 +209,7 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
                              "and the run went on as one confirmed alone")
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
     folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd, pre, graph_outputs)
-    if moved and asked.original_replays:
+    if moved and asked.original_replays and "replay" not in reducer.stats:  # else the calibration asked it
         reducer.original_replay = ("none: a pass/fail check's failing original is not replayed; its replays are "
                                    "fresh runs of the result (final)")
     # the auto budget reserves one call less where the replay (or a folded confirmation) rides
@@ -329,6 +329,8 @@ def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd
         reducer.ride_along = RideAlong(model, run.feeds, graph_outputs or {}, [verdict],
                                        rerun_command(run.model_path, run.target, run.options), "calibration pack")
         run_replay_alone(reducer)
+        reducer.original_replay = ("1 call of its own, after the calibration pack passed it (a check that reads part "
+                                   "of a pack, or one that fails at random); the others are fresh runs of the result")
 
     if reducer.packing == "group" and cmd and pre is None:
         # one call, made when a pack first passes (passfail.group_fails), with the smallest model
