@@ -22,8 +22,9 @@ Scenarios (models and checkers from ``bench/planted.py``):
   ``--no-reduce-outputs``, float64 feeds for a float32 model, a check that always fails;
 - a 50% flaky check, 10 runs of each tool: how often each ends with success (exit 0).
 
-reprokit replays a ``cmd`` check by default (the original once — its pack calibration —, the result
-twice afresh: 4 calls outside the search, docs/algorithms.md step 8); the column "reprokit --replays 0"
+reprokit replays a pass/fail ``cmd`` check by default on the result, never on the original (issue 39:
+the original once, then the pack calibration and the result twice afresh, or the result three
+times: 4 calls outside the search, docs/algorithms.md step 8); the column "reprokit --replays 0"
 is the search alone, for a check known to be deterministic. Issue 39's realistic rows come from
 ``bench/hf_passfail.py`` (transformers exports, cached under bench/.cache).
 

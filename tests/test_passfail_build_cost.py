@@ -115,32 +115,34 @@ def test_a_fusion_deep_in_a_conv_stack_builds_windows_around_it(tmp_path):
     # windows halving down to the pair: at most 2·n (both halves at every level), where prefixes
     # up to the pair (~3/4 of the model) built about 0.75·n·log2 n ≈ 930 nodes
     assert summary["build_work"]["by_kind"]["conflict: alone"] <= 2 * n, summary["build_work"]
-    # the original twice (confirm, its replay) and the result twice: no calibration pack of the
-    # whole model, since nothing was packed
+    # the original once (confirm) and the result three times: no calibration pack of the whole
+    # model, since nothing was packed
     assert [s["step"] for s in summary["steps"] if s["step"] == "calibrate" and s["calls"]] == []
     assert summary["build_work"]["nodes_built"] <= 2 * n + 2 * n + 4
 
 
-def test_a_named_node_costs_four_calls_outside_the_search_and_no_calibration(tmp_path):
+def test_a_named_node_builds_the_original_once_and_no_calibration(tmp_path):
     """The parser names the node: one call finds it, nothing is ever packed, so no calibration
-    pack is built; the original's replay runs alone before the result is kept."""
+    pack is built; the original is built once (confirm: issue 39 replays the result, not the
+    original). No call passed before n21 is kept, so the Identity probe runs (and passes: a
+    check failing whatever the model fails it, so it stands for a third run of the result),
+    and the one-node result runs twice afresh — 3 calls outside the search and the probe.
+    Before issue 39's fixed calls the original ran twice (its replay alone): 80 of the nodes."""
     model = sm.pair_chain(length=40, first=3, second=35)
     summary, built = _run(tmp_path, model, PARSER_CHECK, "n21")
     assert summary["minimal"]["node_names"] == ["n21"]
     steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
-    assert "calibrate" not in steps, steps
-    assert sum(calls for step, calls in steps.items() if step in ("confirm", "replay", "final")) <= 4, steps
-    assert steps.get("replay") == 1  # the original, again, alone
+    assert "calibrate" not in steps and "replay" not in steps, steps
+    assert steps["confirm"] == 1 and steps["probe"] == 1 and steps["final"] == 2, steps
     assert len(built) == summary["calls"]["target"]
-    assert built.count(40) == 2  # the original built twice: confirmed and replayed, never packed
+    assert built.count(40) == 1, built  # the original built once, never packed
+    assert built[-2:] == [1, 1], built  # the result, two fresh runs
 
 
-
-
-def test_a_check_that_passes_the_original_again_is_told_before_the_windows(tmp_path):
-    """Windows are judged alone (no pack carries the original's replay): the replay runs first,
-    so a check that fails only sometimes (F, then P on the same model) ends after 2 calls with
-    the flaky verdict, not after a search on its coin flips."""
+def test_a_check_that_answers_in_turn_never_ends_done(tmp_path):
+    """Windows are judged alone; a check that fails only sometimes (F, then P, on any model) is
+    not replayed on the original (issue 39): its coin flips steer the search, and the result's
+    fresh runs disagree — the flaky verdict on the reduced model (exit 7), never "done"."""
     from conftest import run_cli
 
     path = sm.save(sm.pair_chain(length=100, first=3, second=90), tmp_path / "m.onnx")
@@ -148,5 +150,6 @@ def test_a_check_that_passes_the_original_again_is_told_before_the_windows(tmp_p
     script = sm.write_script(tmp_path, "check.py", sm.SEQUENCE_CHECK.format(log=str(log), sequence="FP"))
     proc = run_cli("shrink", path, "--target", f"cmd:{PY} {script} {{model}}", "-o", str(tmp_path / "out"),
                    "--no-pack")
-    assert proc.returncode == 6, proc.stderr[-2000:]
-    assert len(log.read_text().splitlines()) == 2
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
+    assert "is flaky" in error and "reduced model" in error, error

@@ -1,5 +1,6 @@
-"""What a pass/fail check command pays outside the search (issue 25): the pack calibration is the
-original's replay, the Identity probe runs only when no call of the run passed, the result is
+"""What a pass/fail check command pays outside the search (issues 25, 39): the original is judged
+once, its replays are fresh runs of the result, the pack calibration comes only before a passing
+pack is trusted, the Identity probe runs only when no call of the run passed, the result is
 replayed where it was not seen failing enough, and ``--max-calls`` is never exceeded.
 
 Every count here comes from the check itself: a real ``cmd:`` check script that appends one line
@@ -56,13 +57,14 @@ def _calls(log) -> int:
 @pytest.mark.parametrize("replays, expected", [(None, 9), (0, 7)])
 def test_a_deterministic_check_costs_a_known_number_of_calls(tmp_path, replays, expected):
     """n5 of an 8-node chain, the check fails while n5 is in the model. By default: confirm (1),
-    the pack calibration [probe, original] failing — the original's replay (2) —, group testing
-    over the 8 singles (n0–n3 passes, n4–n7 fails, n4–n5 fails, n4 passes, n5 fails: 3–7; a call
-    passed, so no Identity probe), the final judgement answered by the cache (n5 was judged
-    alone: the call that chose it is no evidence for it), so the result runs twice afresh (8–9):
-    4 calls outside the search (issue 39). --replays 0: no replays, the calibration is only a
-    calibration (7). Before issue 25: 11 and 8 (the original's replay and the probe were calls
-    of their own; the result was replayed twice); before issue 39: 10 (the result replayed three times)."""
+    group testing over the 8 singles (n0–n3 passes: before that pass clears them, the pack
+    calibration [probe, original] — nothing smaller was seen failing yet —, n4–n7 fails, n4–n5
+    fails, n4 passes, n5 fails: 2–7; a call passed, so no Identity probe), the final judgement
+    answered by the cache (n5 was judged alone: the call that chose it is no evidence for it), so
+    the result runs twice afresh (8–9): 4 calls outside the search, the original never replayed
+    (issue 39). --replays 0: no replays (7). Before issue 25: 11 and 8 (the original's replay
+    and the probe were calls of their own; the result was replayed twice); before issue 39: 10
+    (the result replayed three times)."""
     path = sm.save(chain(), tmp_path / "m.onnx")
     target, log = _check(tmp_path, NAME_CHECK, fail=["n5"])
     result = shrink(path, target, str(tmp_path / "out"), replays=replays, shrink_shapes=False)
@@ -72,19 +74,20 @@ def test_a_deterministic_check_costs_a_known_number_of_calls(tmp_path, replays, 
     assert sum(s["calls"] for s in summary["steps"]) == expected, summary["steps"]
     assert "probe" not in {s["step"] for s in summary["steps"] if s["calls"]}, summary["steps"]
     if replays is None:
-        assert summary["original_replays"] == "0 call(s) of its own at confirm and one riding with the calibration pack"
+        assert summary["original_replays"].startswith("none: a pass/fail check's failing original is not replayed")
 
 
 def test_the_probe_runs_only_when_no_call_passed(tmp_path):
-    """n0 fails: every call of the search fails (the calibration, n0–n3, n0–n1, n0), so before the
-    result is accepted the Identity probe runs (and passes): 1 + 1 + 3 + 1 probe = 6 calls."""
+    """n0 fails: every call of the search fails (n0–n3, n0–n1, n0; no pack passed, so no
+    calibration), so before the result is accepted the Identity probe runs (and passes):
+    1 + 3 + 1 probe = 5 calls."""
     path = sm.save(chain(), tmp_path / "m.onnx")
     target, log = _check(tmp_path, NAME_CHECK, fail=["n0"])
     summary = shrink(path, target, str(tmp_path / "out"), replays=0, shrink_shapes=False).summary
     assert summary["minimal"]["node_names"] == ["n0"]
     steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
-    assert steps.get("probe") == 1, steps
-    assert summary["calls"]["target"] == _calls(log) == sum(steps.values()), (steps, _calls(log))
+    assert steps.get("probe") == 1 and "calibrate" not in steps, steps
+    assert summary["calls"]["target"] == _calls(log) == sum(steps.values()) == 5, (steps, _calls(log))
 
 
 def test_a_check_that_always_fails_is_refused_with_exit_4(tmp_path):
@@ -95,8 +98,8 @@ def test_a_check_that_always_fails_is_refused_with_exit_4(tmp_path):
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert "does not depend on the model" in proc.stderr and "FLAKY FAILURE" in proc.stderr, proc.stderr
     assert not (tmp_path / "out" / "minimal.onnx").exists()
-    # confirm, the calibration (its replay), the survey down to n0 (3), the probe
-    assert _calls(log) == 6, _calls(log)
+    # confirm, the survey down to n0 (3: no pack passed, no calibration), the probe
+    assert _calls(log) == 5, _calls(log)
 
 
 def test_a_check_that_passed_the_original_twice_is_not_said_to_never_fail(tmp_path):
@@ -113,10 +116,10 @@ def test_a_check_that_passed_the_original_twice_is_not_said_to_never_fail(tmp_pa
 
 
 @pytest.mark.parametrize("sequence, code, where", [
-    # confirm F, the calibration pack P: the original alone decides, P → flaky original
-    ("FPP", 6, "unchanged model"),
-    # confirm F, calibration F (its replay), the search answers at random, the result replay
-    # passes where the search judged it failing: flaky result, never "done"
+    # confirm P, its replay F: a flaky original
+    ("PF", 6, "unchanged model"),
+    # confirm F, the search answers at random, a fresh run of the result passes where the
+    # search judged it failing: flaky result, never "done"
     ("FFPFFFPFP", 7, "reduced model"),
 ])
 def test_a_flaky_check_ends_with_the_flaky_verdict(tmp_path, sequence, code, where):
@@ -151,22 +154,25 @@ def test_a_tight_max_calls_is_never_exceeded(tmp_path, max_calls):
 
 
 def test_a_calibration_pack_passing_earns_the_result_two_more_runs(tmp_path):
-    """The original fails alone, passes inside the calibration pack, fails alone again (a check
-    that reads part of a pack, or a coin: one run in 8 of a 50%-flaky check): the result must
-    then fail 4 fresh runs, not 2, before "done" (issue 39). The check answers F P F — the
-    calibration comes with the survey's first pack (issue 39: a run that never packs never
-    calibrates) —, the survey's left half, its packs now off, one by one (n0: F), then F F F P on
-    the result: its fourth run passes, so the run ends "flaky" (exit 7). Before issue 39 the
-    result ran 3 times afresh and this run ended "done" (exit 0) on n0."""
+    """The original fails alone, the survey's first pack passes, and so does the calibration pack
+    that comes before that pass is trusted — the original, after the probe — while the original
+    alone fails again (a check that reads part of a pack, or a coin): packs go off, and the
+    result must then fail 4 fresh runs, not 2, before "done". The check answers F (confirm),
+    P (n0–n3), P (calibration), F (the original alone), F (n0 alone, packs off), then F F F P on
+    the result: its fourth run passes, so the run ends "flaky" (exit 7) after 9 calls. Before
+    issue 39's fixed calls the calibration came before the first pack, the original alone then
+    passed, and this run ended on the unchanged model (exit 6)."""
     path = sm.save(chain(), tmp_path / "m.onnx")
-    target, log = _check(tmp_path, sm.SEQUENCE_CHECK, sequence="FPF" + "F" + "FFFP")
+    target, log = _check(tmp_path, sm.SEQUENCE_CHECK, sequence="FPPF" + "FFFFP")
     out = tmp_path / "out"
     proc = run_cli("shrink", path, "--target", target, "-o", str(out), "--no-pack")
     assert proc.returncode == 7, proc.stderr[-2000:]
     error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
     assert "is flaky" in error and "reduced model" in error and "agree ×1" in error, error
-    assert _calls(log) == 8, _calls(log)
-    assert json.loads((out / "summary.json").read_text())["status"] == "flaky"
+    assert _calls(log) == 9, _calls(log)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "flaky" and summary["no_slippage"]["packs"].startswith("one candidate per call")
+    assert summary["original_replays"].startswith("1 call of its own, after the calibration pack passed it")
 
 
 def test_no_reduce_inputs_searches_windows_at_polygraphy_s_calls(tmp_path):
@@ -183,3 +189,34 @@ def test_no_reduce_inputs_searches_windows_at_polygraphy_s_calls(tmp_path):
     steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
     assert summary["calls"]["target"] == _calls(log) == 5, (steps, _calls(log))
     assert "survey" not in steps and "probe" not in steps, steps
+
+
+# NAME_CHECK that logs the node names of each model it is given (the calibration holds the probe).
+NAMES_LOGGED = """
+import sys
+import onnx
+names = [n.name for n in onnx.load(sys.argv[1]).graph.node]
+with open({log!r}, "a") as handle:
+    handle.write(",".join(names) + "\\n")
+if "n2" in names:
+    print("[E] engine build failed")
+    sys.exit(1)
+"""
+
+
+def test_the_calibration_holds_the_smallest_pack_seen_failing(tmp_path):
+    """n2 of the 8-node chain: the survey's pack n0–n3 fails (it clears nothing, so no calibration
+    yet), n0–n1 passes: before that pass clears them, the calibration pack holds the probe and
+    the members of n0–n3 (5 nodes), not the original (9: before issue 39's fixed calls it was
+    made before the first pack, with the whole model). Packs stay on, and n2 is the result."""
+    path = sm.save(chain(), tmp_path / "m.onnx")
+    log = tmp_path / "calls.log"
+    script = sm.write_script(tmp_path, "check.py", NAMES_LOGGED.format(log=str(log)))
+    summary = shrink(path, f"cmd:{PY} {script} {{model}}", str(tmp_path / "out"), shrink_shapes=False).summary
+    assert summary["minimal"]["node_names"] == ["n2"]
+    calls = [line.split(",") for line in log.read_text().splitlines()]
+    calibration = [names for names in calls if "reprokit_probe" in names]
+    assert len(calibration) == 1 and sorted(calibration[0]) == ["n0", "n1", "n2", "n3", "reprokit_probe"], calls
+    assert calls.index(calibration[0]) > calls.index(["n0", "n1", "n2", "n3"]), calls
+    assert summary["no_slippage"]["packs"].startswith("packed: the check failed a pack"), summary["no_slippage"]
+    assert len([names for names in calls if len(names) == 8]) == 1, calls  # the original built once

@@ -676,11 +676,11 @@ def test_empty_optional_inputs_and_subgraphs_shrink_to_valid_models(
 
 def test_budget_stops_a_search_near_polygraphys_cost_with_the_best_so_far(tmp_path):
     """The same two-node search, searched only (no named node, no survey), under the default
-    budget (auto: 2*ceil(log2(33)) + the confirming call + 1 replay of the original + 2 for the check's
-    pack calibration and its Identity probe (held back until a call passes) + the result alone + 1 replay
-    of it = 19 calls, every call counted. The calibration is made before a run's first pack only (issue 39),
-    so the original's replay may run alone before it: both are held. 20 before issue 39, when a check
-    command's result was replayed 3 times; 18 while the calibration always carried the replay): the run
+    budget (auto: 2*ceil(log2(33)) + the confirming call + 2 replays — a pass/fail check's original is
+    not replayed, both are fresh runs of the result (issue 39) — + 2 for the check's pack calibration and
+    its Identity probe (held back until a call passes) + the result alone = 19 calls, every call counted.
+    20 before issue 39, when a check command's result was replayed 3 times; 18 while the calibration
+    always carried the original's replay): the run
     stops at the budget it prints with a valid, smaller model that keeps the signature, and says so."""
     model = sm.pair_chain(length=32, first=4, second=27)
     path = sm.save(model, tmp_path / "chain.onnx")

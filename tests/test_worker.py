@@ -119,6 +119,23 @@ def test_worker_timeout_kills_the_whole_process_group(log_model, feeds_file, tmp
     assert [p for p in pids if not pid_gone(p)] == []
 
 
+def test_a_check_command_is_started_by_reprokit_itself_with_the_call_s_environment(log_model, feeds_file, tmp_path):
+    """A check command is a process already: its call needs no worker interpreter of its own
+    (issue 39: one costs about what a small check does). The command's parent is this process,
+    and it gets the call's environment; a worker process was its parent before."""
+    seen = tmp_path / "seen.txt"
+    report = script(tmp_path, "report.py", """\
+        import os, sys
+        with open(sys.argv[1], "w") as handle:
+            handle.write(f"{os.getppid()} {os.environ.get('RK_TEST_CALL_ENV')}")
+    """)
+    result = run_in_worker(f"cmd:{PY} {report} {seen}", log_model, feeds_file, str(tmp_path / "job"),
+                           env={"RK_TEST_CALL_ENV": "given"})
+    assert result.status == "ok", result.message
+    parent, value = seen.read_text().split()
+    assert int(parent) == os.getpid() and value == "given"
+
+
 # --- the cmd engine through session.check -------------------------------------------------
 
 

@@ -72,10 +72,11 @@ from reprokit.spec import parse_target
                    "packed into one engine call, N does nothing.")
 @click.option("--replays", default=None, type=click.IntRange(0, 10),
               help="Extra runs of the original and of the result to detect a flaky target. Default: none "
-                   "for deterministic engines; otherwise the original once and the result once (for cmd "
-                   "checks the pack calibration is the original's replay; a pass/fail result the search "
-                   "judged alone runs once more, so it fails twice afresh; a numeric cmd check's outputs are judged "
-                   "as a built-in engine's).")
+                   "for deterministic engines; otherwise the original once and the result once. A pass/fail "
+                   "cmd check's failing original is not replayed: its N replays go to the result, which fails "
+                   "1 + 2N fresh runs, one fewer after a calibration pack or the Identity probe (default: 3, or 2); an "
+                   "original that passes runs again all the same. A numeric cmd check's outputs are judged as "
+                   "a built-in engine's.")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="Continue an interrupted or budget-stopped run: --resume DIR alone takes the model, target "
                    "and run options from DIR; plain --resume continues the same command's --out.")

@@ -67,17 +67,18 @@ def packs_share_feeds(target: str) -> bool:
 def default_replays(target: str) -> tuple[int, int]:
     """Extra runs of (the original, the result) when the user gives no --replays: none for a
     deterministic engine; for others the original once (a flaky target is caught before any
-    reduction; for a group-tested check command that run is the pack calibration, no call of its
-    own) and the result once. A pass/fail result whose judgement alone comes from the search's
-    cache is run once more (final.py): the call that chose it is no evidence for it. So a check
-    command's run spends 4 calls outside the search on a deterministic check (confirm, the
-    calibration, the result twice; issue 39), and ends "done" only after the original failed on
-    each of its 2 runs and the result on each of its 2 fresh ones — a check failing with
-    probability p whatever the model gets there with probability at most p^4 once it reached a
-    result (a search that met a contradiction earns the result two more runs, steps.shrink:
-    p^6). bench_passfail.py --flaky-only measures it. A check command whose outputs are judged
-    (numeric) gets the same one replay of the result: its shapes ladder's pack that judged the crop
-    is that run, as for a built-in engine that is not deterministic."""
+    reduction) and the result once. A pass/fail check command's failing original is not
+    replayed: its replays are fresh runs of the result (``confirm.replays_go_to_result``, issue
+    39), one fewer where a calibration pack failed alike (``passfail.result_replays``); a result
+    whose judgement alone comes from the search's cache is no evidence for it (final.py). So a
+    check command's run spends 4 calls outside the search on a deterministic check (confirm,
+    then the calibration and the result twice, or the result three times), and ends "done" only
+    after 4 runs of failing models failed — a check failing with probability p whatever the model
+    gets there with probability at most p^4 once it reached a result (a search that met a
+    contradiction earns the result two more runs, steps.shrink: p^6). bench_passfail.py
+    --flaky-only measures it. A check command whose outputs are judged (numeric) gets the same
+    one replay of the original and of the result as a built-in engine that is not deterministic:
+    its shapes ladder's pack that judged the crop is the result's."""
     spec = parse_target(target)
     if backend_class(spec.engine)(spec).deterministic:  # per target: ort on the CPU is, ort:cuda is not
         return 0, 0
@@ -103,8 +104,9 @@ def inside_allowance(inner: int) -> int:
 def fixed_calls(target: str, replays: int | None) -> int:
     """Target calls a run may make whatever the search does: the confirming call and its
     replays, for a check command the pack calibration and the Identity probe, the result judged
-    alone and its replays (steps confirm, calibrate, final). At most: the calibration usually is
-    the original's replay, and the probe runs only when no call passed."""
+    alone and its replays (steps confirm, calibrate, final). At most: a pass/fail check's original
+    replays go to the result, one fewer where the calibration came, and the probe runs only when
+    no call passed."""
     original, minimal = default_replays(target) if replays is None else (replays, replays)
     return 1 + original + (2 if parse_target(target).engine == "cmd" else 0) + 1 + minimal
 

@@ -1,8 +1,9 @@
 """The confirming step of a shrink run: the original must diverge, every replay alike (a flaky
 target is diagnosed with a tally, never reduced). The original's last replay is a call of its
 own only where no call that comes anyway carries it (:class:`RideAlong`): for numeric signatures
-the survey's first packed call holds the original as one more member; for a check command whose
-candidates are group-tested the pack calibration holds it (``passfail.calibrate_packs``).
+the survey's first packed call holds the original as one more member. A pass/fail check
+command's failing original is not replayed at all: its replays are fresh runs of the result
+(``replays_go_to_result``, issue 39).
 On a numeric engine the confirming judgement itself is that first member
 (:class:`FoldedConfirm`, issue 25): the run's first call is the survey's, and the candidates of
 that pack are judged only once the original's verdict gave the signature they are held to; a
@@ -30,8 +31,8 @@ from reprokit.spec import parse_target
 
 class RideAlong:
     """The original's last replay, pending until a call that comes anyway carries it (``carrier``
-    names it: the survey's packed call, evaluator.py; the pack calibration, passfail.py): the
-    whole original model as a member judged against the reference outputs."""
+    names it: the survey's packed call, evaluator.py): the whole original model as a member
+    judged against the reference outputs."""
 
     folded = False  # the original's first judgement (FoldedConfirm), not a replay
 
@@ -88,16 +89,30 @@ def can_fold(run, *, replays: int, packing: bool, localize: bool, resume: bool, 
             and not run.prepared.samples and parse_target(run.target).engine != "cmd")
 
 
+def replays_go_to_result(target, verdict) -> bool:
+    """Does a failing original keep its replays for the result instead (issue 39)? A pass/fail
+    check command's: each run is one bit whatever model it runs, and the result is the model
+    the report names — a fresh failure of it is the evidence a user reruns, and it builds a
+    fraction of the original. A numeric check (its outputs judged) and built-in engines keep
+    the original's replay: it rides in a packed call that comes anyway (no call, no build of
+    its own). An original that passes is run again all the same (``confirm``)."""
+    return (parse_target(str(target)).engine == "cmd" and verdict.diverges
+            and verdict.signature.kind.value not in ("nonfinite", "mismatch"))
+
+
 def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):
-    """The original must diverge (and every replay the user asked for, with the same signature).
-    ``ride(verdict)``: which call that comes anyway carries the last replay ("survey's packed
-    call", "calibration pack"), or "" when none does; a carried replay is not run here, the
+    """The original must diverge (and every replay the user asked for, with the same signature;
+    a pass/fail check command's failing original is not replayed: its replays run on the result,
+    ``replays_go_to_result``). ``ride(verdict)``: which call that comes anyway carries the last
+    replay ("survey's packed call"), or "" when none does; a carried replay is not run here, the
     returned RideAlong (else None) carries it. ``first``: the original's verdict from a folded
     confirmation (``Unfold``), not judged again. Returns (verdict, ride-along)."""
     oracle = run.oracle
     model = run.given if run.given is not None else run.model
     model_file = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
     verdict = first or oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
+    if replays_go_to_result(run.target, verdict):
+        replays = 0
     carrier = bool(replays and verdict.diverges and ride is not None) and ride(verdict)
     folded = bool(carrier)
     here = (first is None) + replays - folded

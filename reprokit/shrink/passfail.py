@@ -1,8 +1,10 @@
 """Pass/fail packs: one call judges a group of disjoint candidates (``group_fails``, used by the
 Reducer's binary splitting in ``grouped.py``), and one calibration call decides whether a
 check judges every member of a pack at all (a check that reads only the first output does not:
-it is then given one candidate per call); that call is also the original's replay. Builds its
-packs here, beside the evaluator's."""
+it is then given one candidate per call). The calibration is made when a pack first passes — a
+pass is what clears members, a failing pack clears nothing — and holds the smallest model known
+to fail then (issue 39): a run whose packs all fail never builds it. Builds its packs here,
+beside the evaluator's."""
 
 from __future__ import annotations
 
@@ -15,18 +17,37 @@ from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
 from reprokit.graph.pack import build_pack
 from reprokit.shrink.confirm import PROBE_FEEDS, probe_model
-from reprokit.shrink.evaluator import Outcome, prepare_candidate, run_replay_alone
+from reprokit.shrink.evaluator import Outcome, prepare_candidate
 from reprokit.shrink.journal import PassStats
 from reprokit.shrink.references import save_candidate
+
+# summary.json no_slippage.packs of a group-tested run whose calibration never came
+NO_PACK_PASSED = ("packed, no calibration call: no pack passed, so none cleared a member (a passing pack "
+                  "is trusted only once a calibration pack showed that the check judges a member after another)")
+
+
+class Calibration:
+    """A pass/fail check's pending pack calibration: ``make(failing)`` runs it, ``failing`` the
+    members of the smallest pack seen failing so far (None: none), which it may hold instead of
+    the best — any model seen failing answers the calibration's question, and a half of the
+    model builds half the nodes of the original."""
+
+    def __init__(self, make):
+        self.make, self.failing, self.nodes = make, None, 0
+
+    def saw_failing(self, members: list, nodes: int) -> None:
+        if self.failing is None or nodes < self.nodes:
+            self.failing, self.nodes = members, nodes
+
+    def __call__(self) -> None:
+        self.make(self)
 
 
 def group_fails(reducer, group: list[frozenset]) -> bool:
     """Pass/fail: does a pack of these disjoint candidates show the signature? One call.
     A pack that passes clears every member: journaled as inferred from the group, not observed.
-    The first pack of a run is preceded by the check's calibration (``reducer.calibration``);
-    where it turns packs off, the members are judged one by one."""
-    if reducer.calibration is not None:
-        calibrate_first(reducer)
+    The first pack that passes is trusted only after the check's calibration (``reducer.calibration``,
+    one call); where it turns packs off, the members are judged one by one."""
     if reducer.packing != "group":
         return any(reducer.test(cand) for cand in group)
     prepared = []
@@ -48,6 +69,12 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
     if not verdict.cached:
         reducer.note_call(pack.nodes, len(prepared), time.monotonic() - start)
     fails = shows_bug(reducer.signature, verdict)
+    if reducer.calibration is not None and fails:
+        reducer.calibration.saw_failing([sub for _, sub in prepared], pack.nodes)
+    elif reducer.calibration is not None:  # a pass clears its members: only where packs are judged whole
+        calibrate_first(reducer)
+        if reducer.packing != "group":
+            return any(reducer.test(cand) for cand in group)
     if not fails and not verdict.diverges:
         for cand, _ in prepared:
             reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
@@ -55,9 +82,8 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
 
 
 def calibrate_first(reducer) -> None:
-    """The pending calibration, made now, before the run's first pack, with the best as it is
-    then (a run that never packs never calibrates: issue 39's fixed calls); the step that asked
-    goes on after it."""
+    """The pending calibration, made now, when the run's first pack passed (a run whose packs
+    all fail never calibrates: issue 39's fixed calls); the step that asked goes on after it."""
     pending, reducer.calibration = reducer.calibration, None
     step, calls = reducer.step, reducer.oracle.stats.target
     try:
@@ -69,47 +95,65 @@ def calibrate_first(reducer) -> None:
         reducer.spent += reducer.oracle.stats.target - calls
 
 
-def calibrate_packs(reducer, event, ran: tuple | None = None) -> None:
+def calibrate_packs(reducer, event, ran: tuple | None = None, pending: Calibration | None = None,
+                    decide=None) -> None:
     """A user's check may judge only part of a pack: one calibration call decides whether this
-    run packs candidates at all; the summary says which and why. For group testing the pack holds
-    the whole original after the probe, so when it fails alike it is the original failing again:
-    the original's replay (``reducer.ride_along``) needs no call of its own. When it passes, one
-    call on the original alone decides: failing, packs are off and that call was the replay;
-    passing, the original is flaky (confirm.RideAlong.check: exit 6 with the tally). ``ran``: that
-    call made already, before the confirmation (precalibrate.py): (why, nodes built, seconds, the
-    pack's verdict as a whole), no call here."""
+    run packs candidates at all; the summary says which and why. ``pending``: what the run saw
+    failing before (the calibration's member, where smaller than the best). ``ran``: that call
+    made already, before the confirmation (precalibrate.py): (why, nodes built, seconds, the
+    pack's verdict as a whole), no call here. For group testing a known failing model passing
+    inside the pack is a check that reads part of a pack or one that fails at random: one call on
+    the original alone (``decide``, a replay: steps.py) tells them apart — passing, the target
+    is flaky on the unchanged model (exit 6, confirm.RideAlong.check); failing, packs go off and
+    the result earns two more runs before "done" (steps.shrink), as after a contradiction (a coin
+    gives this F, P, F one run in 8)."""
     reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
-    why, built, seconds, seen = ran or calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]))
+    failing = pending.failing if pending is not None else None
+    why, built, seconds, _ = ran or calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]),
+                                              failing)
     reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
-    ride = reducer.ride_along if reducer.packing == "group" else None
-    if ride is not None and why is None:
-        reducer.ride_along = None
-        ride.check(seen)  # the original failed again, inside the pack
-    elif ride is not None:
-        run_replay_alone(reducer)  # raises for a flaky original
-        reducer.stats["calibrate"].calls += 1
-        # the original passed inside that pack and failed alone: a check that reads part of a
-        # pack, or one that fails at random (a coin gives this F, P, F one run in 8) — the
-        # result earns two more runs before "done" (steps.shrink), as after a contradiction
-        reducer.contradictions += 1
     if why is None:
-        reducer.no_slippage["packs"] = "packed: the check failed a pack with the failing model after a passing one"
+        reducer.no_slippage["packs"] = "packed: the check failed a pack with a failing model after a passing one"
         return
+    if reducer.packing == "group":
+        if decide is not None:
+            decide()
+        reducer.contradictions += 1
     reducer.packing = None
     reducer.no_slippage["packs"] = f"one candidate per call: {why}"
     event(f"packs: one candidate per call ({why})")
 
 
-def calibrate(reducer, probe) -> tuple[str | None, int, float, object]:
+def result_replays(reducer, replays: int, probed: bool = False) -> int:
+    """Fresh runs a pass/fail check command's result gets after its first (final.py), the
+    original's replays moved to it (issue 39). One of them is spared where the run saw another
+    run that a coin gets wrong half the time: the calibration pack failing alike (or, after it
+    passed, the original alone failing again), or the Identity probe not failing (``probed``:
+    it runs only where no call passed, and a check failing whatever the model fails it). So a
+    check failing with probability p whatever the model reaches "done" only after the original
+    failed and three more such runs went its way — at most p^4 (p^6 after a contradiction).
+    Measured on bench_passfail.py's flaky check, 40 runs each: exit 0 in 1 run (this rule),
+    2 (never a third run of the result), 3 (a third run wherever no calibration came) and
+    3 (the original's replay, before issue 39) — noise of that order; the bound decides."""
+    # the calibration pack failed alike, or passed and the original alone failed again after it
+    calibrated = ("calibrate" in reducer.stats and reducer.packing == "group") or "replay" in reducer.stats
+    return max(0, replays - bool(calibrated or probed))
+
+
+def calibrate(reducer, probe, failing: list | None = None) -> tuple[str | None, int, float, object]:
     """Is a pack judged as a whole by this check? One call: the known failing best placed after
-    ``probe`` (an Extraction the check passes). A check that reads only the first output, or
-    only some of the outputs, passes that pack: group testing would then clear the culprit with
-    its pack. Returns (None when packs are sound, else why not; nodes built; seconds; the group
-    verdict, None for a numeric pack)."""
+    ``probe`` (an Extraction the check passes) — for group testing, the members of ``failing``
+    (a pack seen failing) instead where they are fewer nodes. A check that reads only the first
+    output, or only some of the outputs, passes that pack: group testing would then clear the
+    culprit with its pack. Returns (None when packs are sound, else why not; nodes built;
+    seconds; the group verdict, None for a numeric pack)."""
 
     best = reducer.extraction(reducer.best)
     group = reducer.packing == "group"
-    pack = build_pack([probe, best], keep_node_names=group, same_node_names=reducer.names_select_nodes)
+    members = [best]
+    if group and failing is not None and sum(len(m.model.graph.node) for m in failing) < len(best.model.graph.node):
+        members = failing
+    pack = build_pack([probe, *members], keep_node_names=group, same_node_names=reducer.names_select_nodes)
     path = save_candidate(reducer, pack.model)
     start = time.monotonic()
     try:

@@ -44,12 +44,13 @@ from reprokit.shrink.confirm import (
     confirm,
     probe_pending,
     refuse_model_blind_check,
+    replays_go_to_result,
 )
 from reprokit.shrink.evaluator import run_replay_alone
 from reprokit.shrink.final import ShrinkResult, finish
 from reprokit.shrink.opening import keep_opening, reprokit_built
 from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack_result: the CLI's)
-from reprokit.shrink.passfail import calibrate_packs
+from reprokit.shrink.passfail import NO_PACK_PASSED, Calibration, calibrate_packs, result_replays
 from reprokit.shrink.precalibrate import as_calibration, precalibrate
 from reprokit.shrink.precalibrate import wanted as precalibration_wanted
 from reprokit.shrink.reducer import PassStats, Reducer
@@ -176,7 +177,7 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         packing = pipeline.packing_for(seen.signature.kind, asked.pack_candidates)
         if packing == "numeric" and asked.localize_first and not resume and asked.weights_fit:
             return "survey's packed call"
-        return "calibration pack" if packing == "group" and cmd else ""
+        return ""
 
     pre = None  # a numeric check command's calibration pack, run first: it may confirm too
     if fold:
@@ -188,6 +189,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
             pre = precalibrate(run, graph_outputs, clock)
         verdict, ride_along = confirm(run, graph_outputs, original_replays, ride,
                                       first or (pre.original if pre is not None and pre.confirms() else None))
+    moved = replays_go_to_result(run.target, verdict)
+    if moved:  # a pass/fail check's original is not replayed: its runs go to the result (issue 39)
+        original_replays, minimal_replays = 0, minimal_replays + original_replays
     confirmed_calls = run.oracle.stats.target
     wrap = keep_opening(run, store, graph_outputs, verdict)
     opening_calls = run.oracle.stats.target - confirmed_calls
@@ -204,7 +208,10 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
         reducer.confirmed = (f"{unfolded}: it showed {verdict.signature.kind.value} there, not a numeric divergence, "
                              "and the run went on as one confirmed alone")
     samples_spent, samples_reserved = sample_calls(run.prepared)  # several input samples: each judged
-    folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd, pre)
+    folded = _before_search(run, reducer, verdict, ride_along, original_replays, cmd, pre, graph_outputs)
+    if moved and asked.original_replays and "replay" not in reducer.stats:  # else the calibration asked it
+        reducer.original_replay = ("none: a pass/fail check's failing original is not replayed; its replays are "
+                                   "fresh runs of the result (final)")
     # the auto budget reserves one call less where the replay (or a folded confirmation) rides
     # along: the pack is a call anyway
     max_calls = (auto_call_budget(original_nodes, original_replays - (folded or fold) + minimal_replays) + opening_calls
@@ -237,7 +244,6 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
             if pending.verdict is None:
                 run_replay_alone(reducer)
             verdict = pending.verdict
-        _settle_replay(reducer)
         _probe(run, reducer, verdict)
         reducer.close()
         if reducer.causal is not None and reducer.causal.model is not reducer.model:
@@ -262,6 +268,8 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
             # within the budget, which is a promise
             spare = None if not max_calls else max_calls - earlier - run.oracle.stats.target - 1 - minimal_replays
             minimal_replays += 2 if spare is None else max(0, min(2, spare))
+        if moved:
+            minimal_replays = result_replays(reducer, minimal_replays, run.probed)
         return finish(run, reducer, writer, store, minimal_replays, note, verdict.message)
     except BaseException as exc:
         reducer.close(interrupted=True)
@@ -305,53 +313,49 @@ def _fold_into_survey(run, reducer, writer, graph_outputs: dict, asked: _Asked, 
     return pending
 
 
-def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd: bool, pre=None) -> bool:
-    """A check command's calibration (carrying the original's replay where it can; ``pre``: made
-    before the confirmation, precalibrate.py), the replay alone where no packed call will carry
-    it, and what the run holds back from the passes' budget: the pending replay, the Identity
-    probe until a call passes. Returns whether the original's replay rode in a call that came
-    anyway."""
+def _before_search(run, reducer, verdict, ride_along, original_replays: int, cmd: bool, pre=None,
+                   graph_outputs: dict | None = None) -> bool:
+    """A check command's calibration (``pre``: made before the confirmation, precalibrate.py),
+    the original's replay alone where no packed call will carry it, and what the run holds back
+    from the passes' budget: the pending replay, the pending calibration, the Identity probe
+    until a call passes. Returns whether the original's replay rode in a call that came anyway."""
     folded = ride_along is not None
     reducer.ride_along = ride_along
     reducer.original_replay = ("none" if not original_replays else
                                f"{original_replays - folded} call(s) of its own at confirm"
                                + (f" and one riding with the {ride_along.carrier}" if folded else ""))
+    def original_alone() -> None:  # a calibration pack passed a model known to fail: the original decides
+        model = run.given if run.given is not None else run.model
+        reducer.ride_along = RideAlong(model, run.feeds, graph_outputs or {}, [verdict],
+                                       rerun_command(run.model_path, run.target, run.options), "calibration pack")
+        run_replay_alone(reducer)
+        reducer.original_replay = ("1 call of its own, after the calibration pack passed it (a check that reads part "
+                                   "of a pack, or one that fails at random); the others are fresh runs of the result")
+
     if reducer.packing == "group" and cmd and pre is None:
-        # one call, made before the first pack (passfail.group_fails), with the best as it is then:
-        # a run that never packs (a named node, the conflict search's windows) never pays for it;
-        # the original's replay rides in it, or runs alone before a best is kept (a calibration
-        # made before the confirmation, ``pre``, was paid already and carried it: taken below)
-        reducer.calibration = lambda: calibrate_packs(reducer, run.event)
+        # one call, made when a pack first passes (passfail.group_fails), with the smallest model
+        # seen failing then: a run that never packs (a named node, the conflict search's windows)
+        # or whose packs all fail never pays for it (a calibration made before the confirmation,
+        # ``pre``, was paid already: taken below)
+        reducer.calibration = Calibration(lambda pending: calibrate_packs(reducer, run.event, pending=pending,
+                                                                          decide=original_alone))
+        reducer.no_slippage["packs"] = NO_PACK_PASSED
         run.probe_calls += 1
-        folded = False  # the replay may run alone: the auto budget holds a call for it
+        folded = False
     elif reducer.packing is not None and cmd:  # one call: does the check judge a whole pack?
         calls = run.oracle.stats.target
-        calibrate_packs(reducer, run.event, pre and as_calibration(run, reducer, pre))
-        run.probe_calls += 1  # the calibration; a second call was the original's replay alone
+        calibrate_packs(reducer, run.event, pre and as_calibration(run, reducer, pre), decide=original_alone)
+        run.probe_calls += 1  # the calibration
         folded = folded and run.oracle.stats.target - calls == (pre is None)
     if reducer.packing != "numeric" and reducer.ride_along is not None and reducer.calibration is None:
         run_replay_alone(reducer)  # no packed call will carry it
         folded = False
     run.probe_calls += cmd  # the Identity probe (confirm.py), held back until a call of the run passes
     reducer.held = lambda: (probe_pending(run) + (reducer.ride_along is not None) + (reducer.calibration is not None))
-    reducer.before_accept = lambda: _replay_then_probe(run, reducer, verdict)
-    reducer.settle = lambda: _settle_replay(reducer)
+    # before a best is kept, the Identity probe where no call passed (a pass/fail check's
+    # original owes no replay: issue 39, so nothing waits for a calibration to carry one)
+    reducer.before_accept = lambda: _probe(run, reducer, verdict)
     return folded
-
-
-def _replay_then_probe(run, reducer, verdict) -> None:
-    """Before a best is kept: the original's replay where no pack carried it yet (the pending
-    calibration will hold the smaller best instead), then the Identity probe where no call passed."""
-    _settle_replay(reducer)
-    _probe(run, reducer, verdict)
-
-
-def _settle_replay(reducer) -> None:
-    """The original's replay alone, where a pending calibration was to carry it and no pack came."""
-    if reducer.calibration is not None and reducer.ride_along is not None:
-        calls = reducer.oracle.stats.target
-        run_replay_alone(reducer)
-        reducer.spent += reducer.oracle.stats.target - calls  # made during the passes: the budget's
 
 
 def _probe(run, reducer, verdict) -> None:

@@ -30,6 +30,16 @@ PRECISIONS = tuple(DEFAULT_TOLERANCE)
 _TAIL_BYTES = 16_384
 
 
+class CommandTimeout(ReprokitError):
+    """The check command gave no answer within the call's timeout; its process group was killed."""
+
+
+def call(argv: list[str], out, err) -> int:
+    """Run the check command to its end (inside a worker process, whose process group the parent
+    kills at the timeout): its exit code."""
+    return subprocess.call(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+
+
 class CommandCrash(ReprokitError):
     """The check command died by a signal; the worker reports it as a crash verdict."""
 
@@ -121,9 +131,12 @@ class CmdBackend(Backend):
     install_hint = "the command itself must be installed and on PATH"
     marking_changes_engine = True  # unknown engine: assume the worst
 
-    def __init__(self, spec: TargetSpec, policy: CheckPolicy | None = None):
+    def __init__(self, spec: TargetSpec, policy: CheckPolicy | None = None, launch=call):
         super().__init__(spec)
         self.policy = policy or CheckPolicy()
+        # launch(argv, stdout, stderr) -> exit code: ``call`` inside a worker process; the worker's
+        # own launcher where the call runs in reprokit's process (engine/worker.py, issue 39)
+        self.launch = launch
 
     @classmethod
     def validate(cls, spec: TargetSpec) -> None:
@@ -163,7 +176,7 @@ class CmdBackend(Backend):
             )
             try:
                 with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-                    code = subprocess.call(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+                    code = self.launch(argv, out, err)
             except FileNotFoundError as exc:
                 raise EngineUnavailable(
                     f"check command not found: {argv[0]!r}", hint="give the full path or install it"
