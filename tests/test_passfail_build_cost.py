@@ -255,3 +255,23 @@ def test_an_operator_named_by_type_costs_one_call_and_no_calibration(tmp_path):
     assert "calibrate" not in steps, steps
     assert steps["named"] == 1, steps
     assert built.count(1) >= 1 and sum(built) == summary["build_work"]["nodes_built"]
+
+
+def test_a_message_naming_a_fusion_s_two_nodes_asks_them_alone_not_packed(tmp_path):
+    """The check names the two nodes of the fusion it failed on: each is asked alone, then both
+    together — 3 calls of 1, 1 and 2 nodes, where group testing them built a calibration of the
+    whole 69-node model first."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "bench"))
+    import planted
+
+    path = os.path.join(root, "samples", "conv_clip.onnx")
+    script = planted.write_checker(str(tmp_path), "fusion.py", planted.FUSION_CHECKER)
+    summary = shrink(path, f"cmd:{PY} {script} {{model}}", str(tmp_path / "out")).summary
+    assert sorted(summary["minimal"]["node_names"]) == ["stem/conv", "stem/relu6"]
+    assert summary["one_minimal"] is True
+    steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
+    assert "calibrate" not in steps and steps["named"] == 3, steps
+    assert summary["build_work"]["by_kind"]["named: alone"] == 1 + 1 + 2, summary["build_work"]

@@ -6,8 +6,9 @@ name 'unique_1'"), OpenVINO ("<Node(Conv): …/Conv_output_0>"). Nodes whose nam
 output tensors, appears in the message are judged alone first (group-tested when several), fed
 with what they need, then all of them together (a message naming two nodes often names their
 fusion); failing that, nodes of an operator type the message names — the earliest alone first, as
-such a message is usually true of each of them. Usually one call settles a build error this way,
-whatever the size of the model.
+such a message is usually true of each of them. A few named nodes are asked alone one by one, not
+packed: a pass/fail check's first pack costs a calibration of the whole model. Usually one call
+settles a build error this way, whatever the size of the model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 
 # More nodes than this named by op type alone means the message names a kind, not a place.
 MAX_BY_OP = 16
+ALONE = 3  # at most this many named nodes are asked alone, one call each, before any group test
 
 
 def suspects(reducer, message: str) -> list[int]:
@@ -51,13 +53,16 @@ def run(reducer, message: str) -> bool:
     if not nodes or not reducer.smaller(nodes):
         return False
     candidates = [frozenset([i]) for i in nodes]
-    if by_op and len(nodes) > 1 and reducer.test(candidates[0]):
-        # a message that names an operator type ("No importer registered for op: Erf") is
-        # usually true of every node of it: the earliest alone is one call of one node, where a
-        # group test's first pack is a pack (for a check command, a calibration of the whole
-        # model before it: BERT's Erf, 3 calls and 244 nodes more); the rest are group-tested
-        reducer.accept(candidates[0], "the earliest node of the operator the message names")
-        return True
+    # Asked alone first, one call of one node each: a few named nodes (a fusion's two), or the
+    # earliest node of a type the message names ("No importer registered for op: Erf" is usually
+    # true of each). Group testing them would build a pack, and for a check command a
+    # calibration of the whole model before it (BERT's Erf: 3 calls and 244 nodes more; the
+    # 69-node conv_clip fusion's two names: 69); the rest are group-tested.
+    for cand in candidates[: 1 if by_op else ALONE if len(nodes) <= ALONE else 0]:
+        if reducer.test(cand):
+            reducer.accept(cand, "the node the engine's message names" if not by_op
+                           else "the earliest node of the operator the message names")
+            return True
     hit = reducer.first_interesting(candidates)
     if hit is None and reducer.interactions:  # the named nodes fail only together
         reducer.accept(min(reducer.interactions, key=len), "the nodes the engine's message names, together")
