@@ -153,3 +153,128 @@ def test_a_check_that_answers_in_turn_never_ends_done(tmp_path):
     assert proc.returncode == 7, proc.stderr[-2000:]
     error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
     assert "is flaky" in error and "reduced model" in error, error
+
+
+def exported_conv_stack(blocks: int = 20) -> onnx.ModelProto:
+    """A MobileNet-like stack as torch exports it: x[1,3,8,8] → ``blocks`` × (Constant pads →
+    Reshape(Constant shape) → Cast → Pad, Conv 3x3 "c{k}/conv" → Clip "c{k}/clip" with Constant
+    min and max): 9 nodes a block, 3 of them computing from the input (the pads' shape arithmetic
+    and the Constants are constant subgraphs)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    nodes, inits, h = [], [], "x"
+
+    def constant(name, value):
+        return sm.node("Constant", [], [name], name, value=numpy_helper.from_array(np.asarray(value), name))
+
+    for k in range(blocks):
+        p = f"c{k}/"
+        inits.append(sm.const(p + "w", rng.standard_normal((3, 3, 3, 3)) * 0.3))
+        nodes += [constant(p + "pads_raw", np.array([[0, 0, 1, 1], [0, 0, 1, 1]], dtype=np.int32)),
+                  constant(p + "pads_shape", np.array([8], dtype=np.int64)),
+                  sm.node("Reshape", [p + "pads_raw", p + "pads_shape"], [p + "pads_flat"], p + "pads_reshape"),
+                  sm.node("Cast", [p + "pads_flat"], [p + "pads"], p + "pads_cast", to=TensorProto.INT64),
+                  sm.node("Pad", [h, p + "pads"], [p + "pad"], p + "pad"),
+                  sm.node("Conv", [p + "pad", p + "w"], [p + "conv"], p + "conv"),
+                  constant(p + "lo", np.array(0.0, dtype=np.float32)),
+                  constant(p + "hi", np.array(6.0, dtype=np.float32)),
+                  sm.node("Clip", [p + "conv", p + "lo", p + "hi"], [p + "clip"], p + "clip")]
+        h = p + "clip"
+    return sm.make(nodes, [helper.make_tensor_value_info("x", sm.FLOAT, [1, 3, 8, 8])],
+                   [helper.make_tensor_value_info(h, sm.FLOAT, [1, 3, 8, 8])], inits)
+
+
+def test_a_fusion_deep_in_an_exported_stack_builds_fewer_nodes_than_the_model(tmp_path):
+    """Most nodes of a torch export are constant subgraphs (MobileNetV2: 942 of 1,094): the search
+    asks windows of the nodes that compute from the input first, fed the constants' values, so a
+    fusion deep in the stack costs fewer nodes than one build of the model (the windows of every
+    node built about 1.7·n here, 2·n and more on MobileNetV2)."""
+    model = exported_conv_stack(blocks=24)
+    n = len(model.graph.node)
+    assert n >= 150
+    summary, built = _run(tmp_path, model, FUSION_CHECK, "c17/conv", "c17/clip")
+    assert sorted(summary["minimal"]["node_names"]) == ["c17/clip", "c17/conv"]
+    assert summary["one_minimal"] is True
+    assert sum(built) == summary["build_work"]["nodes_built"]
+    assert summary["build_work"]["by_kind"]["conflict: alone"] <= n, summary["build_work"]
+    assert _search(summary) <= 2 * math.ceil(math.log2(n)), summary["steps"]
+
+
+def test_a_distant_pair_in_an_exported_stack_is_found_exactly(tmp_path):
+    """Two distant computing nodes that fail only together: the pair exactly, for fewer nodes than
+    the windows of every node."""
+    model = exported_conv_stack(blocks=24)
+    n = len(model.graph.node)
+    summary, built = _run(tmp_path, model, NAMES_CHECK, "c2/pad", "c21/clip")
+    assert sorted(summary["minimal"]["node_names"]) == ["c2/pad", "c21/clip"]
+    assert summary["one_minimal"] is True
+    assert summary["build_work"]["by_kind"]["conflict: alone"] <= 2 * n, summary["build_work"]
+    assert _search(summary) <= math.ceil(math.log2(72 * 71 / 2)) + 3, summary["steps"]
+
+
+def test_a_needed_node_of_a_constant_subgraph_is_still_found(tmp_path):
+    """A check that needs a node of a constant subgraph (the pads' Reshape) with a computing node:
+    the search over the computing nodes ends on a set that does not fail, and the search over
+    every node finds the pair."""
+    model = exported_conv_stack(blocks=24)
+    summary, _ = _run(tmp_path, model, NAMES_CHECK, "c6/pads_reshape", "c12/conv")
+    assert sorted(summary["minimal"]["node_names"]) == ["c12/conv", "c6/pads_reshape"]
+    assert summary["one_minimal"] is True
+
+
+# Fails while any node of the operator type argv[2] is in the model, naming the type only (TensorRT's
+# parser words); logs the node count.
+OP_CHECK = """
+import sys
+import onnx
+graph = onnx.load(sys.argv[1]).graph
+with open({log!r}, "a") as handle:
+    handle.write(f"{{len(graph.node)}}\\n")
+if any(node.op_type == sys.argv[2] for node in graph.node):
+    print(f"[E] [TRT] No importer registered for op: {{sys.argv[2]}}")
+    sys.exit(1)
+"""
+
+
+def test_an_operator_named_by_type_costs_one_call_and_no_calibration(tmp_path):
+    """A message naming an operator type holds for each node of it: the earliest alone is asked
+    first, one call of one node — no pack, so no calibration of the whole model before it (BERT's
+    Erf row: 3 calls and a 244-node calibration before)."""
+    from onnx import helper
+
+    # x[2,8] → 48 × (Abs, Neg, Erf "e{k}" every twelfth, else Relu) → y
+    nodes, h = [], "x"
+    for k in range(48):
+        op = "Erf" if k % 12 == 5 else ["Abs", "Neg", "Relu"][k % 3]
+        nodes.append(sm.node(op, [h], [f"t{k}"], f"n{k:02d}"))
+        h = f"t{k}"
+    model = sm.make(nodes, [helper.make_tensor_value_info("x", sm.FLOAT, [2, 8])],
+                    [helper.make_tensor_value_info(h, sm.FLOAT, [2, 8])])
+    summary, built = _run(tmp_path, model, OP_CHECK, "Erf")
+    assert summary["minimal"]["node_names"] == ["n05"]
+    steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
+    assert "calibrate" not in steps, steps
+    assert steps["named"] == 1, steps
+    assert built.count(1) >= 1 and sum(built) == summary["build_work"]["nodes_built"]
+
+
+def test_a_message_naming_a_fusion_s_two_nodes_asks_them_alone_not_packed(tmp_path):
+    """The check names the two nodes of the fusion it failed on: each is asked alone, then both
+    together — 3 calls of 1, 1 and 2 nodes, where group testing them built a calibration of the
+    whole 69-node model first."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "bench"))
+    import planted
+
+    path = os.path.join(root, "samples", "conv_clip.onnx")
+    script = planted.write_checker(str(tmp_path), "fusion.py", planted.FUSION_CHECKER)
+    summary = shrink(path, f"cmd:{PY} {script} {{model}}", str(tmp_path / "out")).summary
+    assert sorted(summary["minimal"]["node_names"]) == ["stem/conv", "stem/relu6"]
+    assert summary["one_minimal"] is True
+    steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
+    assert "calibrate" not in steps and steps["named"] == 3, steps
+    assert summary["build_work"]["by_kind"]["named: alone"] == 1 + 1 + 2, summary["build_work"]

@@ -28,6 +28,12 @@ switches to it once more than √n nodes are found). Measured against QuickXplai
 nodes: a distant pair 17 calls on average vs 20, a fusion 9 vs 13, three scattered nodes 25 vs
 28, a chain of nine 23 vs 27.
 
+From ``HALVE_FROM`` nodes on, windows are halved first (:func:`halve`), cut at the power of two
+nearest the middle (:func:`_cut`). Both searches run first over the nodes that compute from the
+model's inputs (:func:`computed`: a torch export's constant subgraphs are most of its nodes, fed as
+initializers where a window leaves them out), then, when that answer does not fail alone, over
+every node.
+
 The result is verified alone before it is accepted (usually from the cache): a check that is not
 monotone (a node set that fails while a superset passes) can make the search end on a set that
 does not fail; it is then left to the window and ddmin passes, and counted as a contradiction.
@@ -52,12 +58,18 @@ def bound(n: int, k: int = 2) -> int:
     return 2 * k * math.ceil(math.log2(max(2, n / k))) + 2 * k
 
 
-def allowance(n: int) -> int:
+def allowance(n: int, computing: int = 0) -> int:
     """What the search claims on top of the auto budget's bisection over n nodes: its bound for
     a pair (k = 2) and, where it halves windows first (n ≥ ``HALVE_FROM``), the halving's worst
-    case (two calls a level, then one a level for each side, the pair judged alone)."""
-    halving = 4 * math.ceil(math.log2(n)) + 1 if n >= HALVE_FROM else 0
-    return bound(n) - 2 * math.ceil(math.log2(n + 1)) + halving
+    case (two calls a level, then one a level for each side, the pair judged alone); where the
+    ``computing`` nodes (:func:`computed`) are searched first, that search's own bound and its
+    answer judged alone as well, so that the search over every node after a miss still fits."""
+    own = bound(n) - 2 * math.ceil(math.log2(n + 1)) + _halving(n)
+    return own + (bound(computing) + _halving(computing) + 1 if computing else 0)
+
+
+def _halving(n: int) -> int:
+    return 4 * math.ceil(math.log2(n)) + 1 if n >= HALVE_FROM else 0
 
 
 def run(reducer) -> bool:
@@ -65,9 +77,9 @@ def run(reducer) -> bool:
     order = reducer.ordered()
     if len(order) < 3:
         return False
-    halving = len(order) >= HALVE_FROM
-    reducer.claim(allowance(len(order)))
-    if halving and reducer.settle is not None:
+    data = computed(reducer, order)
+    reducer.claim(allowance(len(order), len(data) if data is not None else 0))
+    if len(order) >= HALVE_FROM and reducer.settle is not None:
         # windows judged alone, no pack to carry the original's replay: it runs first, so that a
         # check that fails only sometimes is told before a search on its coin flips
         reducer.settle()
@@ -94,9 +106,13 @@ def run(reducer) -> bool:
 
     try:
         producers = _producers(reducer)
-        found = halve(asked, order, producers=producers, narrowed=narrowed) if halving else None
-        if found is None:  # the halves' answers left no set that fails alone: the bisection over all
-            found = search(asked, order, producers=producers, narrowed=narrowed)
+        found = None
+        if data is not None:  # the computing nodes first; a miss is no contradiction
+            found = _find(asked, data, producers, narrowed, known=False)
+            if found is not None and not reducer.test(found):
+                found = None  # a node of a constant subgraph is needed: every node, as before
+        if found is None:
+            found = _find(asked, order, producers, narrowed)
     except BudgetExhausted:
         keep_smallest()  # a run stopped at the budget keeps the smallest failing window
         raise
@@ -111,6 +127,36 @@ def run(reducer) -> bool:
         reducer.accept(found, f"{len(found)} nodes that fail only together (conflict-set search)")
     _clear_inside_passes(reducer, found, passed)
     return found == reducer.best
+
+
+def _find(asked, order: list[int], producers, narrowed, known: bool = True) -> frozenset | None:
+    """Halving from ``HALVE_FROM`` nodes on, else (or when the halves' answers left no set that
+    fails alone) the bisection over all of ``order``, its repeated questions cached. ``known``:
+    all of ``order`` is known to fail; else it is asked before the bisection, which assumes it
+    (None when it passes), and a halving that ends on a set that does not fail costs no more."""
+    found = None
+    if len(order) >= HALVE_FROM:
+        found = halve(asked, order, producers=producers, narrowed=narrowed)
+    if found is not None:
+        return found
+    if not known and not asked(frozenset(order)):
+        return None
+    return search(asked, order, producers, narrowed)
+
+
+def computed(reducer, order: list[int]) -> list[int] | None:
+    """The nodes of ``order`` that compute from the model's inputs, or None when that is all of
+    them (or too few to search). A torch export's constant subgraphs — ``Constant`` nodes, the
+    shape arithmetic of every ``Pad`` — are most of its nodes (MobileNetV2: 942 of 1,094); a
+    window without them is fed their values as initializers (graph/extract.py), as a folded
+    model is, so a build error or fusion among the computing nodes shows the same and each
+    question builds a fraction of the nodes. Searched first; a search whose answer does not fail
+    alone (a node of a constant subgraph is needed) is followed by the search over every node."""
+    index = reducer.index
+    if index is None:
+        return None
+    data = [n for n in order if any(t not in index.constants for t in index.node_outputs[n])]
+    return data if 3 <= len(data) < len(order) else None
 
 
 def _clear_inside_passes(reducer, found: frozenset, passed: list[frozenset]) -> None:
@@ -196,7 +242,7 @@ def halve(test, order: list[int], producers=None, narrowed=None) -> frozenset | 
 
     window = list(order)
     while len(window) > 1:
-        half = len(window) // 2
+        half = _cut(len(window))
         first, second = window[:half], window[half:]
         if fails(first):
             window = first
@@ -205,6 +251,19 @@ def halve(test, order: list[int], producers=None, narrowed=None) -> frozenset | 
         else:
             return _straddle(fails, first, second, producers)
     return frozenset(window)
+
+
+def _cut(size: int) -> int:
+    """Where a window of ``size`` nodes is cut: at the power of two nearest its middle, so that one
+    side halves down with no ragged level. A pair across the cut is narrowed in ⌈log2 a⌉ +
+    ⌈log2 b⌉ questions (a, b: the sides), a single in ⌈log2⌉ levels of its side: 160 nodes cut
+    64 + 96 take 6 + 7 where 80 + 80 took 7 + 7. Over 150 random pairs of a 160-node chain and
+    of BERT's 144 computing nodes: at most 16 calls where halves took 17, 14.5–15.0 on average
+    (14.3–14.9); MobileNetV2's 35 Conv→Clip fusions: 12.1 calls and 250 nodes (12.0, 237)."""
+    power = 1
+    while power * 2 < size:
+        power *= 2
+    return power if power - size / 2 <= size / 2 - power // 2 else power // 2
 
 
 def _straddle(fails, early: list[int], late: list[int], producers=None) -> frozenset | None:
