@@ -70,7 +70,6 @@ class Reducer:
     packing: str | None = None  # None (one by one), "numeric" (packed) or "group" (group testing)
     # a check command's pack calibration, made before the first group pack (passfail.group_fails)
     calibration: Callable[[], None] | None = None
-    settle: Callable[[], None] | None = None  # the original's replay, owed where no pack will carry it
     pack_bytes: int = 1 << 30  # data (feeds, outputs, weights) one packed call may hold: budget.pack_memory
     pack_nodes: int = 4096  # nodes one packed call may build
     build_cost: object | None = None  # buildcost.BuildCost packs follow (--pack-by build-cost); None: by count
@@ -125,7 +124,7 @@ class Reducer:
             stats={}, findings={}, one_minimal=False, budget=None, stopped=False, spent=0, allowance=None,
             isolated={}, hotspots={}, crop_tries={}, shapes=False, interactions=[], contradictions=0,
             want_layerwise=False, ride_along=None, original_replay="", confirmed="", layerwise_report=None,
-            no_slippage={}, judged_by={}, clock=None, tally=Tally(), _current="setup", calibration=None, settle=None,
+            no_slippage={}, judged_by={}, clock=None, tally=Tally(), _current="setup", calibration=None,
             # packs not calibrated yet: the inner reducer judges one candidate per call
             packing=None if self.calibration is not None and self.packing == "group" else self.packing)
 

@@ -79,10 +79,6 @@ def run(reducer) -> bool:
         return False
     data = computed(reducer, order)
     reducer.claim(allowance(len(order), len(data) if data is not None else 0))
-    if len(order) >= HALVE_FROM and reducer.settle is not None:
-        # windows judged alone, no pack to carry the original's replay: it runs first, so that a
-        # check that fails only sometimes is told before a search on its coin flips
-        reducer.settle()
     smallest: list[frozenset] = []
 
     def narrowed(nodes: frozenset) -> None:  # a window seen failing alone: kept should the search stop
