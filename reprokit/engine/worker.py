@@ -133,21 +133,10 @@ def _run_inline(job: dict, job_dir: str, stderr_path: str, timeout: float, env: 
     start = time.monotonic()
 
     def launch(argv: list[str], out, err) -> int:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env=env)
-        with _RUNNING_LOCK:
-            _RUNNING.add(proc)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise CommandTimeout(f"no answer within {timeout:g} s; the process group was killed") from None
-        except BaseException:
-            _kill_group(proc)
-            raise
-        finally:
-            with _RUNNING_LOCK:
-                _RUNNING.discard(proc)
+        code = _waited(argv, out, err, env, timeout)
+        if code is None:
+            raise CommandTimeout(f"no answer within {timeout:g} s; the process group was killed")
+        return code
 
     _write_result(job_dir, _run_job(job, job_dir, launch))
     return _read_result(job_dir, 0, stderr_path, time.monotonic() - start)
@@ -156,30 +145,32 @@ def _run_inline(job: dict, job_dir: str, stderr_path: str, timeout: float, env: 
 def _run_child(job_dir: str, stderr_path: str, timeout: float, env: dict, label: str) -> int | None:
     """The child's exit code; None when it ran past ``timeout`` (its process group killed)."""
     with open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reprokit.engine.worker", job_dir],
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: a kill takes its children too
-            env=env,
-        )
-        with _RUNNING_LOCK:
-            _RUNNING.add(proc)
         try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return None
-        except BaseException:
-            _kill_group(proc)
-            raise
+            return _waited([sys.executable, "-m", "reprokit.engine.worker", job_dir], err, subprocess.STDOUT, env,
+                           timeout)
         finally:
-            with _RUNNING_LOCK:
-                _RUNNING.discard(proc)
             # The engine's own lines (onnxruntime, OpenVINO, polygraphy) go to the run's log,
             # never to the console (reprokit.engine.enginelog).
             enginelog.record_file(label, stderr_path)
+
+
+def _waited(argv: list[str], out, err, env: dict, timeout: float) -> int | None:
+    """Start ``argv`` in a process group of its own (a kill takes its children too), known to
+    ``kill_running`` while it runs; its exit code, or None past ``timeout`` (the group killed)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True, env=env)
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
 
 
 def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float) -> WorkerResult:
