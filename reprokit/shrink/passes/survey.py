@@ -181,8 +181,7 @@ def exact_alone(reducer, i: int) -> bool:
     """Did node ``i`` compute the reference's values exactly alone in the survey (kind agree,
     error 0)? An engine that runs it in fp32 does: OpenVINO's CPU plugin under bf16 runs the
     elementwise nodes so (290 of PP-OCRv4 rec's 403 nodes)."""
-    outcome = reducer.isolated.get(i)
-    return outcome is not None and outcome.kind == "agree" and outcome.error is not None and float(outcome.error) == 0.0
+    return _agreed_within(reducer, i, 0.0)
 
 
 # An error alone no narrow type makes: fp16 rounds at 2^-11 (4.9e-4), bf16 at 2^-8, fp8 coarser;
@@ -194,9 +193,14 @@ def rounds_nothing_alone(reducer, i: int) -> bool:
     """Did node ``i`` alone stay within float32 rounding of the reference (kind agree, error at
     most ``FP32_ROUNDING``): did the engine run it in fp32? (352 of PP-OCRv4 rec's 403 nodes
     under openvino:bf16.)"""
+    return _agreed_within(reducer, i, FP32_ROUNDING)
+
+
+def _agreed_within(reducer, i: int, limit: float) -> bool:
+    """Node ``i``'s survey outcome alone: it agreed, with an error of at most ``limit``."""
     outcome = reducer.isolated.get(i)
     return outcome is not None and outcome.kind == "agree" and outcome.error is not None and \
-        float(outcome.error) <= FP32_ROUNDING
+        float(outcome.error) <= limit
 
 
 def consumer_alone(reducer, pair: frozenset) -> bool:
