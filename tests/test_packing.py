@@ -485,7 +485,7 @@ def test_an_accumulated_run_interrupted_in_the_precision_search_resumes_without_
     resumed = run_cli("shrink", "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
     again = json.loads((out / "summary.json").read_text())["attribution"]["workaround"]
-    assert again["cached"] == judged and again["calls"] < tested["calls"]
+    assert again["cached"] == judged and again["calls"] < tested["calls"], (judged, again, tested)
     assert {k: again[k] for k in ("setting", "verdict", "error")} == {k: tested[k] for k in ("setting", "verdict", "error")}
 
 

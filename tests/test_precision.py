@@ -84,6 +84,21 @@ def test_packed_sets_are_judged_as_each_set_alone(tmp_path):
     assert packed[2].error < packed[0].error  # keeping every node in fp32 does change the result
 
 
+def test_an_interrupt_while_a_packed_call_is_journaled_keeps_all_of_its_trials_or_none(tmp_path):
+    """Ctrl-C arriving while one packed call's trials are being journaled (the interrupt flag set
+    after the first entry is written) left the call half journaled: its resumed run asked the
+    call again for the rest. One packed emulator call of three sets: all three entries or none."""
+    from reprokit.shrink.journal import Journal
+
+    search = _search(tmp_path, accumulating_mlp(8), "emulate:bf16", tolerance=1e-3)
+    journal = Journal(str(tmp_path / "journal.jsonl"))
+    search.journal = journal
+    search.cancelled = lambda: bool(journal.entries)  # the interrupt lands once an entry is written
+    search.judge([[], ["mm0", "tanh0"], ["mm1", "tanh1"]])
+    assert search.calls == 1
+    assert len(Journal(journal.path).entries) == 3
+
+
 def test_an_accumulated_error_comes_with_a_workaround_that_agrees_when_run_as_printed(tmp_path):
     """The accumulated-error run prints a setting; `reprokit check` with exactly that setting, run
     separately, agrees with the error the summary shows beside it."""

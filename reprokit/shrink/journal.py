@@ -67,11 +67,19 @@ class Journal:
             return sum(int(e.get("calls", 0)) for k, e in self.entries.items() if k.startswith("allowance:"))
 
     def put(self, key: str, value: dict) -> None:
+        self.put_all([(key, value)])
+
+    def put_all(self, items: list[tuple[str, dict]]) -> None:
+        """The outcomes one call produced, in one write: an interrupt between them cannot leave a
+        call half journaled (its resumed run would ask the call again for the rest)."""
         with self._lock:
-            self.entries[key] = {"key": key, **value}
-            if self.path:
+            lines = []
+            for key, value in items:
+                self.entries[key] = {"key": key, **value}
+                lines.append(json.dumps(self.entries[key]) + "\n")
+            if self.path and lines:
                 with open(self.path, "a") as handle:
-                    handle.write(json.dumps(self.entries[key]) + "\n")
+                    handle.write("".join(lines))
                     handle.flush()
 
 

@@ -157,13 +157,14 @@ class Search:
         self.trials.append(trial)
         return trial
 
-    def _journal(self, trial: Trial) -> None:
+    def _journal(self, *trials: Trial) -> None:
+        """One call's trials, all or none (one write): the interrupt is asked once."""
         if self.journal is None or self.cancelled():
             return  # a call an interrupt killed means nothing
-        self.journal.put(self._key(trial.nodes, trial.packed),
-                         {"agrees": trial.agrees, "kind": trial.kind, "error": jsonable(trial.error), "call": trial.call,
-                          "size": trial.size, "tolerance": self.tolerance,
-                          **({} if trial.packed else {"not_kept": self.not_kept})})
+        self.journal.put_all([(self._key(trial.nodes, trial.packed),
+                               {"agrees": trial.agrees, "kind": trial.kind, "error": jsonable(trial.error),
+                                "call": trial.call, "size": trial.size, "tolerance": self.tolerance,
+                                **({} if trial.packed else {"not_kept": self.not_kept})}) for trial in trials])
 
     # ------------------------------------------------------------- one call
 
@@ -257,8 +258,7 @@ class Search:
                                 float(worst.error) if worst is not None else None, True, self.calls,
                                 verdict.kind.value))
         self.trials.extend(trials)
-        for trial in trials:
-            self._journal(trial)
+        self._journal(*trials)
         return trials
 
 
