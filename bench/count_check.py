@@ -2,7 +2,9 @@
 
 Appends "<time> <model> <nodes>" to LOG (the first argument of CMD ending in .onnx is the model
 the tool under test wrote), then runs CMD and exits with its status, its output passed through.
-Lets both tools' check calls and build work be counted the same way.
+Lets both tools' check calls and build work be counted the same way. With $BENCH_CAPTURE_DIR set,
+the model is also copied there (callNNN.onnx, in call order) for bench/trt_buildcost_prepare.py:
+both tools' pass/fail builds timed on a TensorRT builder.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ def main(argv: list[str]) -> int:
         nodes = len(onnx.load(model, load_external_data=False).graph.node)
     with open(log, "a") as handle:
         handle.write(f"{time.time():.3f} {model} {nodes}\n")
+    capture = os.environ.get("BENCH_CAPTURE_DIR")
+    if capture and model and os.path.exists(model):
+        import shutil
+
+        os.makedirs(capture, exist_ok=True)
+        shutil.copyfile(model, os.path.join(capture, f"call{len(os.listdir(capture)):03d}.onnx"))
     return subprocess.call(cmd)
 
 

@@ -52,6 +52,11 @@ def _network(trt, builder, logger, path: str, shapes: dict):
     return network, parser, parse_s, ""
 
 
+def _nbytes(memory) -> int:
+    """Bytes of a serialized host memory (TensorRT-RTX's IHostMemory has nbytes, no len)."""
+    return int(getattr(memory, "nbytes", None) or len(memory))
+
+
 def _configs(network) -> tuple[int, int, dict]:
     kinds: dict[str, int] = {}
     distinct = set()
@@ -196,7 +201,7 @@ def main() -> int:
                 )
             if cache is not None:
                 sink.write(
-                    json.dumps({"case": folder, "timing_cache_bytes": len(cache.serialize())})
+                    json.dumps({"case": folder, "timing_cache_bytes": _nbytes(cache.serialize())})
                     + "\n"
                 )
     return 0

@@ -1,6 +1,6 @@
 """Fit TensorRT-RTX build seconds to what a call builds, from bench/trt_buildcost.py's raw lines.
 
-    python bench/trt_buildcost_fit.py bench/results/trt_buildcost.jsonl [--markdown]
+    python bench/trt_buildcost_fit.py RAW.jsonl [--estimator RAW_WITH_SINGLES.jsonl]
 
 A table, not a test. Least squares over every measured file (the lower of its two cold builds):
 
@@ -8,7 +8,10 @@ A table, not a test. Least squares over every measured file (the lower of its tw
   TensorRT, so the fit bench_shrink.py applies to their calls: a·calls + b·nodes built);
 - ``layers``:  seconds ≈ a + b·layers (TensorRT network layers after parsing);
 - ``full``:    seconds ≈ a + b·layers + c·distinct + d·(inputs + outputs) (distinct layer
-  configurations; a pack's graph inputs and outputs, one per cut and member output).
+  configurations; a pack's graph inputs and outputs, one per cut and member output);
+- ``heavy``:   seconds ≈ a + b·heavy (layers whose kernels the builder chooses among many:
+  convolution, matrix multiply, softmax, normalization, reduce; constants, shape arithmetic and
+  elementwise layers cost a build next to nothing — bench/results/buildcost/rtx_h200_passfail.md).
 
 Then, per captured run, the sum of builds each tool made: cold, and with one timing cache shared
 by every build of the run.
@@ -22,6 +25,8 @@ import sys
 
 import numpy as np
 
+HEAVY = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "SOFTMAX", "NORMALIZATION", "REDUCE")
+
 
 def load(path: str) -> tuple[dict, list[dict]]:
     with open(path) as handle:
@@ -30,6 +35,9 @@ def load(path: str) -> tuple[dict, list[dict]]:
     rows = [r for r in lines if r.get("cold_s") and not r.get("error")]
     for r in rows:
         r["build_s"] = min(r["cold_s"])
+        r["io"] = r.get("inputs", 0) + r.get("outputs", 0)
+        r["heavy"] = sum(n for kind, n in (r.get("layer_kinds") or {}).items() if kind in HEAVY)
+    head["failed"] = [r for r in lines if r.get("error") and r.get("file")]
     return head, rows
 
 
@@ -44,7 +52,7 @@ def fit(rows: list[dict], columns: list[str]) -> tuple[np.ndarray, float, float]
     return coef, r2, rel
 
 
-FITS = {"nodes": ["nodes"], "layers": ["layers"], "full": ["layers", "distinct_layers", "io"]}
+FITS = {"nodes": ["nodes"], "layers": ["layers"], "full": ["layers", "distinct_layers", "io"], "heavy": ["heavy"]}
 
 
 def estimator(path: str) -> tuple[float, float]:
@@ -63,15 +71,11 @@ def estimator(path: str) -> tuple[float, float]:
 def coefficients(path: str) -> dict:
     """{fit name: (coefficients, r2, median relative error)} for the raw lines at ``path``."""
     _, rows = load(path)
-    for r in rows:
-        r["io"] = r.get("inputs", 0) + r.get("outputs", 0)
     return {name: fit(rows, cols) for name, cols in FITS.items()}
 
 
-def markdown(path: str) -> str:
+def markdown(path: str, estimator_path: str | None = None) -> str:
     head, rows = load(path)
-    for r in rows:
-        r["io"] = r.get("inputs", 0) + r.get("outputs", 0)
     out = [
         f"TensorRT-RTX {head.get('trt_version', '?')}, built for compute capability {head.get('cc', '?')}; "
         f"{len(rows)} files.",
@@ -112,6 +116,7 @@ def markdown(path: str) -> str:
             entry["calls"] += 1
             entry["nodes"] += r["nodes"]
             entry["cold"] += r["build_s"]
+            entry["heavy"] = entry.get("heavy", 0) + r["heavy"]
             entry["shared"] += r.get("shared_s", r["build_s"])
     out += [
         "",
@@ -119,7 +124,7 @@ def markdown(path: str) -> str:
         "| build s (one shared cache) | estimated s (a·calls + b·nodes) |",
         "|" + " --- |" * 9,
     ]
-    a, b = estimator(path)
+    a, b = estimator(estimator_path or path)
     for case, tools in runs.items():
         for tool, e in tools.items():
             out.append(
@@ -138,14 +143,25 @@ def markdown(path: str) -> str:
         "",
         f"Estimator (bench_shrink.py): a = {a:.4f} s per call, b = {b * 1000:.2f} ms per node built.",
     ]
+    failed: dict[str, int] = {}
+    for r in head["failed"]:
+        failed[r["case"]] = failed.get(r["case"], 0) + 1
+    out += [
+        "",
+        "Builds that failed (not in the sums above; the harness gives dynamic inputs one shape but no "
+        "values to shape-tensor inputs): "
+        + (", ".join(f"{case} {n}" for case, n in sorted(failed.items())) or "none") + ".",
+    ]
     return "\n".join(out)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw")
+    parser.add_argument("--estimator", help="raw lines holding single-node builds, for a·calls + b·nodes "
+                        "(default: RAW itself)")
     args = parser.parse_args()
-    print(markdown(args.raw))
+    print(markdown(args.raw, args.estimator))
     return 0
 
 

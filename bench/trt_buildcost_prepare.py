@@ -13,7 +13,11 @@ stored once they travel to the GPU machine within one transfer):
 - ``run``: every target call of a real ``reprokit shrink --target emulate:fp16`` run, in the order
   the run made them (the model files reprokit wrote, captured at ``Oracle.run_target``);
 - ``subpack``: the first k members (k = 1, 2, 4, …) of the largest pack a run made — packs of k
-  candidates exactly as ``build_pack`` writes them (members are concatenated in order).
+  candidates exactly as ``build_pack`` writes them (members are concatenated in order);
+- ``whole_pf`` and ``run_pf_*`` / ``polygraphy_pf_*`` (``--passfail ROWS``): bench_passfail.py's
+  realistic exports as given and constant-folded (what a Constant node and the exporter's shape
+  arithmetic cost a builder), and every model both tools' pass/fail check calls built on those
+  rows (captured by bench/count_check.py, $BENCH_CAPTURE_DIR).
 """
 
 from __future__ import annotations
@@ -310,6 +314,60 @@ def capture_runs(name: str, raw_rk: str, raw_pg: str) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
+def _static_shapes(model, npz: str | None) -> dict:
+    """Input shapes a builder needs for ``model``: the feeds' where given, else its own dims."""
+    shapes = {}
+    if npz and os.path.exists(npz):
+        with np.load(npz) as data:
+            shapes = {k: list(data[k].shape) for k in data.files}
+    for value in model.graph.input:
+        if value.name not in shapes:
+            shapes[value.name] = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
+    return shapes
+
+
+def capture_passfail(rows: list[str], out: str) -> None:
+    """bench_passfail.py's rows whose name holds one of ``rows``: both tools' check calls, copied
+    by bench/count_check.py, become ``run_pf_<n>`` / ``polygraphy_pf_<n>``; the realistic exports
+    as given and folded become ``whole_pf``."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import bench_passfail
+
+    from reprokit.engine.folding import fold_constants
+
+    root = tempfile.mkdtemp(prefix="h39-pf-")
+    whole, seen = Case(os.path.join(out, "whole_pf")), set()
+    for number, case in enumerate(bench_passfail.scenarios(root)):
+        if not any(r in case["name"] for r in rows):
+            continue
+        path, npz = case["model"][0], case["model"][1]
+        model = onnx.load(path)
+        shapes = _static_shapes(model, npz)
+        stem = os.path.basename(path)[:-5]
+        if stem not in seen:
+            seen.add(stem)
+            whole.add(model, f"{stem}__given", "whole", shapes)
+            whole.add(fold_constants(model, path), f"{stem}__folded", "whole", shapes)
+        for tool, run in (("run", bench_passfail.run_reprokit), ("polygraphy", bench_passfail.run_polygraphy)):
+            raw = tempfile.mkdtemp(prefix=f"h39-{tool}-")
+            work = os.path.join(root, f"{number}-{tool}")
+            os.makedirs(work)
+            os.environ["BENCH_CAPTURE_DIR"] = raw
+            try:
+                row = run(case, work)
+            finally:
+                del os.environ["BENCH_CAPTURE_DIR"]
+            print(f"{case['name']}: {tool} {row.get('calls')} calls, {row.get('nodes_built')} nodes", flush=True)
+            folder = Case(os.path.join(out, f"{tool}_pf_{number:02d}"))
+            for file in sorted(f for f in os.listdir(raw) if f.endswith(".onnx")):
+                call = onnx.load(os.path.join(raw, file))
+                folder.add(call, file[:-5], tool, _static_shapes(call, npz), extra={"row": case["name"]})
+            folder.close()
+            shutil.rmtree(raw, ignore_errors=True)
+    whole.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def sub_pack(model, k: int):
     """The first ``k`` members of a pack written by build_pack (names ``rk{i}/...``)."""
     graph = model.graph
@@ -343,6 +401,12 @@ def main() -> int:
         "--runs",
         default="attention_softmax_nan,layernorm_overflow,conv_clip,ppocrv4_det emulate:bf16 picture",
         help="bench_shrink.py rows whose calls both tools make are captured (comma-separated)",
+    )
+    parser.add_argument(
+        "--passfail",
+        default="",
+        help="bench_passfail.py rows (name substrings, comma-separated) whose check calls both tools "
+        "make are captured, with the realistic exports as given and folded (whole_pf)",
     )
     args = parser.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
@@ -395,6 +459,8 @@ def main() -> int:
         shutil.rmtree(raw_rk, ignore_errors=True)
         shutil.rmtree(raw_pg, ignore_errors=True)
     shutil.rmtree(exports, ignore_errors=True)
+    if args.passfail:
+        capture_passfail([r for r in args.passfail.split(",") if r], args.out)
     for case in sorted(os.listdir(args.out)):
         with open(os.path.join(args.out, case, "manifest.json")) as handle:
             rows = json.load(handle)
