@@ -16,11 +16,15 @@ workers, comparing outputs (verdicts, causal tests). "other" is the rest of the 
 reference runs outside the capture (shape tries, confirm), the journal, the summary, and the
 steps' own logic.
 
-"own s (share)" is the wall time less the target calls and the reference runs (summary.json's
-``resources.engine_seconds``, which holds the fold's check and the archive's check of both
-engines too — "reference s" is that less the target calls): what issue 39's 15% bounds. The
-archive's repro.py and polygraphy runs stay in "own" (processes of their own, start-up and
-imports included). ``--polygraphy`` runs polygraphy's
+"own s (share)" is the wall time less the engine seconds measured (summary.json's
+``resources.engine_seconds``: the target calls, the reference runs — the fold's check and the
+archive's check of both engines too — and the engine runs the archive's tools recorded inside
+themselves while reprokit waited for them; "reference s" is that less the target calls): what
+issue 39's 15% bounds. Of the archive step's wait for the bundled repro.py and polygraphy's
+runs (``pack_tool_seconds``) only the seconds during which one of their engine runs was going,
+as they recorded it (``pack_tool_engine_seconds``: repro.py around each engine run, polygraphy
+around onnxruntime's session creation and runs), are engine time; the rest of the wait — their
+interpreters, imports, model loading, ``inspect model`` — stays in "own". ``--polygraphy`` runs polygraphy's
 documented workflow (bench_shrink.py's ``run_polygraphy``: sanitize, mark all, data merge, debug
 reduce in bisect mode with the same oracle) on the same feeds right after, and sets its wall time
 and calls beside the row (polygraphy has no packs: its own work is not split out).
@@ -142,6 +146,7 @@ def run_case(case: dict, work: str, tree: str | None = None) -> dict:
         "file_nodes": summary["original"].get("file_nodes"), "window": summary.get("window"),
         "capture_s": capture, "startup_s": round(startup, 3), "archive_s": archive,
         "archive_engine_s": resources.get("pack_engine_seconds", 0.0), "archive_tools_s": resources.get("pack_tool_seconds"),
+        "archive_tools_engine_s": resources.get("pack_tool_engine_seconds"),
         **{f"{k}_s": v for k, v in kinds.items()},
         "bookkeeping_s": round(sum(kinds.values()), 3),
         "other_s": round(wall - target - capture - startup - archive - sum(kinds.values()), 3),
@@ -167,7 +172,7 @@ def pct(part: float, whole: float) -> str:
 def table(rows: list[dict]) -> str:
     head = ("| case | target | nodes → minimal | calls | wall s | target calls s | reference s | **own s (share)** "
             "| extraction s | pack s | write s | compare s | bookkeeping s (share) | capture s | start-up s "
-            "| archive s | archive: check's engines s, waiting on repro.py + polygraphy s | other s "
+            "| archive s | archive: check's engines s, waiting on repro.py + polygraphy s (of it engine runs s) | other s "
             "| polygraphy: wall s, calls, nodes |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
@@ -193,10 +198,11 @@ def table(rows: list[dict]) -> str:
 
 def _archive_split(row: dict) -> str:
     """The archive step's check (engine seconds, not "own") and its wait for the bundled
-    repro.py's and polygraphy's processes (in "own": their start-up, imports and engine runs are
-    not told apart); "-" for a tree that did not record it."""
-    tools = row.get("archive_tools_s")
-    return f"{row.get('archive_engine_s') or 0.0:.1f}, " + ("-" if tools is None else f"{tools:.1f}")
+    repro.py's and polygraphy's processes, with the engine seconds they recorded inside that
+    wait (not "own"; the rest of the wait is); "-" for a tree that did not record it."""
+    tools, engine = row.get("archive_tools_s"), row.get("archive_tools_engine_s")
+    return (f"{row.get('archive_engine_s') or 0.0:.1f}, " + ("-" if tools is None else f"{tools:.1f}")
+            + ("" if engine is None else f" ({engine:.1f})"))
 
 
 def profile(case: dict, work: str, top: int = 25) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from concurrent.futures import wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,15 +99,28 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
     caller has them already; otherwise the unfolded model is run first (when that fails, the
     model is returned unfolded and the caller's own reference run reports the user's model,
     never the folded copy) — from ``model_path`` when the caller has ``model`` in that file
-    already (a Swin's 110 MB are not written a second time), else from a copy saved here."""
-    folded = fold_constants(model, model_path)
+    already (a Swin's 110 MB are not written a second time), else from a copy saved here.
+    A large file that will fold (:func:`will_fold`) has its reference run in its worker while
+    the fold runs here: the run does not depend on the fold."""
+    pending = None
+    if reference_outputs is None and model_path and os.path.getsize(model_path) >= OVERLAP_BYTES and will_fold(model):
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprokit-fold-check")
+        pending = pool.submit(run, model_path, feeds)
+        pool.shutdown(wait=False)
+    try:
+        folded = fold_constants(model, model_path)
+    finally:
+        if pending is not None:
+            wait([pending])  # no worker outlives the fold, whatever it raised
     if not folding_changed(model, folded):
         return Folded(model, False)
     os.makedirs(workdir, exist_ok=True)
     if reference_outputs is None:
         unfolded_path = model_path or save_model(model, os.path.join(workdir, "unfolded.onnx"), base_dir=base_dir)
         try:
-            reference_outputs = run(unfolded_path, feeds)
+            reference_outputs = pending.result() if pending is not None else run(unfolded_path, feeds)
         except ReprokitError:
             return Folded(model, False)  # the model itself fails: the caller's own run says so
     path = save_model(folded, os.path.join(workdir, "folded.onnx"), base_dir=base_dir)
@@ -120,6 +134,29 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
         return Folded(model, False, f"{SKIPPED}: the folded model computes something else ({why}); "
                                     "the model runs unfolded")
     return Folded(folded, True, path=path)
+
+
+# A model file this large has the unfolded model's reference run beside the fold (checked_fold);
+# smaller ones fold in a moment and run one after the other, as before
+OVERLAP_BYTES = 8 << 20
+_NOT_FOLDED = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                         "Bernoulli"})
+
+
+def will_fold(model) -> bool:
+    """Does a node other than a Constant compute from constants alone (initializers that are not
+    inputs, Constant outputs, and what those compute)? Then folding changes the model, and the
+    unfolded model's reference run is needed; a guess only for when to start that run, never for
+    what is folded."""
+    known = {t.name for t in model.graph.initializer} - {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        inputs = [name for name in node.input if name]
+        if node.op_type == "Constant" or (inputs and all(name in known for name in inputs) and not has_bodies(node)
+                                          and node.op_type not in _NOT_FOLDED):
+            if node.op_type != "Constant":
+                return True
+            known.update(node.output)
+    return False
 
 
 def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights_dir: str | None = None):

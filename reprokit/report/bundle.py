@@ -13,12 +13,10 @@ import shlex
 import shutil
 import tempfile
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from reprokit import __version__
-from reprokit.convert import convert_float_model_report
 from reprokit.engine.bug import shows_bug
 from reprokit.engine.envinfo import fingerprint
 from reprokit.engine.envinfo import redact as redact_env
@@ -31,8 +29,8 @@ from reprokit.graph.io import (
     load_model,
     save_model,
 )
-from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.archive import write_archive, write_manifest
+from reprokit.report.conversion import early_conversion, settled, write_conversion
 from reprokit.report.describe import (
     describe,
     environment_lines,
@@ -41,12 +39,21 @@ from reprokit.report.describe import (
     title,
     trtexec_command,
 )
-from reprokit.report.logs import finish_logs, start_logs, stop_logs
+from reprokit.report.logs import (
+    Logs,
+    drop_early,
+    early_kept,
+    early_logs,
+    finish_logs,
+    start_logs,
+    stop_logs,
+    write_inputs_for_tools,
+)
 from reprokit.report.redact import private_strings, redact, scrub_tree
 from reprokit.report.render import render
-from reprokit.report.reprorun import Started, repro_argv
+from reprokit.report.reprorun import Started, engine_seconds_within, read_times, repro_argv
 from reprokit.report.reprovalues import ENGINE_PACKAGES, criterion_words, repro_values
-from reprokit.report.trtcommands import beyond_range, trt_values
+from reprokit.report.trtcommands import trt_values
 from reprokit.report.twincommands import twin_commands
 from reprokit.report.upstream import issue_template, upstream_values
 from reprokit.spec import TargetSpec, parse_target
@@ -64,6 +71,9 @@ class PackResult:
     # the seconds it waited, its own writing done, for repro.py's and polygraphy's processes: what
     # of the archive's wall is those processes' (their start-up, imports and engine runs alike)
     tool_seconds: float = 0.0
+    # of that wait, the seconds during which an engine run in them was going, as they recorded it
+    # (reprorun.ENGINE_TIMES); the rest of the wait is their interpreters, imports and loading
+    tool_engine_seconds: float = 0.0
 
 
 def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | None = None,
@@ -81,10 +91,22 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
     name = re.sub(r"(\.tar\.gz|\.tgz|\.zip)$", "", os.path.basename(out_path)) or "report"
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="reprokit-pack-") as tmp:
-        event(f"checking {model_path} under {target}")
-        result = check(model_path, target, options=options, workdir=os.path.join(tmp, "check"))
+        stage = os.path.join(tmp, name)
+        early = None if redact else early_logs(model_path, options, spec, stage, event)
+        converting = early_conversion(model_path, spec, stage) if early is not None else None
+        try:
+            event(f"checking {model_path} under {target}")
+            result = check(model_path, target, options=options, workdir=os.path.join(tmp, "check"))
+        except BaseException:
+            if early is not None:
+                stop_logs(early)
+            settled(converting)
+            raise
         engine_seconds = result.engine_seconds
         if not result.verdict.diverges:
+            if early is not None:
+                stop_logs(early)
+            settled(converting)
             raise NothingToReduce(
                 f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): nothing to pack",
                 hint="pack a model that `reprokit check` reports as diverging")
@@ -94,15 +116,20 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
             event("redacting and checking that the redacted model still diverges")
             result, redaction = _redacted(result, target, options, tmp, notes)
             engine_seconds += result.engine_seconds
-        stage = os.path.join(tmp, name)
-        os.makedirs(os.path.join(stage, "logs"))
+        os.makedirs(os.path.join(stage, "logs"), exist_ok=True)
         if options.reference_model:  # the user's converted cut, the target's model (repro.py runs it)
             save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
                        base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
         event("writing the bundle")
-        waited: list[float] = []
-        reproduces = _write_bundle(stage, result, spec, options, context, redaction, name, fmt, notes, event,
-                                   model_path=os.fspath(model_path), waited=waited)
+        waited: dict[str, float] = {}
+        try:
+            reproduces = _write_bundle(stage, result, spec, options, context, redaction, name, fmt, notes, event,
+                                       model_path=os.fspath(model_path), waited=waited, early=early,
+                                       converting=converting)
+        finally:
+            if early is not None:  # an error on the way: no orphan (done runs: nothing to stop)
+                stop_logs(early)
+            settled(converting)
         if audit_dir and redact:
             notes.append("audit/ left out of the archive: it names the original nodes, and --redact asks for none")
         elif audit_dir:
@@ -118,7 +145,8 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         write_manifest(stage, extra)
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_archive(stage, out_path, fmt)
-    return PackResult(out_path, result.verdict, reproduces, notes, redaction, engine_seconds, round(sum(waited), 3))
+    return PackResult(out_path, result.verdict, reproduces, notes, redaction, engine_seconds,
+                      round(waited.get("seconds", 0.0), 3), round(waited.get("engine_seconds", 0.0), 3))
 
 
 def _redacted(result, target, options, tmp, notes):
@@ -163,15 +191,26 @@ def _with_inputs(options: RunOptions, inputs: str, names: dict) -> RunOptions:
 
 
 def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, name, fmt, notes, event,
-                  model_path: str = "", waited: list | None = None) -> bool:
+                  model_path: str = "", waited: dict | None = None, early: Logs | None = None,
+                  converting: Future | None = None) -> bool:
     verdict = result.verdict
     feeds = result.prepared.feeds.arrays
     model = result.prepared.model
-    _write_model(stage, result, redaction, model_path)
+    if early is not None and not early_kept(early, feeds, _file_is_model(result, redaction, model_path)):
+        drop_early(early)  # the check ran another file or other feeds: polygraphy runs what the archive holds
+        early = None
+        if converting is not None:  # converted from that file: made again from the checked model
+            settled(converting)
+            converting = None
+            for narrow in ("fp16", "bf16"):
+                if os.path.exists(os.path.join(stage, f"model.{narrow}.onnx")):
+                    os.remove(os.path.join(stage, f"model.{narrow}.onnx"))
+    if early is None:
+        _write_model(stage, result, redaction, model_path)
     save_npz(os.path.join(stage, "inputs.npz"), feeds)
     save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
     save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
-    bins = _write_inputs_for_tools(stage, feeds)
+    bins = early.bins if early is not None else write_inputs_for_tools(stage, feeds)
     spec, bundled, needed = _bundle_check_files(stage, spec)
     recorded = {**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
                 "redaction": redaction, "timeout": options.timeout}
@@ -199,15 +238,20 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
     # alone: it and polygraphy's runs start now and the conversion is written while they run (a
     # Swin window's 96 MB: its conversion and save overlap their start-up and model loading)
     alone = spec.engine in ("trt", "cmd") or spec.has("cuda")
-    conversion = _write_conversion(stage, result, spec) if alone else None
+    conversion = write_conversion(stage, result.prepared.model, result.prepared.base_dir, spec) if alone else None
     event("running the bundled repro.py")
     # repro.py gives each engine call the run's --timeout itself (a hang is a verdict there too);
     # the margin covers its own start and the reference run
-    with Started(repro_argv(), stage, os.path.dirname(stage), timeout=max(60.0, options.timeout + 60.0)) as started:
-        logs = None if alone else start_logs(stage, result, spec, values, event, together=True)
+    times = os.path.join(os.path.dirname(stage), ".engine-times-repro")  # beside the stage, never in the archive
+    with Started(repro_argv(), stage, os.path.dirname(stage), timeout=max(60.0, options.timeout + 60.0),
+                 times=times) as started:
+        logs = None if alone else early or start_logs(stage, result, spec, values, event, together=True)
+        if logs is not None:
+            logs.result = result
         try:
             if not alone:
-                conversion = _write_conversion(stage, result, spec)
+                conversion = (converting.result() if converting is not None
+                              else write_conversion(stage, result.prepared.model, result.prepared.base_dir, spec))
             values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
             if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
                 values.update(twin_commands(spec, verdict, bins))
@@ -226,15 +270,18 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
             if logs is not None:
                 stop_logs(logs)
             raise
-        since = time.monotonic()
+        since = time.time()  # epoch seconds: the tools record their engine runs so
         if alone:
             ran = started.result()
-            finish_logs(start_logs(stage, result, spec, values, event))
+            logs = start_logs(stage, result, spec, values, event)
+            finish_logs(logs)
         else:
             finish_logs(logs)
             ran = started.result()
         if waited is not None:
-            waited.append(time.monotonic() - since)
+            until = time.time()
+            waited["seconds"] = until - since
+            waited["engine_seconds"] = engine_seconds_within(read_times(times) + logs.engine_runs(), since, until)
     reproduces = ran.returncode == 1 and "REPRODUCES" in ran.stdout
     if not reproduces:
         notes.append(f"WARNING: repro.py did not reproduce here (exit {ran.returncode}); see logs/repro.log")
@@ -254,30 +301,17 @@ def _write_model(stage: str, result, redaction, model_path: str) -> None:
     weights a second time), else the model saved with its weights read in (past 2 GB, beside it)."""
     prepared = result.prepared
     target = os.path.join(stage, "model.onnx")
-    if not redaction and os.path.isfile(prepared.path) and not external_locations(prepared.model) and (
-            os.path.abspath(prepared.path) == os.path.abspath(model_path or "")) and fits_inline(prepared.model):
+    if _file_is_model(result, redaction, model_path):
         shutil.copyfile(prepared.path, target)
         return
     save_model(prepared.model, target, base_dir=prepared.base_dir, self_contained=True)
 
 
-def _write_conversion(stage: str, result, spec) -> dict | None:
-    """The explicit-precision model a strongly typed TensorRT (or ort:cuda,fp16) builds; emulate
-    archives carry it too, so a maintainer on TensorRT 11 can run them (issue 36)."""
-    converted_by_reprokit = spec.engine in ("trt", "emulate") or (spec.engine == "ort" and spec.has("cuda"))
-    if not converted_by_reprokit or not (spec.has("fp16") or spec.has("bf16")):
-        return None
-    model = result.prepared.model
-    narrow = "fp16" if spec.has("fp16") else "bf16"
-    keep = frozenset(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
-    inline = model  # the conversion copies it; a copy here only for what changes it in place
-    if keep or external_locations(model):
-        inline = inline_external_data(type(model).FromString(model.SerializeToString()), result.prepared.base_dir)
-    if keep:  # fp32-nodes may name an unnamed node by its OP_INDEX label, as the engines read it
-        name_unnamed_nodes(inline)
-    converted, report = convert_float_model_report(inline, narrow, keep)
-    save_model(converted, os.path.join(stage, f"model.{narrow}.onnx"))
-    return {"schema_fp32": list(report.schema_fp32), "clamped": beyond_range(inline, narrow)}
+def _file_is_model(result, redaction, model_path: str) -> bool:
+    """Is the user's file, byte for byte, the model.onnx the archive holds?"""
+    prepared = result.prepared
+    return bool(not redaction and os.path.isfile(prepared.path) and not external_locations(prepared.model) and (
+        os.path.abspath(prepared.path) == os.path.abspath(model_path or "")) and fits_inline(prepared.model))
 
 
 CHECK_DIR = "check"  # where a cmd target's own script goes in the archive
@@ -334,35 +368,6 @@ def _check_note(bundled: list[str], needed: list[str]) -> str:
         parts.append("The check command also needs these files, which are NOT in this archive: "
                      + ", ".join(f"`{p}`" for p in needed) + "; `repro.py` says so (exit 4) where they are missing.")
     return " ".join(parts)
-
-
-def _write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
-    """inputs.json for polygraphy, inputs/<i>.bin (raw, C order) for trtexec: numeric tensors only
-    (string, sequence and optional feeds are in inputs.npz alone; neither tool takes them)."""
-    numeric = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
-    if len(numeric) < len(feeds):
-        return {}
-    with open(os.path.join(stage, "inputs.json"), "w") as handle:
-        json.dump([{name: _polygraphy_array(value) for name, value in numeric.items()}], handle, indent=4)
-    os.makedirs(os.path.join(stage, "inputs"), exist_ok=True)
-    bins = {}
-    for index, (name, value) in enumerate(numeric.items()):
-        rel = f"inputs/input_{index}.bin"
-        np.ascontiguousarray(value).tofile(os.path.join(stage, rel))
-        bins[name] = rel
-    return bins
-
-
-def _polygraphy_array(value: np.ndarray) -> dict:
-    """One array as polygraphy's JSON encoder writes it (np.save bytes, base64), written here:
-    polygraphy's save_json imports torch wherever it is installed, which cost a pack ~6 s to
-    import and ~1.6 s at exit (issue 28 item 8)."""
-    import base64
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, value, allow_pickle=False)
-    return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
 
 
 def _template_values(result, spec, env, context, archive_name, model, bins, recorded) -> dict:

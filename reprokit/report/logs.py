@@ -2,6 +2,8 @@
 onnxruntime; on TensorRT the comparison), each in a process of its own with a timeout, and the
 target engine's log. On CPU engines polygraphy's runs go at once, beside repro.py (each is
 mostly its own start); on a GPU one at a time. Changes no verdict; runs nothing of an archive.
+Its onnxruntime runs record when their engine ran (``reprorun.timed_polygraphy_argv``), so that
+pack tells their engine seconds from the rest of its wait.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from reprokit.engine.backends import backend_class
-from reprokit.report.reprorun import Started
+from reprokit.report.reprorun import Started, read_times, timed_polygraphy_argv
 from reprokit.report.twincommands import reference_run, target_run
+from reprokit.standalone.arrays import load_npz
 
 
 def _polygraphy() -> list[str] | None:
@@ -38,6 +43,13 @@ class Logs:
     spec: object
     runs: dict  # file -> polygraphy's arguments
     done: dict  # file -> Started, a CompletedProcess, or the words written instead
+    bins: dict | None = None  # inputs/*.bin written with inputs.json, when pack wrote them before its check
+    feeds: dict | None = None  # the feeds inputs.json holds then (pack keeps the runs only if its check used them)
+    times: list = field(default_factory=list)  # files its runs record their engine runs in
+
+    def engine_runs(self) -> list[tuple[float, float]]:
+        """(start, end) epoch seconds of the engine runs its processes recorded."""
+        return [run for path in self.times for run in read_times(path)]
 
 
 def start_logs(stage, result, spec, values, event, together: bool = False) -> Logs:
@@ -58,7 +70,7 @@ def start_logs(stage, result, spec, values, event, together: bool = False) -> Lo
                                                     else shlex.split(values["polygraphy_command"])[1:])
     logs = Logs(stage, result, spec, runs, {})
     try:
-        _start_logs(runs, tool, stage, logs.done, event, together)
+        _start_logs(runs, tool, stage, logs, event, together)
     except BaseException:
         stop_logs(logs)
         raise
@@ -89,7 +101,8 @@ def finish_logs(logs: Logs) -> None:
         handle.write(result.target_log or "(the engine printed nothing)\n")
 
 
-def _start_logs(runs: dict, tool, stage: str, done: dict, event, together: bool) -> None:
+def _start_logs(runs: dict, tool, stage: str, logs: Logs, event, together: bool) -> None:
+    done = logs.done
     for file, args in runs.items():
         if tool is None:
             done[file] = "polygraphy is not installed here: pip install polygraphy\n"
@@ -98,6 +111,84 @@ def _start_logs(runs: dict, tool, stage: str, done: dict, event, together: bool)
                           "(they are in inputs.npz)\n")
         else:
             event(f"logs/{file}: polygraphy {' '.join(args[:2])}")
-            done[file] = Started(tool + args, stage, os.path.dirname(stage), timeout=300.0)
+            argv, times = tool + args, None
+            timed = timed_polygraphy_argv(args) if "--onnxrt" in args and "--trt" not in args else None
+            if timed:  # polygraphy's own entry point, its onnxruntime runs timed (its output unchanged)
+                argv, times = timed, os.path.join(os.path.dirname(stage), f".engine-times-{file}")
+                logs.times.append(times)
+            done[file] = Started(argv, stage, os.path.dirname(stage), timeout=300.0, times=times)
             if not together:
                 done[file] = done[file].result()
+
+
+def early_logs(model_path: str, options, spec, stage: str, event) -> Logs | None:
+    """polygraphy's runs started before pack's check, on a copy of the model file and the feeds
+    file as given: they need neither the verdict nor the check's files, so on CPU engines they
+    run while the check's engines do (a Swin window: their 2-3 s of interpreter, imports and
+    loading leave the end of the archive step). None where they could not be the archive's runs
+    (a GPU or a check command: one process at a time; a converted cut, frozen shapes, feeds other
+    than one .npz sample of plain numbers); :func:`early_kept` drops them after the check
+    unless it ran this very file on these very feeds."""
+    if (spec.engine in ("trt", "cmd") or spec.has("cuda") or options.reference_model or options.input_shapes
+            or not options.inputs or not str(options.inputs).endswith(".npz") or not os.path.isfile(options.inputs)
+            or os.path.getsize(model_path) >= 2**31):  # past protobuf's 2 GB the archive saves it another way
+        return None
+    try:
+        feeds = load_npz(options.inputs)
+    except Exception:  # noqa: BLE001 - any unreadable file: the check says why, on its own run
+        return None
+    if not feeds or any("@" in key for key in feeds):  # several samples: the check picks one
+        return None
+    os.makedirs(os.path.join(stage, "logs"), exist_ok=True)
+    bins = write_inputs_for_tools(stage, feeds)
+    if not bins:
+        return None
+    shutil.copyfile(model_path, os.path.join(stage, "model.onnx"))
+    logs = start_logs(stage, None, spec, {}, event, together=True)
+    logs.bins, logs.feeds = bins, feeds
+    return logs
+
+
+def early_kept(early: Logs, feeds: dict, same_file: bool) -> bool:
+    """Did the check run the file polygraphy's early runs read (``same_file``), on the same feeds?"""
+    given = early.feeds or {}
+    return same_file and set(feeds) == set(given) and all(
+        isinstance(feeds[k], np.ndarray) and feeds[k].dtype == given[k].dtype and feeds[k].shape == given[k].shape
+        and np.array_equal(feeds[k], given[k], equal_nan=feeds[k].dtype.kind in "fc") for k in feeds)
+
+
+def drop_early(early: Logs) -> None:
+    """Stop early runs the archive will not hold, and remove the inputs written for them."""
+    stop_logs(early)
+    shutil.rmtree(os.path.join(early.stage, "inputs"), ignore_errors=True)
+    if os.path.exists(os.path.join(early.stage, "inputs.json")):
+        os.remove(os.path.join(early.stage, "inputs.json"))
+
+
+def write_inputs_for_tools(stage: str, feeds: dict) -> dict[str, str]:
+    """inputs.json for polygraphy, inputs/<i>.bin (raw, C order) for trtexec: numeric tensors only
+    (string, sequence and optional feeds are in inputs.npz alone; neither tool takes them)."""
+    numeric = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biuf"}
+    if len(numeric) < len(feeds):
+        return {}
+    with open(os.path.join(stage, "inputs.json"), "w") as handle:
+        json.dump([{name: _polygraphy_array(value) for name, value in numeric.items()}], handle, indent=4)
+    os.makedirs(os.path.join(stage, "inputs"), exist_ok=True)
+    bins = {}
+    for index, (name, value) in enumerate(numeric.items()):
+        rel = f"inputs/input_{index}.bin"
+        np.ascontiguousarray(value).tofile(os.path.join(stage, rel))
+        bins[name] = rel
+    return bins
+
+
+def _polygraphy_array(value: np.ndarray) -> dict:
+    """One array as polygraphy's JSON encoder writes it (np.save bytes, base64), written here:
+    polygraphy's save_json imports torch wherever it is installed, which cost a pack ~6 s to
+    import and ~1.6 s at exit (issue 28 item 8)."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, value, allow_pickle=False)
+    return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}

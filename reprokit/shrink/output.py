@@ -288,8 +288,11 @@ def _record_report(out_dir: str, summary: dict, packed, clock=None):
     if resources is not None and packed.engine_seconds:  # the archive's check ran both engines once more
         resources["engine_seconds"] = round(resources.get("engine_seconds", 0.0) + packed.engine_seconds, 3)
         resources["pack_engine_seconds"] = round(packed.engine_seconds, 3)
-    if resources is not None:  # waiting for its repro.py and polygraphy runs: reprokit's own, said apart
+    if resources is not None:  # waiting for its repro.py and polygraphy runs, said apart: the seconds
+        # an engine run in them was going (they recorded it) are engine time, the rest reprokit's own
         resources["pack_tool_seconds"] = packed.tool_seconds
+        resources["pack_tool_engine_seconds"] = packed.tool_engine_seconds
+        resources["engine_seconds"] = round(resources.get("engine_seconds", 0.0) + packed.tool_engine_seconds, 3)
     _atomic_json(os.path.join(out_dir, "summary.json"), retime(summary, clock))
     return packed
 
