@@ -142,3 +142,21 @@ def test_a_failing_capture_takes_the_confirming_call_with_it(tmp_path):
         os.kill(int(pid.read_text()), 0)
     assert not (tmp_path / "out" / "summary.json").exists() or json.loads(
         (tmp_path / "out" / "summary.json").read_text())["status"] != "done"
+
+
+def test_a_union_its_pack_proved_that_passes_later_is_a_flaky_check(tmp_path):
+    """The check answers by a script: F (the original), F (the pack [n1, n3]), P (n1), P (n3) —
+    the pack proved the union [n1, n3] failing — then P on the union's first fresh run. The pack
+    held that model and nothing else: its pass is the same model's second answer, so the run
+    ends "flaky" (exit 7), never falling back to a larger best that a coin might fail again."""
+    from conftest import run_cli
+
+    path = sm.save(reducable(), tmp_path / "m.onnx")
+    log = tmp_path / "calls.log"
+    script = sm.write_script(tmp_path, "check.py", sm.SEQUENCE_CHECK.format(log=str(log), sequence="FFPPPFFFFF"))
+    proc = run_cli("shrink", path, "--target", f"cmd:{PY} {script} {{model}}", "-o", str(tmp_path / "out"),
+                   "--no-pack")
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
+    assert "is flaky" in error and "reduced model (2 nodes)" in error, error
+    assert len(log.read_text().splitlines()) == 5

@@ -91,8 +91,7 @@ def union_is_pack(reducer, members: list[frozenset], pack, verdict) -> bool:
     is not asked again — the same model judged once, as any cached verdict (issue 39: polygraphy's
     toy pair [1, 3], 4 search calls → 3). Proven, not assumed: the union's own extraction must
     equal the pack (nodes, inputs, outputs, weights, opsets, feeds). The final judgement still
-    runs the result fresh, its replays included (final.py: a packed verdict is never its last
-    word). Returns whether it was recorded."""
+    runs the result fresh, its replays included. Returns whether it was recorded."""
     if len(members) < 2 or reducer.space.wrap is not None or reducer.space.build is not None:
         return False
     union = frozenset().union(*members)
@@ -101,7 +100,9 @@ def union_is_pack(reducer, members: list[frozenset], pack, verdict) -> bool:
     sub, trivial = prepare_candidate(reducer, union, check=False)
     if trivial is not None or not _same_model(sub, pack):
         return False
-    reducer.record(union, Outcome(True, verdict.kind.value, verdict.signature.detail, None, packed=True,
+    # not "packed": the pack held this model and nothing else — a pass of it in the final
+    # judgement is the same model's second answer (a flaky check), never a fall back (final.py)
+    reducer.record(union, Outcome(True, verdict.kind.value, verdict.signature.detail, None,
                                   decision=judge(reducer.signature, verdict).decision))
     return True
 
