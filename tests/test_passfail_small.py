@@ -1,7 +1,7 @@
 """What a pass/fail check command's run spends besides its search on a small model (issue 39: wall
 at most polygraphy's, search calls at most polygraphy's on its toy pairs): the confirming call
-runs beside the reference capture, and a failing pack that is its members' union, node for node,
-answers for that union.
+runs beside the reference capture; a union of members is asked alone, its pack's answer never
+taken for it (a coin more for a flaky check).
 
 Every check here is a real ``cmd:`` script that logs each call (the node names it was given,
 or the time it started), so what reprokit says it did is checked against what the check saw.
@@ -55,18 +55,19 @@ def _run(tmp_path, fail: list[str]):
     return summary, [line.split(",") for line in log.read_text().splitlines()]
 
 
-def test_a_failing_pack_of_members_apart_answers_for_their_union(tmp_path):
-    """n1 and n3 fail only together. They read nothing of each other and no tensor in common,
-    so the survey's pack [n1, n3] is the model of their union itself: its failure is the
-    union's verdict, and the union is not asked again. Calls: confirm; the pack [n1, n3] (fails),
-    n1 alone, n3 alone (both pass); the result three times fresh — 7, the search 3 as
-    polygraphy's (before: 8, the union asked once more in the search)."""
+def test_the_union_is_asked_alone_even_where_its_pack_was_that_model(tmp_path):
+    """n1 and n3 fail only together. Their survey pack [n1, n3] is the model of their union
+    itself (they read nothing of each other and no tensor in common), yet the union is asked
+    alone before it is kept: a check failing at random gives this very answer sequence (F, F, P,
+    P, …), and taking the pack's answer for the union raised its odds of ending "done" with a
+    reduced model from 6.455% to 6.687% (bench/flaky_tree.py, every answer sequence walked;
+    docs/benchmark.md). So polygraphy's toy pair costs 4 search calls here, polygraphy 3:
+    confirm; the pack, n1, n3, the union; the result three times fresh."""
     summary, calls = _run(tmp_path, ["n1", "n3"])
     assert summary["minimal"]["node_names"] == ["n1", "n3"] and summary["one_minimal"]
-    assert calls == [["n1", "n3", "n5", "n7", "n9"], ["n1", "n3"], ["n1"], ["n3"]] + [["n1", "n3"]] * 3, calls
+    assert calls == [["n1", "n3", "n5", "n7", "n9"], ["n1", "n3"], ["n1"], ["n3"]] + [["n1", "n3"]] * 4, calls
     steps = {s["step"]: s["calls"] for s in summary["steps"] if s["calls"]}
-    assert steps == {"confirm": 1, "survey": 3, "final": 3}, steps
-    assert summary["calls"]["target"] == len(calls) == 7
+    assert steps == {"confirm": 1, "survey": 4, "final": 3}, steps
 
 
 def test_members_reading_one_tensor_are_asked_as_their_union(tmp_path):
@@ -143,20 +144,3 @@ def test_a_failing_capture_takes_the_confirming_call_with_it(tmp_path):
     assert not (tmp_path / "out" / "summary.json").exists() or json.loads(
         (tmp_path / "out" / "summary.json").read_text())["status"] != "done"
 
-
-def test_a_union_its_pack_proved_that_passes_later_is_a_flaky_check(tmp_path):
-    """The check answers by a script: F (the original), F (the pack [n1, n3]), P (n1), P (n3) —
-    the pack proved the union [n1, n3] failing — then P on the union's first fresh run. The pack
-    held that model and nothing else: its pass is the same model's second answer, so the run
-    ends "flaky" (exit 7), never falling back to a larger best that a coin might fail again."""
-    from conftest import run_cli
-
-    path = sm.save(reducable(), tmp_path / "m.onnx")
-    log = tmp_path / "calls.log"
-    script = sm.write_script(tmp_path, "check.py", sm.SEQUENCE_CHECK.format(log=str(log), sequence="FFPPPFFFFF"))
-    proc = run_cli("shrink", path, "--target", f"cmd:{PY} {script} {{model}}", "-o", str(tmp_path / "out"),
-                   "--no-pack")
-    assert proc.returncode == 7, proc.stderr[-2000:]
-    error = next(line for line in proc.stderr.splitlines() if line.startswith("Error:"))
-    assert "is flaky" in error and "reduced model (2 nodes)" in error, error
-    assert len(log.read_text().splitlines()) == 5

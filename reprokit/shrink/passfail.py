@@ -69,8 +69,6 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
     if not verdict.cached:
         reducer.note_call(pack.nodes, len(prepared), time.monotonic() - start)
     fails = shows_bug(reducer.signature, verdict)
-    if fails:
-        union_is_pack(reducer, [cand for cand, _ in prepared], pack, verdict)
     if reducer.calibration is not None and fails:
         reducer.calibration.saw_failing([sub for _, sub in prepared], pack.nodes)
     elif reducer.calibration is not None:  # a pass clears its members: only where packs are judged whole
@@ -81,68 +79,6 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
         for cand, _ in prepared:
             reducer.record(cand, Outcome(False, "agree", "cleared in a group", None, packed=True, inferred=True))
     return fails
-
-
-def union_is_pack(reducer, members: list[frozenset], pack, verdict) -> bool:
-    """A failing pack whose members read nothing of each other and no tensor in common is, node
-    for node and tensor for tensor, the model of their union (the pack keeps node and tensor
-    names where members share none): its verdict is the union's, journaled as that candidate's,
-    so that the group test's union of members that fail only together (``grouped._interaction``)
-    is not asked again — the same model judged once, as any cached verdict (issue 39: polygraphy's
-    toy pair [1, 3], 4 search calls → 3). Proven, not assumed: the union's own extraction must
-    equal the pack (nodes, inputs, outputs, weights, opsets, feeds). The final judgement still
-    runs the result fresh, its replays included. Returns whether it was recorded."""
-    if len(members) < 2 or reducer.space.wrap is not None or reducer.space.build is not None:
-        return False
-    union = frozenset().union(*members)
-    if reducer.cached(union) is not None or not _apart(reducer.index, members):
-        return False
-    sub, trivial = prepare_candidate(reducer, union, check=False)
-    if trivial is not None or not _same_model(sub, pack):
-        return False
-    # not "packed": the pack held this model and nothing else — a pass of it in the final
-    # judgement is the same model's second answer (a flaky check), never a fall back (final.py)
-    reducer.record(union, Outcome(True, verdict.kind.value, verdict.signature.detail, None,
-                                  decision=judge(reducer.signature, verdict).decision))
-    return True
-
-
-def _apart(index, members: list[frozenset]) -> bool:
-    """Do the members read no tensor another one makes, and no tensor (input, weight, cut value)
-    in common?"""
-    owner = {i: k for k, member in enumerate(members) for i in member}
-    read: dict[str, int] = {}
-    for k, member in enumerate(members):
-        for i in member:
-            for tensor in index.node_inputs[i]:
-                if not tensor:
-                    continue
-                producer = index.producer.get(tensor)
-                if producer is not None and owner.get(producer, k) != k:
-                    return False  # an edge between two members: a cut in the pack, kept in the union
-                if producer is not None and producer in member:
-                    continue
-                if read.setdefault(tensor, k) != k:
-                    return False  # a tensor two members read: one copy each in the pack
-    return True
-
-
-def _same_model(sub, pack) -> bool:
-    """Is the extraction ``sub`` the packed model, part for part (names, order, values)?"""
-    import numpy as np
-
-    mine, theirs = sub.model, pack.model
-
-    def parts(items) -> list[bytes]:
-        return [item.SerializeToString(deterministic=True) for item in items]
-
-    if (parts(mine.graph.node) != parts(theirs.graph.node) or parts(mine.graph.input) != parts(theirs.graph.input)
-            or parts(mine.graph.output) != parts(theirs.graph.output)
-            or sorted(parts(mine.graph.initializer)) != sorted(parts(theirs.graph.initializer))
-            or sorted(parts(mine.opset_import)) != sorted(parts(theirs.opset_import))
-            or mine.ir_version != theirs.ir_version or set(sub.feeds) != set(pack.feeds)):
-        return False
-    return all(np.array_equal(np.asarray(sub.feeds[name]), np.asarray(pack.feeds[name])) for name in sub.feeds)
 
 
 def calibrate_first(reducer) -> None:
