@@ -156,21 +156,32 @@ def _run_child(job_dir: str, stderr_path: str, timeout: float, env: dict, label:
 
 def _waited(argv: list[str], out, err, env: dict, timeout: float) -> int | None:
     """Start ``argv`` in a process group of its own (a kill takes its children too), known to
-    ``kill_running`` while it runs; its exit code, or None past ``timeout`` (the group killed)."""
+    ``kill_running`` while it runs; its exit code, or None past ``timeout`` (the group killed).
+    Waited for blocking, with a timer that kills the group at the timeout: ``Popen.wait(timeout)``
+    polls with sleeps of up to 50 ms, so each call's end was seen about 25 ms late (issue 39: a
+    pass/fail run of 8 small calls lost ~0.2 s to it)."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True, env=env)
     with _RUNNING_LOCK:
         _RUNNING.add(proc)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        _signal_group(proc)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
     try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        return None
+        code = proc.wait()
     except BaseException:
         _kill_group(proc)
         raise
     finally:
+        timer.cancel()
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
+    return None if expired.is_set() and code == -signal.SIGKILL else code  # not one that ended just then
 
 
 def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float) -> WorkerResult:
@@ -201,11 +212,15 @@ def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float) -> W
     )
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _signal_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    _signal_group(proc)
     proc.wait()
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 
 import numpy as np
 
 from reprokit.engine.bug import same_failure, shows_bug
 from reprokit.engine.oracle import quote_message
+from reprokit.engine.worker import kill_running
 from reprokit.errors import EngineUnavailable, NothingToReduce
 from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
@@ -100,13 +102,62 @@ def replays_go_to_result(target, verdict) -> bool:
             and verdict.signature.kind.value not in ("nonfinite", "mismatch"))
 
 
-def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):
+def confirms_beside_capture(run, resume: bool) -> bool:
+    """May the confirming call run while the reference activations are captured? A check
+    command that cannot write outputs (its command names no ``{outputs}``) is judged by its exit
+    status and words alone: the original's judgement reads no reference value, so its call runs
+    beside the capture's reference run (a worker process of onnxruntime on the CPU) instead of
+    after it — never beside another call of the check. Not on --resume (its verdict comes from
+    the run's own record)."""
+    spec = parse_target(run.target)
+    return spec.engine == "cmd" and "{outputs}" not in (spec.command or "") and not resume
+
+
+class ConfirmBeside:
+    """The original judged by a pass/fail check command in a thread of its own, started before
+    the capture (:func:`confirms_beside_capture`); :meth:`verdict` waits for it. The call is the
+    confirming step's one call (``confirm(first=...)``), judged as it would be after the capture."""
+
+    def __init__(self, run):
+        model = run.given if run.given is not None else run.model
+        path = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
+        self._oracle, self._verdict, self._error = run.oracle, None, None
+        self._thread = threading.Thread(target=self._judge, args=(run.oracle, path, dict(run.feeds)),
+                                        name="reprokit-confirm", daemon=True)
+        run.event("confirming the divergence beside the capture (1 target run: a pass/fail check reads no "
+                  "reference values)")
+        self._thread.start()
+
+    def _judge(self, oracle, path: str, feeds: dict) -> None:
+        try:
+            self._verdict = oracle.judge(path, feeds, reference_outputs={})
+        except BaseException as exc:  # raised where the verdict is asked for, in the run's thread
+            self._error = exc
+
+    def verdict(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._verdict
+
+    def abandon(self) -> None:
+        """The capture failed or was interrupted: the check's process group is killed (it runs in
+        a session of its own, which a Ctrl-C does not reach), and its thread ends. The killed
+        call's verdict is not kept for a --resume (it would answer the confirmation there)."""
+        if self._thread.is_alive():
+            self._oracle.remember = None
+            kill_running()
+            self._thread.join(timeout=10)
+
+
+def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None, where: str = "judged already"):
     """The original must diverge (and every replay the user asked for, with the same signature;
     a pass/fail check command's failing original is not replayed: its replays run on the result,
     ``replays_go_to_result``). ``ride(verdict)``: which call that comes anyway carries the last
     replay ("survey's packed call"), or "" when none does; a carried replay is not run here, the
     returned RideAlong (else None) carries it. ``first``: the original's verdict from a folded
-    confirmation (``Unfold``), not judged again. Returns (verdict, ride-along)."""
+    confirmation (``Unfold``) or made beside the capture (:class:`ConfirmBeside`; ``where`` says
+    which), not judged again. Returns (verdict, ride-along)."""
     oracle = run.oracle
     model = run.given if run.given is not None else run.model
     model_file = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
@@ -117,8 +168,8 @@ def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None):
     folded = bool(carrier)
     here = (first is None) + replays - folded
     runs = f"{here} target run{'s' if here != 1 else ''}"
-    if first is not None:  # judged in (or, where that pack failed, right after) the survey's first call
-        runs = "judged already" + (f", {runs} more" if here else ", no call more")
+    if first is not None:  # judged beside the capture, or in (or right after) the survey's first call
+        runs = where + (f", {runs} more" if here else ", no call more")
     run.event(f"confirming the divergence ({runs}" + (f", the last replay rides in the {carrier})" if folded else ")"))
     signature = verdict.signature
     rerun = rerun_command(run.model_path, run.target, run.options)

@@ -37,11 +37,13 @@ from reprokit.shrink.budget import (
 )
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import (
+    ConfirmBeside,
     FoldedConfirm,
     RideAlong,
     Unfold,
     can_fold,
     confirm,
+    confirms_beside_capture,
     probe_pending,
     refuse_model_blind_check,
     replays_go_to_result,
@@ -106,32 +108,39 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     run = open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args,
                     search)
     run.shrink_shapes = shrink_shapes
-    clock.begin("capture")
-    store = reprokit_built(
-        "capturing reference activations (every tensor marked as an output)",
-        lambda: capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
-                         run.state_dir, run.models_dir, resume, limits, run.event),
-        run.oracle, run.prepared.path, run.feeds)
-    run.event("capturing reference activations: done")
-    graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
-    check_reference_finite(graph_outputs, run.oracle.reference)
-    # The data of one marked run of the model (weights, feeds, every activation) bounds a pack's.
-    weights = weight_bytes(run.model)
-    marked_run = weights + sum(getattr(v, "nbytes", 0) for v in run.feeds.values()) + store.nbytes()
-    share_feeds = packs_share_feeds(run.target)
-    limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run, share_feeds))
-    original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
-    asked = _Asked(model_path, out_dir, options, clock, limits, jobs, original_replays, minimal_replays,
-                   pack_candidates, localize_first, search_accumulated, accept_milder, keep_inputs, keep_outputs,
-                   shrink_shapes, resume, share_feeds,
-                   weights_fit=weights <= limits.pack_memory_bytes // 2)
-    fold = can_fold(run, replays=original_replays, packing=pack_candidates, localize=localize_first, resume=resume,
-                    weights_fit=asked.weights_fit)
+    # a pass/fail check's confirming call reads no reference value: it runs beside the capture
+    beside = ConfirmBeside(run) if confirms_beside_capture(run, resume) else None
     try:
-        return _confirm_and_reduce(run, store, graph_outputs, asked, fold=fold)
-    except Unfold as unfolded:  # the survey's pack did not confirm a numeric divergence: as usual,
-        return _confirm_and_reduce(run, store, graph_outputs, asked, first=unfolded.verdict,  # no call twice
-                                   unfolded=unfolded.confirmed)
+        clock.begin("capture")
+        store = reprokit_built(
+            "capturing reference activations (every tensor marked as an output)",
+            lambda: capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
+                             run.state_dir, run.models_dir, resume, limits, run.event),
+            run.oracle, run.prepared.path, run.feeds)
+        run.event("capturing reference activations: done")
+        graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
+        check_reference_finite(graph_outputs, run.oracle.reference)
+        # The data of one marked run of the model (weights, feeds, every activation) bounds a pack's.
+        weights = weight_bytes(run.model)
+        marked_run = weights + sum(getattr(v, "nbytes", 0) for v in run.feeds.values()) + store.nbytes()
+        share_feeds = packs_share_feeds(run.target)
+        limits = replace(limits, pack_memory_bytes=pack_memory(limits, marked_run, share_feeds))
+        original_replays, minimal_replays = default_replays(run.target) if replays is None else (replays, replays)
+        asked = _Asked(model_path, out_dir, options, clock, limits, jobs, original_replays, minimal_replays,
+                       pack_candidates, localize_first, search_accumulated, accept_milder, keep_inputs, keep_outputs,
+                       shrink_shapes, resume, share_feeds,
+                       weights_fit=weights <= limits.pack_memory_bytes // 2)
+        fold = can_fold(run, replays=original_replays, packing=pack_candidates, localize=localize_first, resume=resume,
+                        weights_fit=asked.weights_fit)
+        try:
+            return _confirm_and_reduce(run, store, graph_outputs, asked, fold=fold, beside=beside)
+        except Unfold as unfolded:  # the survey's pack did not confirm a numeric divergence: as usual,
+            return _confirm_and_reduce(run, store, graph_outputs, asked, first=unfolded.verdict,  # no call twice
+                                       unfolded=unfolded.confirmed)
+    except BaseException:
+        if beside is not None:  # the capture failed or was interrupted: the check's call goes too
+            beside.abandon()
+        raise
 
 
 @dataclass
@@ -164,13 +173,15 @@ _PENDING = SimpleNamespace(signature=Signature(Kind.MISMATCH, detail="pending"),
 
 
 def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold: bool = False,
-                        first=None, unfolded: str = "") -> ShrinkResult:
+                        first=None, unfolded: str = "", beside: ConfirmBeside | None = None) -> ShrinkResult:
     """Confirm, reduce, finish. ``fold``: the confirming judgement is the survey's first packed
     call's first member (confirm.FoldedConfirm); ``first``: the original's verdict already seen
-    there (``unfolded``: where)."""
+    there (``unfolded``: where); ``beside``: the confirming call made beside the capture."""
     clock, limits, resume = asked.clock, asked.limits, asked.resume
     original_replays, minimal_replays = asked.original_replays, asked.minimal_replays
     clock.begin("confirm")
+    if beside is not None:
+        first = beside.verdict()
     cmd = parse_target(run.target).engine == "cmd"
 
     def ride(seen) -> str:  # the original's last replay rides in a call sure to come (issue 25)
@@ -188,7 +199,8 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
                                                    weights_fit=asked.weights_fit):
             pre = precalibrate(run, graph_outputs, clock)
         verdict, ride_along = confirm(run, graph_outputs, original_replays, ride,
-                                      first or (pre.original if pre is not None and pre.confirms() else None))
+                                      first or (pre.original if pre is not None and pre.confirms() else None),
+                                      where="judged beside the capture" if beside is not None else "judged already")
     moved = replays_go_to_result(run.target, verdict)
     if moved:  # a pass/fail check's original is not replayed: its runs go to the result (issue 39)
         original_replays, minimal_replays = 0, minimal_replays + original_replays
@@ -204,6 +216,9 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
                             pack_candidates=asked.pack_candidates, share_feeds=asked.share_feeds,
                             keep_inputs=asked.keep_inputs, keep_outputs=asked.keep_outputs,
                             accept_milder=asked.accept_milder, pending=fold)
+    if beside is not None:
+        reducer.confirmed = ("a call of its own, beside the reference capture (a pass/fail check reads no reference "
+                             "values)")
     if unfolded:
         reducer.confirmed = (f"{unfolded}: it showed {verdict.signature.kind.value} there, not a numeric divergence, "
                              "and the run went on as one confirmed alone")
