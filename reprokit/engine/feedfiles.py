@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from reprokit.engine.inputs import Feeds, validate_feeds
+from reprokit.engine.inputs import Feeds, memory_bound, size_words, validate_feeds
 from reprokit.errors import InputError, UsageError
 from reprokit.graph.model import InputInfo
 from reprokit.standalone.arrays import load_npz
@@ -147,6 +147,12 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
     if not zipfile.is_zipfile(path):
         raise InputError(f"cannot read {path} as .npz: it is not a zip archive of arrays",
                          hint="save the feeds with np.savez(path, name=array, ...)")
+    declared = _declared_bytes(path)
+    if declared > memory_bound():  # a compressed bomb: zeros deflate about 1000 to 1
+        raise InputError(f"{path} declares {size_words(declared)} of arrays, more than half this machine's "
+                         f"memory ({size_words(2 * memory_bound())}); reprokit does not load it",
+                         hint="feed fewer or smaller samples; an archive's inputs.npz that declares this much "
+                              "is corrupt or hostile")
     try:
         return load_npz(path)
     except ValueError as exc:
@@ -159,6 +165,27 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
     except Exception as exc:  # zipfile.BadZipFile, OSError, EOFError ...
         raise InputError(f"cannot read {path} as .npz: {exc.__class__.__name__}: {exc}",
                          hint="save the feeds with np.savez(path, name=array, ...)") from exc
+
+
+def _declared_bytes(path: str) -> int:
+    """What the .npy headers of an .npz declare, read without reading a member's data (what was
+    summed so far where a header is unreadable: loading the file then says what is wrong)."""
+    import zipfile
+
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as member:
+                    major, _ = np.lib.format.read_magic(member)
+                    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(member)
+                total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+    except Exception:  # noqa: BLE001 - a broken member: load_npz names it
+        return total
+    return total
 
 
 def _load_polygraphy_json(path: str) -> list[dict]:

@@ -19,6 +19,20 @@ from reprokit.standalone.arrays import save_npz
 DEFAULT_RANGE = (0.0, 1.0)
 
 
+def memory_bound() -> int:
+    """Bytes of feeds reprokit will hold: half this machine's physical memory. The reference and
+    the target each load the feeds beside their engine, so more never runs; refusing first is
+    one clear error where allocating was a MemoryError (exit 70) or the kernel's OOM killer."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound reprokit can read
+        return 1 << 62
+
+
+def size_words(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
+
+
 @dataclass
 class Feeds:
     """The arrays fed to the model plus notes about how they were made (shown to the user)."""
@@ -102,6 +116,7 @@ def random_feeds(
         raise InputError(f"--val-range names {unknown[0]!r}, which is not an input of the model",
                          hint=f"model inputs: {', '.join(i.name for i in infos)}")
     arrays = {}
+    planned = 0
     for info in infos:
         if info.kind != "tensor":
             raise InputError(f"model input {info.name!r} is a{'n' if info.kind[0] == 'o' else ''} {info.kind}, "
@@ -109,6 +124,15 @@ def random_feeds(
                              hint="pass --inputs: an ONNX test_data_set_N folder, or an .npz with one member per "
                                   f"element ({info.name}[0], {info.name}[1], …)")
         shape = resolved_shape(info, shapes, notes, hints)
+        # numpy draws in 64 bits, then casts: the draw is the peak
+        planned += int(np.prod(shape, dtype=object)) * max(8, info.dtype.itemsize)
+        if planned > memory_bound():
+            given = info.name in shapes
+            raise (UsageError if given else InputError)(
+                f"random feeds for input {info.name!r} {list(shape)} (with the inputs before it) need "
+                f"{size_words(planned)}, more than half this machine's memory ({size_words(2 * memory_bound())})",
+                hint="give smaller dimensions with --input-shapes" if given else
+                     "give its dynamic dimensions with --input-shapes, or real data with --inputs")
         lo, hi = val_ranges.get(info.name, val_ranges.get(None, DEFAULT_RANGE))
         kind = info.dtype.kind
         if kind == "O":  # ONNX STRING: short seeded words (--val-range does not apply)

@@ -86,7 +86,7 @@ def check_manifest(root: str) -> list[str]:
         with open(path) as handle:
             manifest = json.load(handle)
         listed = manifest["files"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the limit
         return [f"{MANIFEST} is not a reprokit manifest"]
     problems = []
     present = set(files_under(root)) - {MANIFEST}
