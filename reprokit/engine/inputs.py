@@ -5,6 +5,7 @@ Reading feeds from files is :mod:`reprokit.engine.feedfiles`'s.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -77,6 +78,9 @@ def parse_val_ranges(values: tuple[str, ...] | list[str]) -> dict[str | None, tu
         except ValueError:
             raise UsageError(f"cannot parse value range {value!r}",
                              hint="write NAME:[LO,HI] or [LO,HI], e.g. x:[-1,1]") from None
+        if not math.isfinite(hi - lo):  # NaN, an infinity, or a width past float64 (numpy cannot draw)
+            raise UsageError(f"value range {value!r} is not a finite range of numbers",
+                             hint="write [LO,HI] with finite numbers whose difference fits a float64, e.g. x:[-1e4,1e4]")
         if lo > hi:
             raise UsageError(f"value range {value!r} has lo > hi", hint="write [LO,HI] with LO <= HI")
         ranges[match.group(1)] = (lo, hi)
@@ -141,6 +145,14 @@ def random_feeds(
         elif kind == "b":
             arrays[info.name] = rng.integers(0, 2, size=shape).astype(bool)
         elif kind in "iu":
+            # drawn as int64, then cast: a value outside the input's type would wrap (uint8 300 -> 44);
+            # the top is the largest float64 below 2**63, so the range a hint prints parses back
+            limits = np.iinfo(info.dtype)
+            low, high = max(int(limits.min), -(2**63)), min(int(limits.max), 2**63 - 1024)
+            if not low <= int(lo) <= int(hi) <= high:
+                raise UsageError(f"value range [{lo:g},{hi:g}] does not fit input {info.name!r}: {info.dtype} "
+                                 f"random feeds are drawn in [{low},{high}]",
+                                 hint=f"e.g. --val-range {info.name}:[{max(int(lo), low)},{min(int(hi), high)}]")
             arrays[info.name] = rng.integers(int(lo), int(hi) + 1, size=shape).astype(info.dtype)
         else:
             arrays[info.name] = rng.uniform(lo, hi, size=shape).astype(info.dtype)
