@@ -59,3 +59,41 @@ def test_an_archive_cannot_write_control_characters_to_the_terminal(tmp_path):
     assert "\x1b" not in proc.stdout + proc.stderr
     assert "\\x1b[2J\\x1b[1;1HDOES NOT REPRODUCE\\x1b[8m" in proc.stdout  # shown, escaped
     assert proc.stdout.rstrip().endswith("REPRODUCES")
+
+
+def test_an_engine_error_quoting_the_archive_cannot_write_control_characters(tmp_path):
+    """onnxruntime's refusal quotes the op domain of the archive's model: an OSC sequence there
+    (set the terminal's title, which click's ANSI stripping does not catch) reached the Error: line."""
+    import json
+    import os
+
+    import onnx
+
+    from reprokit.report.archive import safe_extract, write_archive, write_manifest
+
+    archive = str(tmp_path / "r.tar.gz")
+    assert (
+        run_cli(
+            "pack", named_output(tmp_path, "y"), "--target", "emulate:fp16", "-o", archive
+        ).returncode
+        == 0
+    )
+    top = safe_extract(archive, str(tmp_path / "edit"))
+    model = onnx.load(os.path.join(top, "model.onnx"))
+    domain = "com.\x1b]0;PWNED\x07evil"
+    model.graph.node[0].domain = domain
+    model.opset_import.append(helper.make_opsetid(domain, 1))
+    onnx.save(model, os.path.join(top, "model.onnx"))
+    extra = {
+        k: v
+        for k, v in json.load(open(os.path.join(top, "MANIFEST.json"))).items()
+        if k not in ("schema", "files")
+    }
+    os.remove(os.path.join(top, "MANIFEST.json"))
+    write_manifest(top, extra)
+    hostile = str(tmp_path / "hostile.tar.gz")
+    write_archive(top, hostile, "tar.gz")
+    proc = run_cli("verify", hostile)
+    assert proc.returncode == 5, proc.stderr  # the reference cannot load the model
+    assert "\x1b" not in proc.stdout + proc.stderr
+    assert "com.\\x1b]0;PWNED\\x07evil" in proc.stderr
