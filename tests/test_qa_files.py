@@ -41,3 +41,28 @@ def test_verify_of_an_unpacked_folder_says_so(tmp_path):
         contains="is a folder, not an archive",
         hint_contains="not a folder unpacked from it",
     )
+
+
+@pytest.mark.parametrize("role", ["model", "--inputs", "--ignore-positions", "verify"])
+def test_a_fifo_in_place_of_a_file_is_refused_at_once(tmp_path, role):
+    # old code: --inputs and --ignore-positions waited for ever on the FIFO (and --inputs /dev/zero
+    # read until memory ran out); the model was called "empty", the archive "not found"
+    fifo = str(tmp_path / "pipe")
+    os.mkfifo(fifo)
+    model = save(matmul_overflow(), tmp_path / "m.onnx")
+    args = {
+        "model": ["check", fifo, "--target", "emulate:fp16"],
+        "--inputs": ["check", model, "--target", "emulate:fp16", "--inputs", fifo],
+        "--ignore-positions": [
+            "check",
+            model,
+            "--target",
+            "emulate:fp16",
+            "--ignore-positions",
+            fifo,
+        ],
+        "verify": ["verify", fifo],
+    }[role]
+    proc = run_cli(*args, timeout=60)
+    assert_user_error(proc, 3, contains="not a")
+    assert "empty" not in proc.stderr and "not found" not in proc.stderr

@@ -61,6 +61,9 @@ def _read_samples(path: str, infos: list[InputInfo]) -> list[dict]:
     if os.path.isdir(path):
         sets = _test_data_sets(path)
         return [_load_test_data_set(folder, infos) for folder in sets] if sets else [_load_test_data_set(path, infos)]
+    if not os.path.isfile(path):  # a FIFO blocked for ever, /dev/zero read until memory ran out
+        raise InputError(f"--inputs {path} is not a regular file or a folder",
+                         hint="pass an .npz, a polygraphy JSON file or a test_data_set folder")
     if path.endswith(".json"):
         return _load_polygraphy_json(path)
     return [_group_sequences(arrays, infos) for arrays in _split_samples(_load_npz(path), infos, path)]

@@ -216,6 +216,8 @@ def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
     if os.path.isdir(archive_path):
         raise InputError(f"{archive_path} is a folder, not an archive",
                          hint="give the .tar.gz or .zip that `reprokit pack` wrote, not a folder unpacked from it")
+    if os.path.exists(archive_path) and not os.path.isfile(archive_path):
+        raise InputError(f"{archive_path} is not a regular file", hint="give the .tar.gz or .zip that `reprokit pack` wrote")
     if not os.path.isfile(archive_path):
         raise InputError(f"archive not found: {archive_path}", hint="check the path")
     tops: set[str] = set()
