@@ -66,3 +66,15 @@ def test_a_fifo_in_place_of_a_file_is_refused_at_once(tmp_path, role):
     proc = run_cli(*args, timeout=60)
     assert_user_error(proc, 3, contains="not a")
     assert "empty" not in proc.stderr and "not found" not in proc.stderr
+
+
+def test_resume_of_a_run_state_nested_past_the_recursion_limit_is_an_input_error(tmp_path):
+    # old code: "internal error: RecursionError" (exit 70) reading OUT/.reprokit/run.json
+    state = tmp_path / "out" / ".reprokit"
+    state.mkdir(parents=True)
+    (state / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert_user_error(
+        run_cli("shrink", "--resume", str(tmp_path / "out")),
+        3,
+        contains="no shrink run to continue",
+    )
