@@ -108,3 +108,14 @@ def test_input_shapes_beyond_memory_are_a_usage_error_not_an_internal_one(tmp_pa
     )
     error, hint = assert_user_error(proc, 2, contains="more than half this machine's memory")
     assert "--input-shapes" in hint and "[100000, 3, 100000, 100000]" in error
+
+
+def test_a_manifest_that_lies_about_a_size_is_refused(packed, tmp_path):
+    # old code: only the SHA-256 was compared; a manifest claiming 999999 bytes for model.onnx
+    # passed its check and verify reproduced (exit 1)
+    top = Path(safe_extract(packed, str(tmp_path / "edit")))
+    manifest = json.loads((top / "MANIFEST.json").read_text())
+    manifest["files"]["model.onnx"]["bytes"] = 999_999
+    (tmp_path / "e").mkdir()
+    archive = edited(packed, tmp_path / "e", {"MANIFEST.json": json.dumps(manifest).encode()})
+    assert_user_error(run_cli("verify", archive), 3, contains="model.onnx has")

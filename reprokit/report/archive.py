@@ -95,6 +95,8 @@ def check_manifest(root: str) -> list[str]:
             problems.append(f"{rel} is listed but missing")
         elif sha256(os.path.join(root, rel)) != entry.get("sha256"):
             problems.append(f"{rel} does not match its SHA-256 in the manifest")
+        elif "bytes" in entry and entry["bytes"] != os.path.getsize(os.path.join(root, rel)):  # optional: old archives
+            problems.append(f"{rel} has {os.path.getsize(os.path.join(root, rel))} bytes, the manifest says {entry['bytes']}")
     problems += [f"{rel} is not in the manifest" for rel in sorted(present - set(listed))]
     return problems
 
