@@ -1,6 +1,8 @@
 """Human-readable output (rich) for verdicts, layerwise tables and backend lists.
 
-Only the CLI calls this; library code never prints.
+Only the CLI calls this; library code never prints. Names come from models and archives that may
+be a stranger's: they are printed as text (``escape``), never as rich markup, and no control
+character of theirs reaches the terminal (``_SafeConsole``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 
 from reprokit.engine.inputs import feed_dtype, feed_shape
@@ -48,12 +51,36 @@ class _TrimmedLines:
         self._stream.flush()
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class _SafeConsole(Console):
+    """A Console whose text never carries a control character to the terminal: a tensor name
+    such as ``"\x1b[2J\x1b]0;title\x07y"`` in an archive's model cleared the screen and could
+    rewrite what verify printed. Rich's own styling is added after this, so colours stay."""
+
+    def _render_buffer(self, buffer) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(_CONTROL.sub(lambda m: repr(m.group())[1:-1], segment.text),
+                                                    segment.style, segment.control)
+            for segment in buffer)
+
+    def print(self, *objects, **kwargs) -> None:
+        """A name some line prints unescaped (``"y[/bold]"``) is shown as written, never a crash."""
+        from rich.errors import MarkupError
+
+        try:
+            super().print(*objects, **kwargs)
+        except MarkupError:
+            super().print(*objects, **{**kwargs, "markup": False})
+
+
 def _console(stderr: bool) -> Console:
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    console = _SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
     if not console.is_terminal:
         # Piped output (logs, CI): wide enough that tensor names are never cut, no padding kept.
-        console = Console(file=_TrimmedLines("stderr" if stderr else "stdout"), highlight=False,
-                          soft_wrap=True, width=200)
+        console = _SafeConsole(file=_TrimmedLines("stderr" if stderr else "stdout"), highlight=False,
+                               soft_wrap=True, width=200)
     return console
 
 
@@ -66,9 +93,9 @@ def print_check(result, model_path: str, top: int = 10) -> None:
     feeds = result.prepared.feeds
 
     shapes = ", ".join(f"{k}{feed_shape(v)} {feed_dtype(v)}" for k, v in feeds.arrays.items())
-    out.print(f"[bold]reprokit check[/] {model_path}")
-    out.print(f"  reference  {verdict.reference}")
-    out.print(f"  target     {verdict.target} (precision {verdict.precision}, {verdict.seconds:.2f} s)")
+    out.print(f"[bold]reprokit check[/] {escape(model_path)}")
+    out.print(f"  reference  {escape(verdict.reference)}")
+    out.print(f"  target     {escape(verdict.target)} (precision {verdict.precision}, {verdict.seconds:.2f} s)")
     mode = verdict.target_meta.get("mode")
     if mode:
         built = verdict.target_meta.get("built_file")
@@ -86,7 +113,7 @@ def print_check(result, model_path: str, top: int = 10) -> None:
             out.print(f"             fake-quant vs {escape(attribution.against.removeprefix('the '))}: {escape(name)} rel-l2 {value:.3g}"
                       f" (tolerance {attribution.tolerance:g})")
     for note in result.prepared.notes:
-        out.print(f"  [yellow]note[/]       {note}")
+        out.print(f"  [yellow]note[/]       {escape(note)}")
     for warning in verdict.warnings:
         out.print(f"  [bold yellow]warning[/]    {escape(warning)}")
     samples = getattr(result, "samples", None)
@@ -97,10 +124,10 @@ def print_check(result, model_path: str, top: int = 10) -> None:
         failing = [s.index for s in samples if s.verdict.diverges]
         verdict_words = (f"{len(failing)} of {len(samples)} samples diverge" if failing
                          else f"every one of {len(samples)} samples agrees")
-        out.print(f"[bold red]DIVERGES[/] ({verdict_words}; sample {failing[0]} shown): {verdict.signature.describe()}"
+        out.print(f"[bold red]DIVERGES[/] ({verdict_words}; sample {failing[0]} shown): {escape(verdict.signature.describe())}"
                   if failing else f"[bold green]AGREES[/] ({verdict_words}): every output within tolerance")
     elif verdict.diverges:
-        out.print(f"[bold red]DIVERGES[/]: {verdict.signature.describe()}")
+        out.print(f"[bold red]DIVERGES[/]: {escape(verdict.signature.describe())}")
     else:
         out.print("[bold green]AGREES[/]: every output within tolerance")
     if verdict.message:
@@ -151,7 +178,7 @@ def error_table(errors, metric: str, title: str | None = None) -> Table:
     for e in errors:
         bad = e.exceeds or e.nonfinite_in_target_only
         table.add_row(
-            e.name, _shape_text(e), fmt(e.rel_l2), fmt(e.max_abs),
+            escape(e.name), _shape_text(e), fmt(e.rel_l2), fmt(e.max_abs),
             str(e.target_nan), str(e.target_inf), fmt(e.max_abs_reference),
             f"exact: {e.mismatched} differ" if getattr(e, "exact", False) else fmt(e.error),
             "[red]no[/]" if bad else "[green]yes[/]",
@@ -183,7 +210,7 @@ def print_layerwise(report, limit: int = 10) -> None:
                          justify="left" if col in ("node", "op", "tensor") else "right")
     for row in report.first[:limit]:
         e = row.error
-        table.add_row(str(row.index), row.node, row.op, row.tensor, fmt(e.rel_l2), fmt(e.max_abs),
+        table.add_row(str(row.index), escape(row.node), escape(row.op), escape(row.tensor), fmt(e.rel_l2), fmt(e.max_abs),
                       fmt(e.max_abs_reference), str(e.target_nan), str(e.target_inf))
     out.print(table)
 
@@ -237,7 +264,7 @@ def print_attribution(result) -> None:
               + (f", {s['report']} ({s.get('report_holds', 'the whole model')}; ISSUE.md with the attribution)"
                  if s.get("report") else ""))
     for note in result.notes[:-1]:
-        out.print(f"  [yellow]note[/]       {note}")
+        out.print(f"  [yellow]note[/]       {escape(note)}")
 
 
 def print_shrink(result) -> None:
@@ -245,17 +272,17 @@ def print_shrink(result) -> None:
     if s["status"] == "accumulated":
         print_attribution(result)
         return
-    out.print(f"[bold]reprokit shrink[/] {s['model']} → {result.minimal_path}")
+    out.print(f"[bold]reprokit shrink[/] {escape(s['model'])} → {escape(result.minimal_path)}")
     out.print(f"  signature  {s['signature']['kind']}"
-              + (f" ({s['signature']['detail']})" if s['signature']['detail'] else ""))
+              + (f" ({escape(s['signature']['detail'])})" if s['signature']['detail'] else ""))
     inside = ""
     if "nodes_with_subgraphs" in s["original"] or s["minimal"].get("nodes_with_subgraphs", 0) > s["minimal"]["nodes"]:
         inside = (f" ({s['original'].get('nodes_with_subgraphs', s['original']['nodes'])} → "
                   f"{s['minimal'].get('nodes_with_subgraphs', s['minimal']['nodes'])} counted inside If/Loop bodies)")
     out.print(f"  nodes      {s['original']['nodes']} → {s['minimal']['nodes']}{inside}  ops: {', '.join(s['minimal']['ops'])}"
               f"  (1-minimal: {'yes' if s['one_minimal'] else 'not proven'})")
-    out.print("  inputs     " + ", ".join(f"{i['name']}{i['shape']}" for i in s['minimal']['inputs']))
-    out.print("  outputs    " + ", ".join(o['name'] for o in s['minimal']['outputs']))
+    out.print("  inputs     " + ", ".join(escape(f"{i['name']}{i['shape']}") for i in s['minimal']['inputs']))
+    out.print("  outputs    " + ", ".join(escape(o['name']) for o in s['minimal']['outputs']))
     out.print(f"  calls      target {s['calls']['target']}, reference {s['calls']['reference']}, "
               f"cached {s['calls']['cached']}; {s['build_work']['nodes_built']} nodes built; {s['wall_s']:.1f} s")
     if s.get("other_findings"):
@@ -269,26 +296,27 @@ def print_shrink(result) -> None:
     out.print(f"  wrote      {os.path.join(result.out_dir, 'minimal.onnx')}, inputs.npz, summary.json"
               + (f", {s['report']}" if s.get("report") else ""))
     for note in result.notes:
-        out.print(f"  [yellow]note[/]       {note}")
+        out.print(f"  [yellow]note[/]       {escape(note)}")
 
 
 def print_pack(result) -> None:
     out.print(f"[bold]reprokit pack[/] → {result.archive}")
-    out.print(f"  verdict    {result.verdict.signature.describe()} under {result.verdict.target}")
+    out.print(f"  verdict    {escape(result.verdict.signature.describe())} under {escape(result.verdict.target)}")
     out.print(f"  repro.py   {'reproduces here (exit 1)' if result.reproduces else '[red]did NOT reproduce here[/]'}")
     if result.redaction:
         r = result.redaction
         out.print(f"  redacted   {r['renamed_tensors']} names; weights {r['weights']} "
                   f"({r['randomized_weights']} tensors); verdict before: {r['verdict_before']}, after: {r['verdict_after']}")
     for note in result.notes:
-        out.print(f"  [bold yellow]{note}[/]")
+        out.print(f"  [bold yellow]{escape(note)}[/]")
 
 
 def print_verify(result, archive: str) -> None:
     recorded = result.recorded
-    out.print(f"[bold]reprokit verify[/] {archive}: manifest OK")
-    out.print(f"  recorded   {recorded['signature']['kind']} under {recorded['target']}")
-    out.print(f"  here       {result.verdict.signature.describe() if result.verdict.diverges else 'agree'} under {result.target}")
+    out.print(f"[bold]reprokit verify[/] {escape(archive)}: manifest OK")
+    out.print(f"  recorded   {escape(recorded['signature']['kind'])} under {escape(str(recorded['target']))}")
+    here = result.verdict.signature.describe() if result.verdict.diverges else "agree"
+    out.print(f"  here       {escape(here)} under {escape(result.target)}")
     if result.verdict.outputs:
         out.print(error_table(result.verdict.outputs, _error_column(result.verdict)))
     if result.reproduces:
@@ -350,7 +378,7 @@ def print_audit(result) -> None:
     if verdict is None:
         out.print("  verdict    not run (--ranges-only: no target call)")
     else:
-        out.print("  verdict    " + (f"[bold red]DIVERGES[/]: {verdict.signature.describe()}" if verdict.diverges
+        out.print("  verdict    " + (f"[bold red]DIVERGES[/]: {escape(verdict.signature.describe())}" if verdict.diverges
                                      else "[bold green]AGREES[/]"))
     first = result.ranges.first
     if not result.ranges.applicable:
@@ -400,7 +428,7 @@ def print_torch(columns) -> None:
     out.print(f"  torch      {s['torch']}: torch.onnx.export({'dynamo' if s['dynamo'] else 'legacy TorchScript'}, "
               f"opset {s['opset']}) of {s['source']}")
     for note in s.get("notes", []):
-        out.print(f"  [yellow]note[/]       {note}")
+        out.print(f"  [yellow]note[/]       {escape(note)}")
     metric = columns.engine.criterion.metric.value
     table = Table(title=f"three columns ({metric})", title_justify="left")
     for header in ("output", "torch → onnxruntime", "onnxruntime → target", "torch → target"):

@@ -109,6 +109,11 @@ def claim_folder(folder: str, patterns, reads, *, force: bool, option: str = "-o
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise UsageError(f"{option} {folder} exists and is not a directory", hint="choose a directory path")
     patterns = list(patterns)
+    state = os.path.join(folder, os.path.dirname(LEDGER))
+    if os.path.islink(state):  # its run state, lock and clean-up would land wherever the link points
+        raise UsageError(f"{option} {folder}: {state} is a link (to {os.readlink(state)}); reprokit keeps its "
+                         "state only inside its output folder",
+                         hint=f"remove the link, or give another {option} directory")
     if os.path.isdir(folder):
         owned = _owned_patterns(folder)
         if not owned and os.path.exists(os.path.join(folder, ".reprokit", "run.json")):

@@ -124,6 +124,9 @@ def fail(message: str, hint: str | None, code: int, details: dict | None = None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     Ticker.close_all()  # no "still at it" line after the Error: line
+    # an engine's words may quote a stranger's model (names, op domains): no escape sequence of
+    # theirs reaches the terminal, shown as \x1b instead
+    message, hint = _printable(message), _printable(hint) if hint else hint
     lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()] or [message]
     first, rest = lines[0], lines[1:]
     if len(rest) > _MORE_LINES:
@@ -144,6 +147,12 @@ def fail(message: str, hint: str | None, code: int, details: dict | None = None)
 
 
 _EXIT_GRACE_S = 15.0
+
+
+def _printable(text: str) -> str:
+    import re
+
+    return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", lambda m: repr(m.group())[1:-1], str(text))
 
 
 def _exit_within(seconds: float, code: int) -> None:

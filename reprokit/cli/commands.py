@@ -20,6 +20,7 @@ from reprokit.cli.options import (
     CHECK_FILES,
     FORCE,
     TORCH_FILES,
+    NumberRange,
     as_args,
     ensure_out_file,
     files_read,
@@ -234,7 +235,7 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
 @click.argument("archive")
 @click.option("--target", "-t", default=None, help="Check under this target instead of the recorded one "
               "(needed when the archive records a cmd: target or a file path).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--timeout", type=NumberRange(min=0, min_open=True), default=None,
               help="Seconds per engine call [default: 600; for an archive whose verdict is a timeout, the "
                    "--timeout of the run that packed it].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

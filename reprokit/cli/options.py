@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import tempfile
@@ -25,6 +26,18 @@ from reprokit.errors import UsageError
 from reprokit.files import read_paths
 from reprokit.graph.io import external_locations, load_model
 from reprokit.torch_export import reference_columns
+
+
+class NumberRange(click.FloatRange):
+    """``click.FloatRange`` that refuses NaN: every comparison with NaN is false, so
+    ``FloatRange(min=0)`` let ``--tol nan`` through (every output then "diverged", exit 1, on a
+    model that agrees) and ``--timeout nan`` (a check that never exits was never killed)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
 
 
 def run_options(func):
@@ -47,19 +60,19 @@ def run_options(func):
                      help="Range of random feeds, e.g. x:[-1,1] (default [0,1])."),
         click.option("--metric", type=click.Choice(["rel-l2", "max-abs", "cosine", "allclose"]),
                      default="rel-l2", show_default=True, help="Error metric per output."),
-        click.option("--tol", type=click.FloatRange(min=0), default=None,
+        click.option("--tol", type=NumberRange(min=0), default=None,
                      help="Bound on the metric (default: by target precision, see README)."),
         click.option("--quant-reference", type=click.Choice(["fake-quant", "fp32"]), default="fake-quant",
                      show_default=True,
                      help="Quantized (Q/DQ) models: compare the target with the model's Q/DQ semantics run in "
                           "fp32 (fake-quant: the engine's error) or with its fp32 twin, Q/DQ dropped (fp32: the "
                           "quantization's error too). docs/quantized.md"),
-        click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for allclose."),
+        click.option("--atol", type=NumberRange(min=0), default=None, help="Absolute tolerance for allclose."),
         click.option("--ignore-positions", default=None, metavar="PATH",
                      help="An .npz of boolean arrays named as outputs: positions where True are left out of the "
                           "comparison (padded positions of a batch nobody reads)."),
-        click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for allclose."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+        click.option("--rtol", type=NumberRange(min=0), default=None, help="Relative tolerance for allclose."),
+        click.option("--timeout", type=NumberRange(min=0, min_open=True), default=600.0, show_default=True,
                      help="Seconds per engine call; a call past it is killed (verdict: timeout)."),
         click.option("--fail-regex", multiple=True, metavar="RE",
                      help="cmd targets: a run whose output matches RE fails, whatever its exit status "

@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from reprokit.engine.inputs import Feeds, validate_feeds
+from reprokit.engine.inputs import Feeds, memory_bound, size_words, validate_feeds
 from reprokit.errors import InputError, UsageError
 from reprokit.graph.model import InputInfo
 from reprokit.standalone.arrays import load_npz
@@ -61,6 +61,9 @@ def _read_samples(path: str, infos: list[InputInfo]) -> list[dict]:
     if os.path.isdir(path):
         sets = _test_data_sets(path)
         return [_load_test_data_set(folder, infos) for folder in sets] if sets else [_load_test_data_set(path, infos)]
+    if not os.path.isfile(path):  # a FIFO blocked for ever, /dev/zero read until memory ran out
+        raise InputError(f"--inputs {path} is not a regular file or a folder",
+                         hint="pass an .npz, a polygraphy JSON file or a test_data_set folder")
     if path.endswith(".json"):
         return _load_polygraphy_json(path)
     return [_group_sequences(arrays, infos) for arrays in _split_samples(_load_npz(path), infos, path)]
@@ -147,6 +150,12 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
     if not zipfile.is_zipfile(path):
         raise InputError(f"cannot read {path} as .npz: it is not a zip archive of arrays",
                          hint="save the feeds with np.savez(path, name=array, ...)")
+    declared = _declared_bytes(path)
+    if declared > memory_bound():  # a compressed bomb: zeros deflate about 1000 to 1
+        raise InputError(f"{path} declares {size_words(declared)} of arrays, more than half this machine's "
+                         f"memory ({size_words(2 * memory_bound())}); reprokit does not load it",
+                         hint="feed fewer or smaller samples; an archive's inputs.npz that declares this much "
+                              "is corrupt or hostile")
     try:
         return load_npz(path)
     except ValueError as exc:
@@ -159,6 +168,27 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
     except Exception as exc:  # zipfile.BadZipFile, OSError, EOFError ...
         raise InputError(f"cannot read {path} as .npz: {exc.__class__.__name__}: {exc}",
                          hint="save the feeds with np.savez(path, name=array, ...)") from exc
+
+
+def _declared_bytes(path: str) -> int:
+    """What the .npy headers of an .npz declare, read without reading a member's data (what was
+    summed so far where a header is unreadable: loading the file then says what is wrong)."""
+    import zipfile
+
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as member:
+                    major, _ = np.lib.format.read_magic(member)
+                    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(member)
+                total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+    except Exception:  # noqa: BLE001 - a broken member: load_npz names it
+        return total
+    return total
 
 
 def _load_polygraphy_json(path: str) -> list[dict]:

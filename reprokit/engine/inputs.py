@@ -5,6 +5,7 @@ Reading feeds from files is :mod:`reprokit.engine.feedfiles`'s.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,6 +18,20 @@ from reprokit.graph.model import InputInfo
 from reprokit.standalone.arrays import save_npz
 
 DEFAULT_RANGE = (0.0, 1.0)
+
+
+def memory_bound() -> int:
+    """Bytes of feeds reprokit will hold: half this machine's physical memory. The reference and
+    the target each load the feeds beside their engine, so more never runs; refusing first is
+    one clear error where allocating was a MemoryError (exit 70) or the kernel's OOM killer."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound reprokit can read
+        return 1 << 62
+
+
+def size_words(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 
 
 @dataclass
@@ -63,6 +78,9 @@ def parse_val_ranges(values: tuple[str, ...] | list[str]) -> dict[str | None, tu
         except ValueError:
             raise UsageError(f"cannot parse value range {value!r}",
                              hint="write NAME:[LO,HI] or [LO,HI], e.g. x:[-1,1]") from None
+        if not math.isfinite(hi - lo):  # NaN, an infinity, or a width past float64 (numpy cannot draw)
+            raise UsageError(f"value range {value!r} is not a finite range of numbers",
+                             hint="write [LO,HI] with finite numbers whose difference fits a float64, e.g. x:[-1e4,1e4]")
         if lo > hi:
             raise UsageError(f"value range {value!r} has lo > hi", hint="write [LO,HI] with LO <= HI")
         ranges[match.group(1)] = (lo, hi)
@@ -102,6 +120,7 @@ def random_feeds(
         raise InputError(f"--val-range names {unknown[0]!r}, which is not an input of the model",
                          hint=f"model inputs: {', '.join(i.name for i in infos)}")
     arrays = {}
+    planned = 0
     for info in infos:
         if info.kind != "tensor":
             raise InputError(f"model input {info.name!r} is a{'n' if info.kind[0] == 'o' else ''} {info.kind}, "
@@ -109,6 +128,15 @@ def random_feeds(
                              hint="pass --inputs: an ONNX test_data_set_N folder, or an .npz with one member per "
                                   f"element ({info.name}[0], {info.name}[1], …)")
         shape = resolved_shape(info, shapes, notes, hints)
+        # numpy draws in 64 bits, then casts: the draw is the peak
+        planned += int(np.prod(shape, dtype=object)) * max(8, info.dtype.itemsize)
+        if planned > memory_bound():
+            given = info.name in shapes
+            raise (UsageError if given else InputError)(
+                f"random feeds for input {info.name!r} {list(shape)} (with the inputs before it) need "
+                f"{size_words(planned)}, more than half this machine's memory ({size_words(2 * memory_bound())})",
+                hint="give smaller dimensions with --input-shapes" if given else
+                     "give its dynamic dimensions with --input-shapes, or real data with --inputs")
         lo, hi = val_ranges.get(info.name, val_ranges.get(None, DEFAULT_RANGE))
         kind = info.dtype.kind
         if kind == "O":  # ONNX STRING: short seeded words (--val-range does not apply)
@@ -117,6 +145,14 @@ def random_feeds(
         elif kind == "b":
             arrays[info.name] = rng.integers(0, 2, size=shape).astype(bool)
         elif kind in "iu":
+            # drawn as int64, then cast: a value outside the input's type would wrap (uint8 300 -> 44);
+            # the top is the largest float64 below 2**63, so the range a hint prints parses back
+            limits = np.iinfo(info.dtype)
+            low, high = max(int(limits.min), -(2**63)), min(int(limits.max), 2**63 - 1024)
+            if not low <= int(lo) <= int(hi) <= high:
+                raise UsageError(f"value range [{lo:g},{hi:g}] does not fit input {info.name!r}: {info.dtype} "
+                                 f"random feeds are drawn in [{low},{high}]",
+                                 hint=f"e.g. --val-range {info.name}:[{max(int(lo), low)},{min(int(hi), high)}]")
             arrays[info.name] = rng.integers(int(lo), int(hi) + 1, size=shape).astype(info.dtype)
         else:
             arrays[info.name] = rng.uniform(lo, hi, size=shape).astype(info.dtype)

@@ -118,6 +118,8 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
 def load_ignored(path: str) -> dict[str, np.ndarray]:
     """--ignore-positions: an .npz of boolean arrays named as outputs, True where a position is
     left out of the comparison (padded positions nobody reads); read without pickles."""
+    if not os.path.isfile(path):  # missing, a folder, or a FIFO a read would wait on for ever
+        raise InputError(f"--ignore-positions {path} is not a file", hint="give the .npz of boolean arrays")
     try:
         with np.load(path, allow_pickle=False) as data:
             masks = {name: np.asarray(data[name]) for name in data.files}

@@ -27,6 +27,8 @@ def load_model(path: str, *, load_weights: bool = True):
         raise InputError(f"model file not found: {path}", hint="check the path")
     if os.path.isdir(path):
         raise InputError(f"{path} is a directory, not an ONNX file", hint="pass the .onnx file")
+    if not os.path.isfile(path):  # a FIFO, /dev/zero: reading would block or never end
+        raise InputError(f"{path} is not a regular file", hint="pass the .onnx file itself")
     if os.path.getsize(path) == 0:
         raise InputError(f"model file is empty: {path}", hint="re-export the model")
     try:

@@ -86,7 +86,7 @@ def check_manifest(root: str) -> list[str]:
         with open(path) as handle:
             manifest = json.load(handle)
         listed = manifest["files"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the limit
         return [f"{MANIFEST} is not a reprokit manifest"]
     problems = []
     present = set(files_under(root)) - {MANIFEST}
@@ -95,6 +95,8 @@ def check_manifest(root: str) -> list[str]:
             problems.append(f"{rel} is listed but missing")
         elif sha256(os.path.join(root, rel)) != entry.get("sha256"):
             problems.append(f"{rel} does not match its SHA-256 in the manifest")
+        elif "bytes" in entry and entry["bytes"] != os.path.getsize(os.path.join(root, rel)):  # optional: old archives
+            problems.append(f"{rel} has {os.path.getsize(os.path.join(root, rel))} bytes, the manifest says {entry['bytes']}")
     problems += [f"{rel} is not in the manifest" for rel in sorted(present - set(listed))]
     return problems
 
@@ -213,6 +215,11 @@ def safe_extract(archive_path: str, dest: str, max_bytes: int = MAX_TOTAL_BYTES)
 
 
 def _safe_extract(archive_path: str, dest: str, max_bytes: int) -> str:
+    if os.path.isdir(archive_path):
+        raise InputError(f"{archive_path} is a folder, not an archive",
+                         hint="give the .tar.gz or .zip that `reprokit pack` wrote, not a folder unpacked from it")
+    if os.path.exists(archive_path) and not os.path.isfile(archive_path):
+        raise InputError(f"{archive_path} is not a regular file", hint="give the .tar.gz or .zip that `reprokit pack` wrote")
     if not os.path.isfile(archive_path):
         raise InputError(f"archive not found: {archive_path}", hint="check the path")
     tops: set[str] = set()

@@ -153,11 +153,12 @@ def _regex_risk(pattern: str) -> str | None:
 
 def archive_json(top: str, name: str, archive_path: str, *, use: str = "verified"):
     """The JSON file ``name`` of an archive extracted to ``top``; an InputError when it is
-    missing or unreadable (only archives ``reprokit pack`` wrote can be ``use``)."""
+    missing or unreadable (only archives ``reprokit pack`` wrote can be ``use``). JSON nested
+    deeper than Python's recursion limit is unreadable too: ``json`` raises RecursionError."""
     try:
         with open(os.path.join(top, name)) as handle:
             return json.load(handle)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise InputError(f"archive {archive_path} has no usable {name} ({exc})",
                          hint=f"only archives written by `reprokit pack` can be {use}") from exc
 

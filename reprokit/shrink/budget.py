@@ -131,5 +131,5 @@ def earlier_calls(out_dir: str) -> int:
     try:
         with open(os.path.join(out_dir, "summary.json")) as handle:
             return int(json.load(handle)["calls"]["target"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return 0

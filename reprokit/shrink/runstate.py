@@ -85,7 +85,7 @@ def saved_run(out_dir: str) -> dict:
         with open(path) as handle:
             saved = json.load(handle)["resume"]
         return {"model": saved["model"], "target": saved["target"], "args": list(saved["args"])}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise InputError(f"--resume {out_dir}: no shrink run to continue there ({path} is missing or unreadable)",
                          hint="give the directory a shrink wrote with -o, or start over: "
                               "reprokit shrink MODEL --target SPEC -o DIR") from exc
@@ -130,7 +130,7 @@ def finished_run(out_dir: str) -> dict | None:
     try:
         with open(os.path.join(out_dir, "summary.json")) as handle:
             summary = json.load(handle)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the limit
         return None
     if not isinstance(summary, dict) or summary.get("status") not in FINISHED:
         return None
@@ -167,7 +167,7 @@ def stopped_at_budget(out_dir: str) -> bool:
         with open(os.path.join(out_dir, "summary.json")) as handle:
             summary = json.load(handle)
         return bool(isinstance(summary, dict) and (summary.get("budget") or {}).get("stopped"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the limit
         return False
 
 
@@ -205,7 +205,7 @@ def changed_model(out_dir: str, model_path: str) -> str:
     try:
         with open(os.path.join(out_dir, STATE_DIR, "run.json")) as handle:
             before = json.load(handle)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the limit
         return ""
     if not os.path.isfile(model_path):
         return "model"
