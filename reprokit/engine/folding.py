@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.engine.background import in_background
 from reprokit.engine.enginelog import captured
 from reprokit.engine.ortfold import ort_fold
 from reprokit.engine.worker import run_in_worker
@@ -104,11 +105,7 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
     the fold runs here: the run does not depend on the fold."""
     pending = None
     if reference_outputs is None and model_path and os.path.getsize(model_path) >= OVERLAP_BYTES and will_fold(model):
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprokit-fold-check")
-        pending = pool.submit(run, model_path, feeds)
-        pool.shutdown(wait=False)
+        pending = in_background("fold-check", run, model_path, feeds)
     try:
         folded = fold_constants(model, model_path)
     finally:

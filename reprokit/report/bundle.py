@@ -94,40 +94,31 @@ def pack(model_path: str, target: str, out_path: str, *, options: RunOptions | N
         stage = os.path.join(tmp, name)
         early = None if redact else early_logs(model_path, options, spec, stage, event)
         converting = early_conversion(model_path, spec, stage) if early is not None else None
-        try:
+        try:  # every way out stops the early runs and waits for the early conversion: no orphan
             event(f"checking {model_path} under {target}")
             result = check(model_path, target, options=options, workdir=os.path.join(tmp, "check"))
-        except BaseException:
-            if early is not None:
-                stop_logs(early)
-            settled(converting)
-            raise
-        engine_seconds = result.engine_seconds
-        if not result.verdict.diverges:
-            if early is not None:
-                stop_logs(early)
-            settled(converting)
-            raise NothingToReduce(
-                f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): nothing to pack",
-                hint="pack a model that `reprokit check` reports as diverging")
-        notes.extend(f"WARNING: {w}" for w in result.verdict.warnings)  # a degenerate reference
-        redaction = None
-        if redact:
-            event("redacting and checking that the redacted model still diverges")
-            result, redaction = _redacted(result, target, options, tmp, notes)
-            engine_seconds += result.engine_seconds
-        os.makedirs(os.path.join(stage, "logs"), exist_ok=True)
-        if options.reference_model:  # the user's converted cut, the target's model (repro.py runs it)
-            save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
-                       base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
-        event("writing the bundle")
-        waited: dict[str, float] = {}
-        try:
+            engine_seconds = result.engine_seconds
+            if not result.verdict.diverges:
+                raise NothingToReduce(
+                    f"{model_path} does not diverge under {target} ({result.verdict.criterion.describe()}): "
+                    "nothing to pack", hint="pack a model that `reprokit check` reports as diverging")
+            notes.extend(f"WARNING: {w}" for w in result.verdict.warnings)  # a degenerate reference
+            redaction = None
+            if redact:
+                event("redacting and checking that the redacted model still diverges")
+                result, redaction = _redacted(result, target, options, tmp, notes)
+                engine_seconds += result.engine_seconds
+            os.makedirs(os.path.join(stage, "logs"), exist_ok=True)
+            if options.reference_model:  # the user's converted cut, the target's model (repro.py runs it)
+                save_model(load_model(model_path, load_weights=False), os.path.join(stage, "model.target.onnx"),
+                           base_dir=os.path.dirname(os.path.abspath(model_path)), self_contained=True)
+            event("writing the bundle")
+            waited: dict[str, float] = {}
             reproduces = _write_bundle(stage, result, spec, options, context, redaction, name, fmt, notes, event,
                                        model_path=os.fspath(model_path), waited=waited, early=early,
                                        converting=converting)
         finally:
-            if early is not None:  # an error on the way: no orphan (done runs: nothing to stop)
+            if early is not None:  # done runs: nothing to stop
                 stop_logs(early)
             settled(converting)
         if audit_dir and redact:

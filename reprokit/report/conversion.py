@@ -9,6 +9,7 @@ import os
 from concurrent.futures import Future, wait
 
 from reprokit.convert import convert_float_model_report
+from reprokit.engine.background import in_background
 from reprokit.graph.io import external_locations, inline_external_data, load_model, save_model
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.report.trtcommands import beyond_range
@@ -26,17 +27,12 @@ def early_conversion(model_path: str, spec, stage: str) -> Future | None:
     runs, and kept or dropped with them (the check ran this very file, or it is made again)."""
     if not converts(spec):
         return None
-    from concurrent.futures import ThreadPoolExecutor
 
     def convert() -> dict | None:
         model = load_model(model_path)  # weights read in: early runs only start on a self-contained file
         return write_conversion(stage, model, os.path.dirname(os.path.abspath(model_path)), spec)
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprokit-convert")
-    try:
-        return pool.submit(convert)
-    finally:
-        pool.shutdown(wait=False)
+    return in_background("convert", convert)
 
 
 def settled(converting: Future | None) -> None:

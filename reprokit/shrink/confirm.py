@@ -120,9 +120,10 @@ class ConfirmBeside:
 
     def __init__(self, run):
         model = run.given if run.given is not None else run.model
-        path = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
+        self.path = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
         self._oracle, self._verdict, self._error = run.oracle, None, None
-        self._thread = threading.Thread(target=self._judge, args=(run.oracle, path, dict(run.feeds)),
+        # a daemon thread, not a pool's: one the kill leaves stuck must not hold the interpreter's exit
+        self._thread = threading.Thread(target=self._judge, args=(run.oracle, self.path, dict(run.feeds)),
                                         name="reprokit-confirm", daemon=True)
         run.event("confirming the divergence beside the capture (1 target run: a pass/fail check reads no "
                   "reference values)")
@@ -150,17 +151,20 @@ class ConfirmBeside:
             self._thread.join(timeout=10)
 
 
-def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None, where: str = "judged already"):
+def confirm(run, graph_outputs: dict, replays: int, ride=None, first=None, where: str = "judged already",
+            model_file: str | None = None):
     """The original must diverge (and every replay the user asked for, with the same signature;
     a pass/fail check command's failing original is not replayed: its replays run on the result,
     ``replays_go_to_result``). ``ride(verdict)``: which call that comes anyway carries the last
     replay ("survey's packed call"), or "" when none does; a carried replay is not run here, the
     returned RideAlong (else None) carries it. ``first``: the original's verdict from a folded
     confirmation (``Unfold``) or made beside the capture (:class:`ConfirmBeside`; ``where`` says
-    which), not judged again. Returns (verdict, ride-along)."""
+    which), not judged again; ``model_file``: the original as :class:`ConfirmBeside` wrote it
+    (not written twice). Returns (verdict, ride-along)."""
     oracle = run.oracle
     model = run.given if run.given is not None else run.model
-    model_file = save_model(model, os.path.join(run.models_dir, "original.onnx"), base_dir=run.prepared.base_dir)
+    model_file = model_file or save_model(model, os.path.join(run.models_dir, "original.onnx"),
+                                          base_dir=run.prepared.base_dir)
     verdict = first or oracle.judge(model_file, run.feeds, reference_outputs=graph_outputs)
     if replays_go_to_result(run.target, verdict):
         replays = 0

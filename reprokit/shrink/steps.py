@@ -200,7 +200,8 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
             pre = precalibrate(run, graph_outputs, clock)
         verdict, ride_along = confirm(run, graph_outputs, original_replays, ride,
                                       first or (pre.original if pre is not None and pre.confirms() else None),
-                                      where="judged beside the capture" if beside is not None else "judged already")
+                                      where="judged beside the capture" if beside is not None else "judged already",
+                                      model_file=beside.path if beside is not None else None)
     moved = replays_go_to_result(run.target, verdict)
     if moved:  # a pass/fail check's original is not replayed: its runs go to the result (issue 39)
         original_replays, minimal_replays = 0, minimal_replays + original_replays
