@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     NOTHING_REMOVED = 8  # shrink: the run removed no node and did not prove every node needed
     NO_ANSWER = 9  # verify --versions: no release could run, or --bisect judged fewer than two
     ARCHIVE_NOT_REPRODUCED = 10  # shrink/pack: the archive was written, its repro.py did not reproduce here
+    MEMORY_BOUND = 11  # an engine process ran out of its memory bound (engine/memorybound.py): no verdict
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; best-so-far results are kept on disk
     INTERNAL = 70  # a bug in reprokit: rerun with --debug and report it
 
@@ -99,6 +100,13 @@ class ArchiveNotReproduced(ReprokitError):
                               + "; the check may depend on something outside the model (a flaky engine, a file, "
                                 "the machine): the archive is no repro until its repro.py shows the bug")
         self.details = details
+
+
+class EngineOutOfMemory(ReprokitError):
+    """An engine process ran out of the memory bound reprokit gives it: the model asks for more
+    than one engine process may take here, so there is no verdict (not a divergence, not a pass)."""
+
+    exit_code = ExitCode.MEMORY_BOUND
 
 
 class MatrixNoAnswer(ReprokitError):

@@ -13,6 +13,12 @@ atomic writes. It must not know which files a command writes (``cli.py`` says) n
   (``.NAME.reprokit-lock`` beside it) is locked for the process's life (``hold``); a second
   command is refused at once, naming the holder. The lock is the kernel's (``flock``), so a crashed
   run's lock is free again; its file, left with the dead run's details, is taken over.
+
+It also owns the ONE reader of JSON files reprokit reads back (:func:`read_json`,
+:func:`parse_json`): archive members, run state, the ledger, locks, budgets, matrix results. A
+file may come from anyone (an archive, an edited output folder), so the reader bounds the bytes
+it reads and the nesting it accepts before any caller sees a value, and raises one error type,
+``UnreadableJSON`` (a ValueError), that each caller turns into its own documented error.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import glob
 import json
 import os
 import socket
+import stat
 import sys
 import time
 
@@ -32,6 +39,67 @@ LEDGER = os.path.join(".reprokit", "owned.json")
 LOCK = os.path.join(".reprokit", "lock")
 _HELD: dict[str, int] = {}  # lock file -> its open descriptor, held until the process ends
 _OWNER = os.getpid()  # a forked worker inherits _HELD but never releases its parent's locks
+
+
+MAX_JSON_BYTES = 64 << 20  # files reprokit wrote itself: a survey's worker result lists 10^5 outputs
+MAX_JSON_DEPTH = 64  # reprokit's own files nest fewer than 10 deep; Python's parser recurses per level
+
+
+class UnreadableJSON(ValueError):
+    """A JSON file or text reprokit will not use: missing, not a regular file, larger than its
+    bound, not JSON, or nested deeper than ``MAX_JSON_DEPTH``. The message says which."""
+
+
+def read_json(path: str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH,
+              what: str | None = None):
+    """The JSON value in ``path``, read through one bounded door: at most ``max_bytes`` are read
+    (a larger file is refused unread past them), a FIFO or device is refused before any read
+    (never waited on), and the value may nest at most ``max_depth`` deep. Raises UnreadableJSON,
+    whose message names the file as ``what`` (default: ``path``)."""
+    what = what or path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UnreadableJSON(f"{what}: {exc.strerror or exc}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnreadableJSON(f"{what} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise UnreadableJSON(f"{what}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UnreadableJSON(f"{what} is larger than {max_bytes >> 20} MiB, more than reprokit reads of it")
+    return parse_json(data, max_depth=max_depth, what=what)
+
+
+def parse_json(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, what: str = "the text"):
+    """``json.loads(data)`` that raises UnreadableJSON for anything it cannot use: not JSON (or
+    not UTF-8), or nested deeper than ``max_depth`` (past Python's recursion limit ``json`` raises
+    RecursionError, which no caller expects). Bound the size of ``data`` before calling."""
+    try:
+        value = json.loads(data)
+    except RecursionError as exc:
+        raise UnreadableJSON(f"{what} nests deeper than {max_depth} levels") from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+        raise UnreadableJSON(f"{what} is not JSON ({exc})") from exc
+    if _depth_exceeds(value, max_depth):
+        raise UnreadableJSON(f"{what} nests deeper than {max_depth} levels")
+    return value
+
+
+def _depth_exceeds(value, limit: int) -> bool:
+    """Does ``value`` nest lists/dicts more than ``limit`` deep? Walked with a stack, not recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def atomic_write(path: str, write, *, suffix: str = "") -> str:
@@ -95,10 +163,11 @@ def claim_file(path: str, reads, *, force: bool, option: str = "-o") -> None:
 
 
 def _owned_patterns(folder: str) -> list[str]:
+    """The names the folder's ledger says reprokit owns; none when it is missing or unreadable (then
+    nothing there is treated as reprokit's: a file is written over only with --force)."""
     try:
-        with open(os.path.join(folder, LEDGER)) as handle:
-            return [str(p) for p in json.load(handle)["patterns"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        return [str(p) for p in read_json(os.path.join(folder, LEDGER))["patterns"]]
+    except (ValueError, KeyError, TypeError):
         return []
 
 
@@ -215,7 +284,7 @@ def release_all() -> None:
 
 def _holder(fd: int) -> dict:
     try:
-        found = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        found = parse_json(os.pread(fd, 4096, 0) or b"{}", what="the lock file")
         return found if isinstance(found, dict) else {}
     except (OSError, ValueError):
         return {}

@@ -19,6 +19,7 @@ from reprokit.cli.options import (
     AUDIT_FILES,
     CHECK_FILES,
     FORCE,
+    MEMORY_BOUND,
     TORCH_FILES,
     NumberRange,
     as_args,
@@ -76,6 +77,7 @@ from reprokit.torch_export import columns as torch_columns
 @click.option("--gpus", default=None, metavar="KINDS", help="With --ray: each model on each GPU kind, e.g. L4,A100.")
 @click.option("--jobs", "-j", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Several MODELs without --ray: checks at once.")
+@MEMORY_BOUND
 @FORCE
 @click.pass_context
 def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gpus, jobs, force, **kw):
@@ -156,6 +158,7 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
 @click.option("--audit", "with_audit", is_flag=True,
               help="Audit the model first (written beside the archive as NAME.audit/); the archive gets audit/.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@MEMORY_BOUND
 @FORCE
 def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw):
     """Bundle a small diverging MODEL into a report archive ready to file."""
@@ -205,6 +208,7 @@ def pack(model, target, out_path, fmt, redact, with_audit, as_json, force, **kw)
 @click.option("--no-explain", is_flag=True, help="Skip the random-inputs / random-weights runs.")
 @click.option("--ranges-only", is_flag=True, help="Only the range audit: one reference run, no target call.")
 @click.option("--json", "as_json", is_flag=True, help="Print audit.json (schema reprokit.audit/1).")
+@MEMORY_BOUND
 @FORCE
 def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, force, **kw):
     """Why does MODEL diverge under TARGET, and which setting avoids it? Exit 0 when written."""
@@ -256,6 +260,7 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
 @click.option("--run-archive-code", is_flag=True,
               help="--versions: RISK: run the archive's own repro.py, code its sender wrote, in every cell (and "
                    "on every Ray worker) instead of reprokit's reproducer. Only for an archive you trust.")
+@MEMORY_BOUND
 @FORCE
 def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path, force,
            run_archive_code):

@@ -10,7 +10,6 @@ import errno
 import json
 import math
 import os
-import re
 import tempfile
 
 import click
@@ -18,10 +17,13 @@ import click
 from reprokit import torch_export
 from reprokit.api import RunOptions
 from reprokit.console import err
-from reprokit.engine.inputs import (
+from reprokit.engine.inputs import (  # noqa: F401  (parse_size: re-exported, the commands' import)
     parse_shape_args,
+    parse_size,
     parse_val_ranges,
 )
+from reprokit.engine.memorybound import ENV as MEMORY_ENV
+from reprokit.engine.memorybound import parse_bound
 from reprokit.errors import UsageError
 from reprokit.files import read_paths
 from reprokit.graph.io import external_locations, load_model
@@ -90,6 +92,21 @@ def run_options(func):
 # --force: the one way to let reprokit replace a file it did not write (never one the run reads).
 FORCE = click.option("--force", is_flag=True,
                      help="Replace existing output files reprokit did not write (never a file the command reads).")
+
+
+def _set_memory_bound(ctx, param, value):
+    """Checked at once (exit 2), then handed to every engine worker (and verify --versions's
+    cells) through the environment, where ``engine.memorybound.configured`` reads it."""
+    if value is not None:
+        parse_bound(value, "--memory-bound")
+        os.environ[MEMORY_ENV] = value
+    return value
+
+
+MEMORY_BOUND = click.option(
+    "--memory-bound", default=None, metavar="SIZE|auto|off", expose_value=False, callback=_set_memory_bound,
+    help="Memory one engine process (onnxruntime, the emulator, OpenVINO) may allocate; past it the run stops "
+         "with exit 11, no verdict. auto: half this machine's memory (env REPROKIT_MEMORY_BOUND sets the default).")
 
 
 # What each command writes in its output folder (reprokit/files.py: claimed before any work).
@@ -175,16 +192,6 @@ def torch_summary(exported, options, folder: str, as_json: bool) -> dict | None:
         err.print(f"[dim]torch {s['torch']}: exported {s['source']} ({'dynamo' if s['dynamo'] else 'legacy'}, "
                   f"opset {s['opset']}) to {exported.model_path}; {info['words']}[/]")
     return info
-
-
-def parse_size(text: str, option: str) -> int:
-    """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
-
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
-    if not match:
-        raise UsageError(f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M")
-    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2).lower()]
-    return int(float(match.group(1)) * scale)
 
 
 def parse_max_calls(text: str) -> int | None:

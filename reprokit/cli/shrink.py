@@ -15,6 +15,7 @@ from reprokit.cli.app import cli, engine_log, writing
 from reprokit.cli.options import (
     AUDIT_FILES,
     FORCE,
+    MEMORY_BOUND,
     SHRINK_FILES,
     SHRINK_ONLY,
     as_args,
@@ -126,6 +127,7 @@ from reprokit.spec import parse_target
               help="Keep OUT/.reprokit's captured activations and candidate models after the run (by default "
                    "they are removed when the run ends, kept only when it is interrupted).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
+@MEMORY_BOUND
 @FORCE
 @click.pass_context
 def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_disk, max_calls, capture_chunk,

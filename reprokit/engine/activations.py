@@ -17,6 +17,7 @@ import numpy as np
 from reprokit.engine.tensorfile import Entry, TensorFile
 from reprokit.engine.worker import load_npy
 from reprokit.errors import InputError
+from reprokit.files import read_json
 from reprokit.graph.controlflow import open_control_flow
 from reprokit.graph.index import inferred_value_info
 
@@ -94,8 +95,7 @@ class ActivationStore:
 
     @classmethod
     def open(cls, directory: str) -> ActivationStore:
-        with open(os.path.join(directory, cls.INDEX)) as handle:
-            return cls(directory, json.load(handle))
+        return cls(directory, read_json(os.path.join(directory, cls.INDEX)))
 
     def __contains__(self, name: str) -> bool:
         return name in self._files

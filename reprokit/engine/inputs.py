@@ -30,6 +30,15 @@ def memory_bound() -> int:
         return 1 << 62
 
 
+def parse_size(text: str, option: str) -> int:
+    """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
+    if not match:
+        raise UsageError(f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2).lower()]
+    return int(float(match.group(1)) * scale)
+
+
 def size_words(nbytes: float) -> str:
     return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 

@@ -18,9 +18,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.engine.digest import feeds_digest, file_digest  # noqa: F401  (re-exported: callers' import)
+from reprokit.engine.memorybound import raised
 from reprokit.engine.messages import _last_lines, normalize_message, quote_message  # noqa: F401  (re-exported)
 from reprokit.engine.worker import WorkerResult, run_in_worker
-from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
+from reprokit.errors import (
+    EngineOutOfMemory,
+    EngineUnavailable,
+    ExitCode,
+    ReferenceFailure,
+    ReprokitError,
+)
 from reprokit.standalone.arrays import save_npz
 from reprokit.standalone.compare import (
     Criterion,
@@ -192,6 +199,7 @@ class Oracle:
             self.stats.reference += 1
             self.stats.reference_seconds += result.seconds
         _raise_for_environment(result, "reference")
+        _raise_for_memory(result, f"reference ({self.reference})")
         if result.status != "ok":
             result.discard()
             text = result.message or ""
@@ -328,6 +336,9 @@ class Oracle:
         base = dict(criterion=self.criterion, reference=self.reference, target=self.target,
                     precision=self.precision, target_meta=result.meta, seconds=result.seconds,
                     quantized=self.quant.describe() if self.quant is not None else "")
+        # No verdict at the bound: the engine did not run the model here (a pack that hits it is
+        # split by the evaluator, which never asks for its verdict)
+        _raise_for_memory(result, f"target ({self.target})")
         if result.status == "timeout":
             return Verdict(Signature(Kind.TIMEOUT, detail="timeout"), (), message=result.message, **base)
         if result.status == "crash":
@@ -414,6 +425,18 @@ def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> No
                 f"the reference ({reference}) itself gives {bad} NaN/Inf values in output {name!r}",
                 hint="that is not a target divergence: check the inputs (--inputs, --val-range) or the model",
             )
+
+
+def _raise_for_memory(result: WorkerResult, role: str) -> None:
+    """A call whose engine ran out of its memory bound (engine/memorybound.py) is no verdict."""
+    if result.status != "memory":
+        return
+    result.discard()
+    raise EngineOutOfMemory(
+        f"the {role} engine {result.message}; no verdict",
+        hint="the model asks for more memory than reprokit lets one engine process take (half this machine's "
+             "memory unless --memory-bound or REPROKIT_MEMORY_BOUND says otherwise); only if you trust the model "
+             f"and the machine has the memory, raise it: --memory-bound {raised(int(result.meta.get('bound', 0)))}")
 
 
 def _raise_for_environment(result: WorkerResult, role: str) -> None:

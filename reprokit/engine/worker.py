@@ -6,7 +6,8 @@ The parent side (:func:`run_in_worker`) never imports an engine. The child side
 (``python -m reprokit.engine.worker JOB_DIR``) builds the backend, runs it and writes ``result.json``
 plus every output in ONE file (``engine/tensorfile.py``: a survey pack's thousands of outputs are
 one file, not one ``.npy`` each), so big outputs cross the process boundary through the disk and
-are read back memory-mapped.
+are read back memory-mapped. A worker of a CPU engine runs under a memory bound
+(``engine/memorybound.py``); an allocation it refused comes back as status ``memory``.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reprokit.engine import enginelog
+from reprokit.engine import enginelog, memorybound
 from reprokit.engine.backends import create_backend
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.cmd import CmdBackend, CommandCrash, CommandTimeout, call
 from reprokit.engine.tensorfile import Entry, Tensors, write_tensors
 from reprokit.errors import EngineUnavailable, ReprokitError
+from reprokit.files import read_json
 from reprokit.graph.io import external_locations, stage_external_data
 from reprokit.spec import parse_target
 from reprokit.standalone.arrays import load_npz, restored
@@ -65,7 +67,8 @@ OUTPUTS_FILE = "outputs.bin"  # every output of one call (engine/tensorfile.py)
 @dataclass
 class WorkerResult:
     """What one engine call produced. ``status``: ok, build-error, unavailable, crash, timeout,
-    error (an input/usage problem found inside the worker)."""
+    memory (an allocation failed at the worker's memory bound: ``meta["bound"]`` bytes), error (an
+    input/usage problem found inside the worker)."""
 
     status: str
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
@@ -99,6 +102,7 @@ def run_in_worker(
 ) -> WorkerResult:
     """Run ``spec`` on a model in a fresh process; never raises for engine failures."""
     os.makedirs(job_dir, exist_ok=True)
+    engine = spec.split(":", 1)[0].strip()
     job = {
         "spec": spec,
         "model": os.path.abspath(model_path),
@@ -107,12 +111,13 @@ def run_in_worker(
         "check_policy": policy,
         "build_only": build_only,
         "weights_dir": os.path.abspath(weights_dir) if weights_dir else None,
+        "memory_bound": _bound_for(spec),
     }
     with open(os.path.join(job_dir, "job.json"), "w") as handle:
         json.dump(job, handle)
     stderr_path = os.path.join(job_dir, "stderr.log")
     start = time.monotonic()
-    if spec.split(":", 1)[0].strip() == "cmd":  # not parsed here: a bad spec is the job's result, as in a worker
+    if engine == "cmd":  # not parsed here: a bad spec is the job's result, as in a worker
         return _run_inline(job, job_dir, stderr_path, timeout, dict(os.environ, **(env or {})))
     label = f"{spec} on {os.path.basename(model_path)} ({os.path.basename(job_dir)})"
     code = _run_child(job_dir, stderr_path, timeout, dict(os.environ, **(env or {})), label)
@@ -120,7 +125,17 @@ def run_in_worker(
     if code is None:
         return WorkerResult("timeout", message=f"no answer within {timeout:g} s; the process group was killed",
                             log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
-    return _read_result(job_dir, code, stderr_path, seconds)
+    return _read_result(job_dir, code, stderr_path, seconds, job["memory_bound"])
+
+
+def _bound_for(spec: str) -> int | None:
+    """The memory bound of a worker for ``spec``: None for GPU engines and check commands (a
+    spec that does not parse is the job's result, said by the child)."""
+    try:
+        parsed = parse_target(spec)
+    except ReprokitError:
+        return None
+    return memorybound.configured() if memorybound.bounds(parsed) else None
 
 
 def _run_inline(job: dict, job_dir: str, stderr_path: str, timeout: float, env: dict) -> WorkerResult:
@@ -184,10 +199,16 @@ def _waited(argv: list[str], out, err, env: dict, timeout: float) -> int | None:
     return None if expired.is_set() and code == -signal.SIGKILL else code  # not one that ended just then
 
 
-def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float) -> WorkerResult:
-    """The child's result.json as a WorkerResult; a crash when it died without writing one."""
+def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float, bound: int | None = None) -> WorkerResult:
+    """The child's result.json as a WorkerResult; a crash when it died without writing one (at
+    its memory bound ``bound`` when its last words say an allocation failed: an engine that aborts
+    on std::bad_alloc)."""
     result_path = os.path.join(job_dir, "result.json")
     if code != 0 or not os.path.exists(result_path):
+        log = _tail(stderr_path)
+        if bound and code != -signal.SIGKILL and memorybound.ran_out(log):
+            return WorkerResult("memory", meta={"bound": bound}, message=_out_of_memory(bound, _last_line(log)),
+                                log=log, seconds=seconds, job_dir=job_dir)
         if code < 0:
             name = signal.Signals(-code).name
             hint = " (out of memory?)" if name == "SIGKILL" else ""
@@ -195,8 +216,11 @@ def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float) -> W
         else:
             message = f"engine process exited with code {code} without a result"
         return WorkerResult("crash", message=message, log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
-    with open(result_path) as handle:
-        result = json.load(handle)
+    try:
+        result = read_json(result_path)
+    except ValueError as exc:  # reprokit's own child wrote it: unreadable is a crash, not the user's input
+        return WorkerResult("crash", message=f"engine process left an unreadable result ({exc})",
+                            log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
     outputs = Tensors(os.path.join(job_dir, OUTPUTS_FILE),
                       {entry["name"]: Entry.from_json(entry) for entry in result.get("outputs", [])})
     return WorkerResult(
@@ -241,11 +265,29 @@ def _whole_lines(tail: str) -> str:
 
 
 def _child(job_dir: str) -> int:
-    """Child side: run the job, write result.json. Engine crashes kill this process, by design."""
-    with open(os.path.join(job_dir, "job.json")) as handle:
-        job = json.load(handle)
-    _write_result(job_dir, _run_job(job, job_dir))
+    """Child side: bound its memory, run the job, write result.json. Engine crashes kill this
+    process, by design; an allocation refused at the bound is status "memory"."""
+    job = read_json(os.path.join(job_dir, "job.json"))
+    bound = job.get("memory_bound")
+    if bound:
+        memorybound.apply(bound)
+    result = _run_job(job, job_dir)
+    if bound and result["status"] in ("build-error", "error", "crash") and memorybound.ran_out(
+            result.get("message", ""), str(result.get("meta", {}).get("detail", ""))):
+        result = {"status": "memory", "message": _out_of_memory(bound, result.get("message", "")),
+                  "meta": {"bound": bound}, "log": result.get("log", "")}
+    _write_result(job_dir, result)
     return 0
+
+
+def _out_of_memory(bound: int, words: str) -> str:
+    said = memorybound.failed_words(words)
+    return f"ran out of its memory bound of {memorybound.describe(bound)}" + (f" ({said})" if said else "")
+
+
+def _last_line(log: str) -> str:
+    lines = [line for line in log.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _write_result(job_dir: str, result: dict) -> None:

@@ -16,7 +16,8 @@ package installed (a ``.pth`` or ``sitecustomize`` runs at start-up): a changed 
 rebuilt, never used. Cells run with their own pycache folder, so no ``.pyc`` in the
 environment is read.
 
-Standard library only: Ray workers import this with nothing but reprokit's own files.
+Standard library only (and ``reprokit.files``, which is): Ray workers import this with nothing but
+reprokit's own files.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from reprokit.files import read_json
 
 MARKER = "reprokit-env.json"  # written last: an environment without it is incomplete
 
@@ -201,8 +204,7 @@ def intact(path: str) -> str | None:
     site-packages no RECORD lists that was not there at the build (``__pycache__`` aside: cells
     never read those)."""
     try:
-        with open(os.path.join(path, MARKER)) as handle:
-            info = json.load(handle)
+        info = read_json(os.path.join(path, MARKER))
         recorded, extras = info["records"], info["unlisted"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"{MARKER} is unreadable or predates the integrity check"
@@ -278,8 +280,7 @@ def _sha256(path: str) -> str | None:
 
 
 def _load(path: str, started: float) -> Env:
-    with open(os.path.join(path, MARKER)) as handle:
-        info = json.load(handle)
+    info = read_json(os.path.join(path, MARKER))
     return Env(path, _python_in(path), info.get("packages", {}), False, time.perf_counter() - started)
 
 

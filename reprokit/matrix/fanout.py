@@ -17,6 +17,7 @@ import click
 
 from reprokit.console import err, out
 from reprokit.errors import ExitCode, UsageError
+from reprokit.files import parse_json
 from reprokit.matrix.executor import fanout
 
 
@@ -77,7 +78,7 @@ def _stem(model: str) -> str:
 def _row(result: dict) -> dict:
     check = None
     try:
-        check = json.loads(result["stdout"]) if result["stdout"].strip() else None
+        check = parse_json(result["stdout"]) if result["stdout"].strip() else None
     except ValueError:
         pass
     return {"model": os.path.relpath(result["argv"][1]), "gpu": result["gpu"], "exit_code": result["exit_code"],
@@ -92,9 +93,9 @@ def _words(result: dict) -> str:
         return f"{model}: agrees"
     if code == 1:
         try:
-            verdict = json.loads(result["stdout"])["verdict"]
+            verdict = parse_json(result["stdout"])["verdict"]
             return f"{model}: diverges ({verdict['signature']['kind']})"
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
             return f"{model}: diverges"
     lines = [line for line in (result.get("stderr") or "").splitlines() if line.startswith("Error:")]
     return f"{model}: could not check (exit {code}{': ' + lines[-1][7:] if lines else ''})"

@@ -251,8 +251,7 @@ def _write(top: str, payload: dict, out_path: str) -> None:
             text = handle.read()
         with open(issue, "w") as handle:
             handle.write(answer_in_issue(text, latest_answer(payload)))
-    with open(os.path.join(top, MANIFEST)) as handle:
-        extra = {k: v for k, v in json.load(handle).items() if k not in ("files", "schema")}
+    extra = {k: v for k, v in archive_json(top, MANIFEST, top).items() if k not in ("files", "schema")}
     write_manifest(top, {**extra, "matrix": "matrix.json"})
     folder = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(folder, exist_ok=True)

@@ -10,7 +10,6 @@ companion packages of a cell are resolved at, see ``envs``). Owns no environment
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import urllib.error
@@ -29,6 +28,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from reprokit.errors import EngineUnavailable, UsageError
+from reprokit.files import MAX_JSON_BYTES, parse_json
 
 # The engine each package drives, as repro.py names it, and what else repro.py imports there.
 PACKAGE_ENGINES = {
@@ -115,7 +115,10 @@ def list_releases(package: str, *, timeout: float = 60.0) -> list[Release]:
     request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            data = json.load(response)
+            raw = response.read(MAX_JSON_BYTES + 1)  # an index page is MBs: never read past the bound
+            if len(raw) > MAX_JSON_BYTES:
+                raise ValueError(f"the page is larger than {MAX_JSON_BYTES >> 20} MiB")
+            data = parse_json(raw, what="the page")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise EngineUnavailable(f"cannot list the releases of {package} from {url}: {exc}",
                                 hint="check the network or set UV_INDEX_URL; or name exact versions "

@@ -17,11 +17,12 @@ import zipfile
 
 from reprokit.engine.oracle import file_digest as sha256
 from reprokit.errors import InputError
-from reprokit.files import atomic_write
+from reprokit.files import atomic_write, read_json
 
 MANIFEST = "MANIFEST.json"
 MAX_TOTAL_BYTES = 4 * 2**30  # unpacked size cap: a decompression bomb stops here
 MAX_MEMBERS = 10_000
+ARCHIVE_JSON_BYTES = 8 << 20  # MANIFEST.json of MAX_MEMBERS files is ~1.5 MB; verdict.json, env.json: kB
 MAX_HEADER_BYTES = 1 << 20  # a PAX / GNU long-name header holds a path and a few keys: never a megabyte
 _LONG_HEADERS = {tarfile.XHDTYPE: "PAX", tarfile.XGLTYPE: "PAX global", tarfile.SOLARIS_XHDTYPE: "PAX (Solaris)",
                  tarfile.GNUTYPE_LONGNAME: "GNU long-name", tarfile.GNUTYPE_LONGLINK: "GNU long-link"}
@@ -83,10 +84,9 @@ def check_manifest(root: str) -> list[str]:
     if not os.path.exists(path):
         return [f"{MANIFEST} is missing"]
     try:
-        with open(path) as handle:
-            manifest = json.load(handle)
-        listed = manifest["files"]
-    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the limit
+        listed = read_json(path, max_bytes=ARCHIVE_JSON_BYTES, what=MANIFEST)["files"]
+        listed.items()
+    except (ValueError, KeyError, TypeError, AttributeError):
         return [f"{MANIFEST} is not a reprokit manifest"]
     problems = []
     present = set(files_under(root)) - {MANIFEST}

@@ -7,7 +7,6 @@ file for an engine to read or write, or a regex that backtracks for ever. Writin
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
@@ -16,7 +15,8 @@ from dataclasses import dataclass, field
 from reprokit.engine.backends import backend_class
 from reprokit.engine.session import RunOptions, check
 from reprokit.errors import InputError, ReprokitError
-from reprokit.report.archive import MANIFEST, check_manifest, safe_extract
+from reprokit.files import read_json
+from reprokit.report.archive import ARCHIVE_JSON_BYTES, MANIFEST, check_manifest, safe_extract
 from reprokit.report.schema import check_manifest_schema, check_verdict
 from reprokit.spec import parse_target
 from reprokit.standalone.checkpolicy import CheckPolicy
@@ -152,13 +152,12 @@ def _regex_risk(pattern: str) -> str | None:
 
 
 def archive_json(top: str, name: str, archive_path: str, *, use: str = "verified"):
-    """The JSON file ``name`` of an archive extracted to ``top``; an InputError when it is
-    missing or unreadable (only archives ``reprokit pack`` wrote can be ``use``). JSON nested
-    deeper than Python's recursion limit is unreadable too: ``json`` raises RecursionError."""
+    """The JSON file ``name`` of an archive extracted to ``top``, through the one bounded reader
+    (``files.read_json``: ARCHIVE_JSON_BYTES, nesting bounded); an InputError when it is missing
+    or unreadable (only archives ``reprokit pack`` wrote can be ``use``)."""
     try:
-        with open(os.path.join(top, name)) as handle:
-            return json.load(handle)
-    except (OSError, ValueError, RecursionError) as exc:
+        return read_json(os.path.join(top, name), max_bytes=ARCHIVE_JSON_BYTES, what=name)
+    except ValueError as exc:
         raise InputError(f"archive {archive_path} has no usable {name} ({exc})",
                          hint=f"only archives written by `reprokit pack` can be {use}") from exc
 

@@ -6,13 +6,13 @@ counts against the budget. Runs no engine.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
 
 from reprokit.engine.backends import backend_class
 from reprokit.errors import UsageError
+from reprokit.files import read_json
 from reprokit.spec import parse_target
 
 
@@ -129,7 +129,6 @@ def check_budget(target: str, max_calls: int | None, replays: int | None, resume
 def earlier_calls(out_dir: str) -> int:
     """Target calls the interrupted or budget-stopped run in ``out_dir`` already made."""
     try:
-        with open(os.path.join(out_dir, "summary.json")) as handle:
-            return int(json.load(handle)["calls"]["target"])
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return int(read_json(os.path.join(out_dir, "summary.json"))["calls"]["target"])
+    except (ValueError, KeyError, TypeError):
         return 0

@@ -11,6 +11,8 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from reprokit.files import parse_json
+
 
 @dataclass
 class PassStats:
@@ -52,10 +54,10 @@ class Journal:
                     line = line.strip()
                     if line:
                         try:
-                            entry = json.loads(line)
-                        except json.JSONDecodeError:
-                            continue  # a line cut by a crash: that candidate is simply rerun
-                        self.entries[entry["key"]] = entry
+                            entry = parse_json(line, what="a journal line")
+                            self.entries[entry["key"]] = entry
+                        except (ValueError, KeyError, TypeError):
+                            continue  # a line cut by a crash (or edited): that candidate is simply rerun
 
     def get(self, key: str) -> dict | None:
         with self._lock:

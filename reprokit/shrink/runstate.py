@@ -12,7 +12,7 @@ import shlex
 from reprokit.engine.oracle import feeds_digest, file_digest
 from reprokit.engine.session import RunOptions
 from reprokit.errors import InputError
-from reprokit.files import atomic_write
+from reprokit.files import atomic_write, read_json
 from reprokit.graph.io import external_locations, load_model
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
@@ -82,10 +82,9 @@ def saved_run(out_dir: str) -> dict:
     target and every option of the run (as command-line options), from OUT/.reprokit/run.json."""
     path = os.path.join(out_dir, STATE_DIR, "run.json")
     try:
-        with open(path) as handle:
-            saved = json.load(handle)["resume"]
+        saved = read_json(path)["resume"]
         return {"model": saved["model"], "target": saved["target"], "args": list(saved["args"])}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"--resume {out_dir}: no shrink run to continue there ({path} is missing or unreadable)",
                          hint="give the directory a shrink wrote with -o, or start over: "
                               "reprokit shrink MODEL --target SPEC -o DIR") from exc
@@ -128,9 +127,8 @@ def finished_run(out_dir: str) -> dict | None:
     """OUT/summary.json of a run that ended with its answer (not interrupted, not stopped at the
     call budget): ``--resume`` has nothing to continue there and keeps it as it is."""
     try:
-        with open(os.path.join(out_dir, "summary.json")) as handle:
-            summary = json.load(handle)
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the limit
+        summary = read_json(os.path.join(out_dir, "summary.json"))
+    except ValueError:
         return None
     if not isinstance(summary, dict) or summary.get("status") not in FINISHED:
         return None
@@ -164,10 +162,9 @@ def stopped_at_budget(out_dir: str) -> bool:
     """Did the run in ``out_dir`` stop at its call budget (summary.json says so)? Such a run is
     continued by ``--resume --max-calls``, so its captured activations are worth keeping."""
     try:
-        with open(os.path.join(out_dir, "summary.json")) as handle:
-            summary = json.load(handle)
+        summary = read_json(os.path.join(out_dir, "summary.json"))
         return bool(isinstance(summary, dict) and (summary.get("budget") or {}).get("stopped"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the limit
+    except (ValueError, AttributeError):
         return False
 
 
@@ -203,9 +200,10 @@ def changed_model(out_dir: str, model_path: str) -> str:
     """What changed on disk in the model of the run in ``out_dir`` since it started ("model",
     "weights", or "" when neither did or run.json did not record it)."""
     try:
-        with open(os.path.join(out_dir, STATE_DIR, "run.json")) as handle:
-            before = json.load(handle)
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past the limit
+        before = read_json(os.path.join(out_dir, STATE_DIR, "run.json"))
+    except ValueError:
+        return ""
+    if not isinstance(before, dict):
         return ""
     if not os.path.isfile(model_path):
         return "model"
@@ -231,8 +229,12 @@ def _check_same_run(state_dir, model_path, target, options, feeds, oracle, resum
         fingerprint["reference_model"] = file_digest(options.reference_model)
     path = os.path.join(state_dir, "run.json")
     if resume and os.path.exists(path):
-        with open(path) as handle:
-            before = json.load(handle)
+        try:
+            before = read_json(path)
+            before.get("model")
+        except (ValueError, AttributeError) as exc:
+            raise InputError(f"--resume: {path} is unreadable ({exc}); it is not the state of a run reprokit can "
+                             "continue", hint="start over in a new -o directory (or delete that folder's .reprokit)") from exc
         changed = [k for k in fingerprint if before.get(k) != fingerprint[k] and (k not in ("search", "weights") or k in before)]
         if changed:
             raise InputError(

@@ -20,6 +20,7 @@ from reprokit.convert import convert_float_model_report
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.envinfo import gpu_info, onnxruntime_build
 from reprokit.errors import EngineUnavailable, InputError
+from reprokit.files import read_json
 from reprokit.graph.model import name_unnamed_nodes
 
 CUDA = "CUDAExecutionProvider"
@@ -349,12 +350,9 @@ def _cache_path(narrow: str) -> str:
 
 
 def _no_kernel_cache(narrow: str) -> list[str]:
-    import json
-
     try:
-        with open(_cache_path(narrow), encoding="utf-8") as handle:
-            found = json.load(handle)
-    except (OSError, ValueError):
+        found = read_json(_cache_path(narrow))
+    except ValueError:
         return []
     return [t for t in found if isinstance(t, str)] if isinstance(found, list) else []
 

@@ -1,0 +1,112 @@
+"""The memory bound of an engine worker: how much one engine process may allocate, where the
+number comes from, how the worker applies it to itself, and how a failure at the bound is told
+from any other engine failure. Runs no engine; the worker (``engine/worker.py``) calls it.
+
+Why a bound: ``verify`` runs models from people nobody knows. An Expand, ConstantOfShape, Tile or
+Resize to a huge shape, or a Loop that doubles a tensor, makes an engine allocate until the
+machine swaps or the kernel's OOM killer takes some other process. The bound is the kernel's:
+``RLIMIT_DATA``, which on Linux >= 4.7 counts every private writable mapping (the heap and the
+anonymous mmaps large allocations use), so an engine's allocation past it fails inside the
+engine, which says so (onnxruntime: "Failed to allocate memory", OpenVINO: "Failed to allocate N
+bytes", numpy: MemoryError). ``RLIMIT_AS`` is not used: it counts address space only reserved
+(CUDA reserves terabytes, thread pools reserve arenas), so it refuses engines that would run. The
+worker also asks the OOM killer to take it first (``oom_score_adj`` 1000): were the machine short
+before the bound is reached, the engine process goes, not a process of the user's.
+
+GPU engines (``trt``, ``ort:cuda``) are not bounded: their drivers map host memory the bound
+would count, untested here; a check command (``cmd:``) is the user's own process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from reprokit.engine.inputs import memory_bound as half_the_memory
+from reprokit.engine.inputs import parse_size, size_words
+from reprokit.errors import UsageError
+
+ENV = "REPROKIT_MEMORY_BOUND"  # SIZE (e.g. 8G), "auto" (the default) or "off"
+OFF = ("off", "none", "0")
+
+# What each engine says when an allocation fails (measured under RLIMIT_DATA): onnxruntime's
+# arena, OpenVINO's allocator, numpy's "Unable to allocate", Python's MemoryError, C++'s
+# std::bad_alloc (an abort's last words), glibc's ENOMEM text.
+_OUT_OF_MEMORY = re.compile(r"Failed to allocate|Unable to allocate|MemoryError|bad_alloc|Cannot allocate memory|"
+                            r"out of memory", re.IGNORECASE)
+
+
+def parse_bound(text: str, source: str = f"{ENV}") -> int | None:
+    """Bytes one engine process may allocate, from ``text`` (SIZE, "auto", "off"); None: no bound."""
+    word = (text or "").strip().lower()
+    if word in ("", "auto"):
+        return default_bound()
+    if word in OFF:
+        return None
+    try:
+        return parse_size(text, source)
+    except UsageError:
+        raise UsageError(f"cannot parse {source} {text!r}",
+                         hint=f"a size (e.g. {source} 16G), auto (half this machine's memory) or off") from None
+
+
+def default_bound() -> int:
+    """Half this machine's physical memory: the same line the feeds are held to
+    (``engine.inputs.memory_bound``); a Swin-T check peaks at 0.8 GiB, the 2.9 GiB bench model
+    at 3.4 GiB (bench/results/big.md)."""
+    return half_the_memory()
+
+
+def configured() -> int | None:
+    """The bound now in force: ``REPROKIT_MEMORY_BOUND`` (set by ``--memory-bound``), else the default."""
+    return parse_bound(os.environ.get(ENV, ""))
+
+
+def bounds(spec) -> bool:
+    """Is an engine worker for ``spec`` (a TargetSpec) bounded? CPU engines only."""
+    return spec.engine in ("ort", "emulate", "openvino") and not spec.has("cuda")
+
+
+def apply(limit: int) -> None:
+    """In the worker, before the engine loads: at most ``limit`` bytes of data (never above a
+    hard limit the process was started under), and the OOM killer's first choice."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write("1000")
+    except OSError:  # not Linux, or a sandbox that forbids it: the bound still holds
+        pass
+
+
+_REQUESTED = re.compile(r"(?:buffer of size|allocate) (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB|PiB|EiB)?", re.IGNORECASE)
+_UNITS = {"": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60}
+
+
+def ran_out(*texts: str) -> bool:
+    """Do an engine's words (its error message, its log tail) say that an allocation failed where
+    the bound decided it? One larger than this machine's whole memory would fail unbounded too:
+    that failure is the engine's own (its verdict stands)."""
+    text = "\n".join(t or "" for t in texts)
+    if not _OUT_OF_MEMORY.search(text):
+        return False
+    asked = [float(n) * _UNITS[(unit or "").lower()] for n, unit in _REQUESTED.findall(text)]
+    return not asked or max(asked) <= 2 * half_the_memory()
+
+
+def describe(limit: int) -> str:
+    return size_words(limit)
+
+
+def failed_words(text: str) -> str:
+    """The engine's sentence that says which allocation failed (its message is mostly a stack)."""
+    found = _OUT_OF_MEMORY.search(text or "")
+    return " ".join(text[found.start():found.start() + 160].splitlines()[0].split()) if found else ""
+
+
+def raised(limit: int) -> str:
+    """A bound to suggest after ``limit`` was hit: twice it, in whole GiB."""
+    return f"{max(1, -(-2 * limit // 2**30))}G"
