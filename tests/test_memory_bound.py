@@ -1,0 +1,202 @@
+"""The memory bound of engine workers (engine/memorybound.py): a model from a stranger that
+allocates without end stops at the bound as exit 11 ("the engine ran out of its memory bound"),
+never a crash of reprokit, a hang, the machine swapping, or a verdict.
+
+Safe on the test machine whatever the code under test does: every CLI run here starts under an
+outer RLIMIT_DATA of 4 GiB (``GUARD``), inherited by reprokit and its workers, and the bound under
+test is far below it. On code without the bound each bomb ran until it failed at the guard, and
+the failure was taken for the model's: the 1.5 GiB Expand's emulator run (std::bad_alloc) as a
+build error, "DOES NOT REPRODUCE", exit 0 — a verdict from a machine's limit —, the Loop as
+"the reference fails", exit 5. On a machine without a guard: swap, or the OOM killer.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_user_error, pack_matmul_softmax, reprokit_exe
+from onnx import TensorProto, helper, numpy_helper
+
+from reprokit.engine import memorybound
+from reprokit.engine.worker import _bound_for, run_in_worker
+from reprokit.report.archive import safe_extract, write_archive, write_manifest
+from reprokit.standalone.arrays import save_npz
+from tests.models import const, make, save, vi
+
+GUARD = 4 << 30
+
+
+def expand_bomb(rows: int) -> onnx.ModelProto:
+    """The archive's model (x -> MatMul(3e4) -> Softmax -> y, NaN under fp16) behind an Expand to
+    ``rows`` copies of x: the same outputs, 64·rows bytes allocated on the way."""
+    # x[1,16] -> Expand([rows,16]) -> ReduceMean(axis 0) -> MatMul(3e4) -> Softmax -> y[1,4]
+    return make(
+        [
+            helper.make_node("Expand", ["x", "shape"], ["big"], name="expand"),
+            helper.make_node("ReduceMean", ["big"], ["m"], name="mean", axes=[0], keepdims=1),
+            helper.make_node("MatMul", ["m", "W"], ["h"], name="matmul"),
+            helper.make_node("Softmax", ["h"], ["y"], name="softmax", axis=-1),
+        ],
+        [vi("x", [1, 16])],
+        [vi("y", [1, 4])],
+        [
+            numpy_helper.from_array(np.array([rows, 16], np.int64), "shape"),
+            const("W", np.full((16, 4), 3e4)),
+        ],
+    )
+
+
+def loop_bomb(trips: int = 64) -> onnx.ModelProto:
+    """A Loop that doubles a tensor ``trips`` times (2^64 rows: no machine holds it)."""
+    # x[1,16] -> Loop(trips: v = Concat(v, v)) -> ReduceMean(axis 0) -> MatMul(3e4) -> Softmax -> y[1,4]
+    body = helper.make_graph(
+        [
+            helper.make_node("Concat", ["v_in", "v_in"], ["v_out"], axis=0),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "grow",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None),
+        ],
+    )
+    return make(
+        [
+            helper.make_node("Loop", ["trips", "", "x"], ["big"], body=body, name="loop"),
+            helper.make_node("ReduceMean", ["big"], ["m"], name="mean", axes=[0], keepdims=1),
+            helper.make_node("MatMul", ["m", "W"], ["h"], name="matmul"),
+            helper.make_node("Softmax", ["h"], ["y"], name="softmax", axis=-1),
+        ],
+        [vi("x", [1, 16])],
+        [vi("y", [1, 4])],
+        [
+            numpy_helper.from_array(np.array(trips, np.int64), "trips"),
+            const("W", np.full((16, 4), 3e4)),
+        ],
+    )
+
+
+def guarded(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``reprokit ARGS`` under the outer guard (RLIMIT_DATA, inherited by every worker)."""
+    import os
+
+    def guard() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (GUARD, GUARD))
+
+    child = {k: v for k, v in os.environ.items() if k not in ("REPROKIT_DEBUG", memorybound.ENV)}
+    return subprocess.run(
+        [reprokit_exe(), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**child, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        preexec_fn=guard,
+    )
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    return pack_matmul_softmax(tmp_path_factory.mktemp("pack")).archive
+
+
+def hostile(archive: str, model: onnx.ModelProto, tmp_path: Path) -> str:
+    """The archive with its model.onnx swapped for ``model``, MANIFEST.json rewritten to match
+    (what a sender who means harm does)."""
+    top = Path(safe_extract(archive, str(tmp_path / "edit")))
+    save(model, top / "model.onnx")
+    manifest = json.loads((top / "MANIFEST.json").read_text())
+    (top / "MANIFEST.json").unlink()
+    write_manifest(str(top), {k: v for k, v in manifest.items() if k not in ("schema", "files")})
+    out = str(tmp_path / "hostile.tar.gz")
+    write_archive(str(top), out, "tar.gz")
+    shutil.rmtree(tmp_path / "edit")
+    return out
+
+
+def test_verify_stops_an_archive_that_allocates_past_the_bound(packed, tmp_path):
+    # old code: the reference ran it; the emulator's copies failed at the test's guard with
+    # std::bad_alloc, judged a build error: "DOES NOT REPRODUCE here", exit 0
+    archive = hostile(packed, expand_bomb(24 << 20), tmp_path)  # 24M rows x 16 float32 = 1.5 GiB
+    error, hint = assert_user_error(
+        guarded("verify", archive, "--memory-bound", "512M"),
+        11,
+        contains="engine ran out of its memory bound of 512 MiB",
+    )
+    assert "no verdict" in error and "--memory-bound 1G" in hint
+    # the same bound from the environment, the way verify --versions's cells and the API get it
+    assert_user_error(
+        guarded("verify", archive, env={memorybound.ENV: "512M"}),
+        11,
+        contains="memory bound of 512 MiB",
+    )
+
+
+def test_verify_stops_a_loop_that_grows_without_end(packed, tmp_path):
+    # old code: the Loop grew until the allocation failed at the test's outer guard (on a
+    # machine without one: until swap or the OOM killer); verify said "the reference fails", exit 5
+    archive = hostile(packed, loop_bomb(), tmp_path)
+    assert_user_error(
+        guarded("verify", archive, "--memory-bound", "768M"),
+        11,
+        contains="the reference (ort) engine ran out of its memory bound of 768 MiB",
+    )
+
+
+@pytest.mark.parametrize("engine", ["emulate:fp16", "openvino:f32"])
+def test_each_cpu_engine_reports_the_bound_as_the_bound(tmp_path, engine):
+    """The engine named as reference and target: its own allocator's failure is the one seen."""
+    if engine.startswith("openvino"):
+        pytest.importorskip("openvino", reason="OpenVINO is the openvino extra")
+    model = save(expand_bomb(24 << 20), tmp_path / "bomb.onnx")
+    proc = guarded(
+        "check", model, "--target", engine, "--reference", engine, "--memory-bound", "512M"
+    )
+    assert_user_error(
+        proc, 11, contains=f"the reference ({engine}) engine ran out of its memory bound of 512 MiB"
+    )
+
+
+def test_a_model_within_the_bound_runs_and_the_bound_is_the_workers(tmp_path, monkeypatch):
+    """The same Expand at 1 MiB runs under a 512 MiB bound; at 1 GiB the worker says "memory"
+    with the bound it ran under, which the parent never applies to itself."""
+    feeds = str(tmp_path / "feeds.npz")
+    save_npz(feeds, {"x": np.full((1, 16), 0.5, np.float32)})
+    monkeypatch.setenv(memorybound.ENV, "512M")
+    small = run_in_worker(
+        "ort", save(expand_bomb(1 << 14), tmp_path / "small.onnx"), feeds, str(tmp_path / "a")
+    )
+    assert small.status == "ok", small.message
+    big = run_in_worker(
+        "ort", save(expand_bomb(16 << 20), tmp_path / "big.onnx"), feeds, str(tmp_path / "b")
+    )
+    assert (big.status, big.meta.get("bound")) == ("memory", 512 << 20), big.message
+    assert resource.getrlimit(resource.RLIMIT_DATA)[0] != 512 << 20
+
+
+def test_gpu_engines_and_check_commands_are_not_bounded(monkeypatch):
+    monkeypatch.setenv(memorybound.ENV, "1G")
+    assert _bound_for("emulate:fp16") == _bound_for("ort") == _bound_for("openvino:bf16") == 1 << 30
+    assert _bound_for("trt:fp16") is None and _bound_for("ort:cuda,fp16") is None
+    assert _bound_for("cmd:python check.py {model}") is None
+    monkeypatch.setenv(memorybound.ENV, "off")
+    assert _bound_for("ort") is None
+    monkeypatch.delenv(memorybound.ENV)
+    assert _bound_for("ort") == memorybound.default_bound() > 0
+
+
+def test_a_bad_bound_is_a_usage_error(tmp_path):
+    proc = guarded("verify", str(tmp_path / "none.tar.gz"), "--memory-bound", "lots")
+    assert_user_error(proc, 2, contains="cannot parse --memory-bound 'lots'")
