@@ -200,3 +200,61 @@ def test_gpu_engines_and_check_commands_are_not_bounded(monkeypatch):
 def test_a_bad_bound_is_a_usage_error(tmp_path):
     proc = guarded("verify", str(tmp_path / "none.tar.gz"), "--memory-bound", "lots")
     assert_user_error(proc, 2, contains="cannot parse --memory-bound 'lots'")
+
+
+@pytest.fixture(scope="module")
+def env_cache(tmp_path_factory):
+    from conftest import private_env_cache
+
+    yield from private_env_cache(tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_a_versions_cell_that_allocates_without_end_cannot_run(
+    packed, env_cache, tmp_path, monkeypatch
+):
+    """verify --versions runs reprokit's reproducer in each release's environment: under the
+    bound there too. The guard (RLIMIT_DATA of this process, inherited by the cell) keeps the
+    machine safe on code without the bound, where the cell's Loop grew until it failed at the
+    guard and was taken for the model's failure."""
+    from reprokit.errors import MatrixNoAnswer
+    from reprokit.matrix.run import verify_versions
+    from tests.test_matrix_trust import SPEC
+
+    archive = hostile(packed, loop_bomb(), tmp_path)
+    monkeypatch.setenv(memorybound.ENV, "768M")
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (GUARD, hard))
+    try:
+        with pytest.raises(MatrixNoAnswer) as caught:  # no cell could run: exit 9's error
+            verify_versions(archive, SPEC, out_path=str(tmp_path / "m.tar.gz"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    rows = caught.value.result.rows
+    assert [r["outcome"] for r in rows] == ["cannot run"], rows
+    assert "repro.py ran out of its memory bound of 768 MiB" in rows[0]["why"], rows
+
+
+def test_a_lower_limit_the_worker_inherits_is_never_raised(tmp_path, monkeypatch):
+    """An outer limit (a ulimit, a test's guard) lower than the bound holds: the worker lowers
+    its soft limit, never raises it. Before, a soft limit of the parent was raised to the bound
+    (a guard lifted: a cell's Loop reached 12 GiB under a 4 GiB soft guard)."""
+    feeds = str(tmp_path / "feeds.npz")
+    save_npz(feeds, {"x": np.full((1, 16), 0.5, np.float32)})
+    monkeypatch.setenv(memorybound.ENV, "64G")
+    used = next(
+        int(line.split()[1]) << 10
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmData:")
+    )
+    outer = max(768 << 20, used + (256 << 20))
+    model = save(
+        expand_bomb(outer // 64 + (8 << 20)), tmp_path / "bomb.onnx"
+    )  # 512 MiB past the outer limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (outer, hard))
+    try:
+        result = run_in_worker("ort", model, feeds, str(tmp_path / "job"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    assert (result.status, result.meta.get("bound")) == ("memory", outer), result.message

@@ -17,13 +17,12 @@ import click
 from reprokit import torch_export
 from reprokit.api import RunOptions
 from reprokit.console import err
-from reprokit.engine.inputs import (  # noqa: F401  (parse_size: re-exported, the commands' import)
+from reprokit.engine.inputs import (
     parse_shape_args,
-    parse_size,
     parse_val_ranges,
 )
 from reprokit.engine.memorybound import ENV as MEMORY_ENV
-from reprokit.engine.memorybound import parse_bound
+from reprokit.engine.memorybound import parse_bound, parse_size  # noqa: F401  (parse_size: the commands' import)
 from reprokit.errors import UsageError
 from reprokit.files import read_paths
 from reprokit.graph.io import external_locations, load_model

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprokit.engine.memorybound import half_the_memory, parse_size, size_words  # noqa: F401  (re-exported: callers' import)
 from reprokit.errors import InputError, UsageError
 from reprokit.graph.dims import choose
 from reprokit.graph.model import InputInfo
@@ -24,23 +25,7 @@ def memory_bound() -> int:
     """Bytes of feeds reprokit will hold: half this machine's physical memory. The reference and
     the target each load the feeds beside their engine, so more never runs; refusing first is
     one clear error where allocating was a MemoryError (exit 70) or the kernel's OOM killer."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound reprokit can read
-        return 1 << 62
-
-
-def parse_size(text: str, option: str) -> int:
-    """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
-    if not match:
-        raise UsageError(f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M")
-    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2).lower()]
-    return int(float(match.group(1)) * scale)
-
-
-def size_words(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
+    return half_the_memory()
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The memory bound of an engine worker: how much one engine process may allocate, where the
 number comes from, how the worker applies it to itself, and how a failure at the bound is told
-from any other engine failure. Runs no engine; the worker (``engine/worker.py``) calls it.
+from any other engine failure. Runs no engine and imports only the standard library (``verify --versions``'s cells use it on Ray
+workers); the worker (``engine/worker.py``) calls it.
 
 Why a bound: ``verify`` runs models from people nobody knows. An Expand, ConstantOfShape, Tile or
 Resize to a huge shape, or a Loop that doubles a tensor, makes an engine allocate until the
@@ -22,8 +23,6 @@ from __future__ import annotations
 import os
 import re
 
-from reprokit.engine.inputs import memory_bound as half_the_memory
-from reprokit.engine.inputs import parse_size, size_words
 from reprokit.errors import UsageError
 
 ENV = "REPROKIT_MEMORY_BOUND"  # SIZE (e.g. 8G), "auto" (the default) or "off"
@@ -34,6 +33,28 @@ OFF = ("off", "none", "0")
 # std::bad_alloc (an abort's last words), glibc's ENOMEM text.
 _OUT_OF_MEMORY = re.compile(r"Failed to allocate|Unable to allocate|MemoryError|bad_alloc|Cannot allocate memory|"
                             r"out of memory", re.IGNORECASE)
+
+
+def half_the_memory() -> int:
+    """Half this machine's physical memory (the bound's default, and the feeds' bound:
+    ``engine.inputs.memory_bound``)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound reprokit can read
+        return 1 << 62
+
+
+def parse_size(text: str, option: str) -> int:
+    """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
+    if not match:
+        raise UsageError(f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2).lower()]
+    return int(float(match.group(1)) * scale)
+
+
+def size_words(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 
 
 def parse_bound(text: str, source: str = f"{ENV}") -> int | None:
@@ -67,19 +88,21 @@ def bounds(spec) -> bool:
     return spec.engine in ("ort", "emulate", "openvino") and not spec.has("cuda")
 
 
-def apply(limit: int) -> None:
-    """In the worker, before the engine loads: at most ``limit`` bytes of data (never above a
-    hard limit the process was started under), and the OOM killer's first choice."""
+def apply(limit: int) -> int:
+    """In the worker, before the engine loads: at most ``limit`` bytes of data, and the OOM
+    killer's first choice. A limit the process was started under that is lower already (soft or
+    hard: an outer guard, a ulimit) is kept, never raised. Returns the limit in force."""
     import resource
 
-    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = min([limit] + [lim for lim in (soft, hard) if lim != resource.RLIM_INFINITY])
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     try:
         with open("/proc/self/oom_score_adj", "w") as handle:
             handle.write("1000")
     except OSError:  # not Linux, or a sandbox that forbids it: the bound still holds
         pass
+    return limit
 
 
 _REQUESTED = re.compile(r"(?:buffer of size|allocate) (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB|PiB|EiB)?", re.IGNORECASE)

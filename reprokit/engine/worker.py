@@ -270,7 +270,7 @@ def _child(job_dir: str) -> int:
     job = read_json(os.path.join(job_dir, "job.json"))
     bound = job.get("memory_bound")
     if bound:
-        memorybound.apply(bound)
+        bound = memorybound.apply(bound)  # a lower limit the worker inherited is the one that holds
     result = _run_job(job, job_dir)
     if bound and result["status"] in ("build-error", "error", "crash") and memorybound.ran_out(
             result.get("message", ""), str(result.get("meta", {}).get("detail", ""))):

@@ -8,9 +8,11 @@ reuses its environment (``envs``), lays the files out in a fresh folder, runs ``
 --reference recorded`` there (isolated: the folder's own files are never imported, only the
 engine under test changes), and words the exit code: 1 with a "REPRODUCES" line reproduces, 0 does
 not, 2 diverges differently, 3/4 or a failed environment cannot run, anything else is an error
-(an exception in the script is not the bug). A verdict is never guessed.
+(an exception in the script is not the bug). A verdict is never guessed. A cell of a CPU engine
+runs repro.py under the memory bound of engine workers (``Cell.memory_bound``, the driver's
+``--memory-bound``: ``engine/memorybound.py``): an allocation it refused cannot run, no verdict.
 
-Standard library only (see ``envs``).
+Standard library only (see ``envs``; ``engine.memorybound`` is).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+from reprokit.engine import memorybound
 from reprokit.matrix.envs import EnvBuildError, EnvRequest, env_in_use, run_process
 
 
@@ -46,6 +49,15 @@ class Outcome(str, enum.Enum):
 VERDICT_EXITS = {1: (Outcome.REPRODUCES, ("REPRODUCES",)), 0: (Outcome.DOES_NOT, ("DOES NOT REPRODUCE",)),
                  2: (Outcome.DIFFERENTLY, ("DIVERGES DIFFERENTLY", "DIFFERENT FAILURE"))}
 CANNOT_RUN_EXITS = (3, 4)  # a package or a file missing here: no verdict either way
+# repro.py under a memory bound: RLIMIT_DATA set in the cell's own interpreter, then the script run
+# as its __main__ (argv: -c LIMIT repro.py ARGS...)
+# (a lower limit inherited, soft or hard, is kept: engine.memorybound.apply's rule)
+_BOUNDED = ("import resource, runpy, sys\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_DATA)\n"
+            "limit = min([int(sys.argv.pop(1))] + [x for x in (soft, hard) if x != resource.RLIM_INFINITY])\n"
+            "resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Cell:
     gpu: str | None = None  # the accelerator kind a Ray cell asked for (--gpus)
     timeout: float = 600.0
     needs_gpu: bool = False  # the engine runs on a GPU (TensorRT, CUDA): a Ray cell asks for one
+    memory_bound: int | None = None  # bytes repro.py may allocate (CPU engines; engine/memorybound.py)
 
     @property
     def label(self) -> str:
@@ -89,6 +102,8 @@ def _run_script(cell: Cell, env, payload: dict, result: dict) -> dict:
         # -I: the folder's files are data, never imported; a fresh pycache folder: no .pyc in the
         # environment is read (envs.intact checks the sources, not compiled files)
         argv = [env.python, "-I", "-X", f"pycache_prefix={os.path.join(tmp, 'pycache')}", "repro.py"]
+        if cell.memory_bound:
+            argv[-1:] = ["-c", _BOUNDED, str(cell.memory_bound), "repro.py"]
         if "--reference" in payload["script"]:  # archives packed before reprokit had it: run as is
             argv += ["--reference", "recorded"]
         if cell.target:
@@ -104,13 +119,17 @@ def _run_script(cell: Cell, env, payload: dict, result: dict) -> dict:
                     "outcome": Outcome.CANNOT_RUN.value, "why": f"repro.py ran past {cell.timeout:.0f} s"}
     result.update(run_seconds=round(time.perf_counter() - started, 2), exit_code=done.returncode,
                   output=(done.stdout + done.stderr)[-3000:])
-    outcome, why = judge_exit(done.returncode, done.stdout, done.stderr)
+    outcome, why = judge_exit(done.returncode, done.stdout, done.stderr, cell.memory_bound)
     return {**result, "outcome": outcome.value, "why": why}
 
 
-def judge_exit(code: int, stdout: str, stderr: str = "") -> tuple[Outcome, str]:
+def judge_exit(code: int, stdout: str, stderr: str = "", bound: int | None = None) -> tuple[Outcome, str]:
     """The outcome a reproducer's exit code and output say; only 1 with its REPRODUCES line is
-    "reproduces", an unknown code or an exception is an error, never a verdict."""
+    "reproduces", an unknown code or an exception is an error, never a verdict. Under a memory
+    ``bound``, output saying an allocation failed cannot run: the engine did not run the model."""
+    if bound and memorybound.ran_out(stdout, stderr):
+        return Outcome.CANNOT_RUN, (f"repro.py ran out of its memory bound of {memorybound.describe(bound)} "
+                                    f"({memorybound.failed_words(stdout + chr(10) + stderr)})")
     said = _last_verdict_line(stdout)
     if code in VERDICT_EXITS and said.startswith(VERDICT_EXITS[code][1]):
         return VERDICT_EXITS[code][0], said

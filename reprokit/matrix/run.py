@@ -20,6 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from reprokit.engine import memorybound
 from reprokit.errors import EngineUnavailable, InputError, MatrixNoAnswer, UsageError
 from reprokit.matrix import specs
 from reprokit.matrix.bisect import bisect as run_bisect
@@ -165,6 +166,8 @@ def _why_hint(rows: list[dict]) -> str:
         return " (uv could not build the environments: is the package index reachable? UV_INDEX_URL picks another)"
     if any("ran past" in w for w in whys):
         return " (repro.py ran past --timeout: give a longer one)"
+    if any("memory bound" in w for w in whys):
+        return " (repro.py ran out of its memory bound: raise --memory-bound, only for an archive you trust)"
     return ""
 
 
@@ -174,7 +177,8 @@ def _cell(spec, release, target, gpu, timeout, needs_gpu=False) -> Cell:
         when = datetime.fromisoformat(release.uploaded.replace("Z", "+00:00")) + timedelta(days=7)
         resolve_at = when.strftime("%Y-%m-%dT%H:%M:%SZ")
     requirements = (f"{spec.package}=={release.version}", *specs.COMPANIONS[spec.engine])
-    return Cell(spec.package, release.version, requirements, resolve_at, target, gpu, timeout, needs_gpu)
+    return Cell(spec.package, release.version, requirements, resolve_at, target, gpu, timeout, needs_gpu,
+                None if needs_gpu else memorybound.configured())
 
 
 def _releases(spec, event) -> tuple[list, bool]:
