@@ -73,8 +73,8 @@ def parse_bound(text: str, source: str = f"{ENV}") -> int | None:
 
 def default_bound() -> int:
     """Half this machine's physical memory: the same line the feeds are held to
-    (``engine.inputs.memory_bound``); a Swin-T check peaks at 0.8 GiB, the 2.9 GiB bench model
-    at 3.4 GiB (bench/results/big.md)."""
+    (``engine.inputs.memory_bound``). Measured (bench/results/memory_bound.md): a Swin-T shrink
+    peaks at 1.3 GiB and needs a 2 GiB bound; the 2.9 GiB-weights bench model peaks at 3.4 GiB."""
     return half_the_memory()
 
 
