@@ -157,3 +157,25 @@ def test_a_nested_journal_line_is_a_call_made_again(model, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((out / "summary.json").read_text())["status"] == "done"
+
+
+def test_matrix_results_nested_past_the_limit_are_no_results(tmp_path):
+    """verify --versions's environment marker and the result of a `check MODEL...` fan-out task
+    (a cell's own JSON): nested past the limit, the environment is rebuilt and the row has no
+    check object, as for any unreadable one."""
+    # old code: RecursionError out of envs.intact and fanout._row (uncaught: exit 70)
+    from reprokit.matrix import envs, fanout
+
+    (tmp_path / envs.MARKER).write_bytes(NESTED)
+    assert "unreadable" in envs.intact(str(tmp_path))
+    result = {
+        "stdout": NESTED.decode(),
+        "argv": ["reprokit", "m.onnx"],
+        "gpu": None,
+        "exit_code": 1,
+        "seconds": 1.0,
+        "host": "here",
+        "stderr": "",
+    }
+    row = fanout._row(result)
+    assert row["check"] is None and row["words"] == "m.onnx: diverges"
