@@ -199,7 +199,7 @@ class Oracle:
             self.stats.reference += 1
             self.stats.reference_seconds += result.seconds
         _raise_for_environment(result, "reference")
-        _raise_for_memory(result, f"reference ({self.reference})")
+        _raise_for_memory(result, "reference", self.reference)
         if result.status != "ok":
             result.discard()
             text = result.message or ""
@@ -338,7 +338,7 @@ class Oracle:
                     quantized=self.quant.describe() if self.quant is not None else "")
         # No verdict at the bound: the engine did not run the model here (a pack that hits it is
         # split by the evaluator, which never asks for its verdict)
-        _raise_for_memory(result, f"target ({self.target})")
+        _raise_for_memory(result, "target", self.target)
         if result.status == "timeout":
             return Verdict(Signature(Kind.TIMEOUT, detail="timeout"), (), message=result.message, **base)
         if result.status == "crash":
@@ -427,13 +427,14 @@ def check_reference_finite(outputs: dict[str, np.ndarray], reference: str) -> No
             )
 
 
-def _raise_for_memory(result: WorkerResult, role: str) -> None:
+def _raise_for_memory(result: WorkerResult, role: str, spec: str) -> None:
     """A call whose engine ran out of its memory bound (engine/memorybound.py) is no verdict."""
     if result.status != "memory":
         return
     result.discard()
+    spec = spec if len(spec) <= 80 else spec[:77] + "…"  # fp32-nodes= of a workaround lists hundreds of nodes
     raise EngineOutOfMemory(
-        f"the {role} engine {result.message}; no verdict",
+        f"the {role} ({spec}) engine {result.message}; no verdict",
         hint="the model asks for more memory than reprokit lets one engine process take (half this machine's "
              "memory unless --memory-bound or REPROKIT_MEMORY_BOUND says otherwise); only if you trust the model "
              f"and the machine has the memory, raise it: --memory-bound {raised(int(result.meta.get('bound', 0)))}")
