@@ -85,8 +85,9 @@ def check_manifest(root: str) -> list[str]:
         return [f"{MANIFEST} is missing"]
     try:
         listed = read_json(path, max_bytes=ARCHIVE_JSON_BYTES, what=MANIFEST)["files"]
-        listed.items()
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError):
+        listed = None
+    if not isinstance(listed, dict):
         return [f"{MANIFEST} is not a reprokit manifest"]
     problems = []
     present = set(files_under(root)) - {MANIFEST}
