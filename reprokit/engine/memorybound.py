@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 
-from reprokit.errors import UsageError
+from reprokit.errors import EngineOutOfMemory, UsageError
 
 ENV = "REPROKIT_MEMORY_BOUND"  # SIZE (e.g. 8G), "auto" (the default) or "off"
 OFF = ("off", "none", "0")
@@ -130,6 +130,12 @@ def failed_words(text: str) -> str:
     return " ".join(text[found.start():found.start() + 160].splitlines()[0].split()) if found else ""
 
 
-def raised(limit: int) -> str:
-    """A bound to suggest after ``limit`` was hit: twice it, in whole GiB."""
-    return f"{max(1, -(-2 * limit // 2**30))}G"
+def out_of_memory(role: str, spec: str, message: str, limit: int) -> EngineOutOfMemory:
+    """The error of a call whose engine ran out of its bound (``message``: the worker's words),
+    with a bound to try: twice ``limit``, in whole GiB."""
+    spec = spec if len(spec) <= 80 else spec[:77] + "…"  # fp32-nodes= of a workaround lists hundreds of nodes
+    return EngineOutOfMemory(
+        f"the {role} ({spec}) engine {message}; no verdict",
+        hint="the model asks for more memory than reprokit lets one engine process take (half this machine's "
+             "memory unless --memory-bound or REPROKIT_MEMORY_BOUND says otherwise); only if you trust the model "
+             f"and the machine has the memory, raise it: --memory-bound {max(1, -(-2 * limit // 2**30))}G")

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reprokit.engine.digest import feeds_digest, file_digest  # noqa: F401  (re-exported: callers' import)
-from reprokit.engine.memorybound import raised
+from reprokit.engine.memorybound import out_of_memory
 from reprokit.engine.messages import _last_lines, normalize_message, quote_message  # noqa: F401  (re-exported)
 from reprokit.engine.worker import WorkerResult, run_in_worker
 from reprokit.errors import (
-    EngineOutOfMemory,
     EngineUnavailable,
     ExitCode,
     ReferenceFailure,
@@ -432,12 +431,7 @@ def _raise_for_memory(result: WorkerResult, role: str, spec: str) -> None:
     if result.status != "memory":
         return
     result.discard()
-    spec = spec if len(spec) <= 80 else spec[:77] + "…"  # fp32-nodes= of a workaround lists hundreds of nodes
-    raise EngineOutOfMemory(
-        f"the {role} ({spec}) engine {result.message}; no verdict",
-        hint="the model asks for more memory than reprokit lets one engine process take (half this machine's "
-             "memory unless --memory-bound or REPROKIT_MEMORY_BOUND says otherwise); only if you trust the model "
-             f"and the machine has the memory, raise it: --memory-bound {raised(int(result.meta.get('bound', 0)))}")
+    raise out_of_memory(role, spec, result.message, int(result.meta.get("bound", 0)))
 
 
 def _raise_for_environment(result: WorkerResult, role: str) -> None:
