@@ -258,3 +258,56 @@ def test_a_lower_limit_the_worker_inherits_is_never_raised(tmp_path, monkeypatch
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
     assert (result.status, result.meta.get("bound")) == ("memory", outer), result.message
+
+
+def four_expands(rows: int = 2 << 20) -> onnx.ModelProto:
+    """Four branches that each Expand x to ``rows`` rows (128 MiB at the default): the model runs
+    them one after the other, a survey pack holds them side by side."""
+    # x[1,16] -> Mul(1..4) -> Expand([rows,16]) -> ReduceMean(axis 0) (x4) -> Sum -> MatMul(3e4) -> Softmax -> y[1,4]
+    nodes, means = [], []
+    inits = [
+        numpy_helper.from_array(np.array([rows, 16], np.int64), "shape"),
+        const("W", np.full((16, 4), 3e4)),
+    ]
+    for i in range(4):
+        inits.append(const(f"s{i}", np.float32(1 + i)))
+        nodes += [
+            helper.make_node("Mul", ["x", f"s{i}"], [f"x{i}"], name=f"scale{i}"),
+            helper.make_node("Expand", [f"x{i}", "shape"], [f"big{i}"], name=f"expand{i}"),
+            helper.make_node(
+                "ReduceMean", [f"big{i}"], [f"m{i}"], name=f"mean{i}", axes=[0], keepdims=1
+            ),
+        ]
+        means.append(f"m{i}")
+    nodes += [
+        helper.make_node("Sum", means, ["s"], name="sum"),
+        helper.make_node("MatMul", ["s", "W"], ["h"], name="matmul"),
+        helper.make_node("Softmax", ["h"], ["y"], name="softmax", axis=-1),
+    ]
+    return make(nodes, [vi("x", [1, 16])], [vi("y", [1, 4])], inits)
+
+
+@pytest.mark.slow
+def test_shrink_splits_a_pack_past_the_bound_and_ends_as_unbounded(tmp_path):
+    """shrink's workers are bounded too: a survey pack past the bound fails as a whole and is
+    split, as any failed pack (more calls: 14 here, 3 unbounded); the model itself fits, so the
+    run ends with the same minimal model, never exit 11."""
+    model = save(four_expands(), tmp_path / "branches.onnx")
+    out = tmp_path / "out"
+    proc = guarded(
+        "shrink",
+        model,
+        "--target",
+        "emulate:fp16",
+        "-o",
+        str(out),
+        "--no-pack",
+        "--max-calls",
+        "0",
+        "--memory-bound",
+        "700M",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the packed call that held it failed as a whole" in proc.stderr
+    minimal = onnx.load(out / "minimal.onnx")
+    assert [n.op_type for n in minimal.graph.node] == ["MatMul"]

@@ -7,7 +7,8 @@ Why a bound: ``verify`` runs models from people nobody knows. An Expand, Constan
 Resize to a huge shape, or a Loop that doubles a tensor, makes an engine allocate until the
 machine swaps or the kernel's OOM killer takes some other process. The bound is the kernel's:
 ``RLIMIT_DATA``, which on Linux >= 4.7 counts every private writable mapping (the heap and the
-anonymous mmaps large allocations use), so an engine's allocation past it fails inside the
+anonymous mmaps large allocations use; thread stacks too, allowed for apart: ``stack_allowance``),
+so an engine's allocation past it fails inside the
 engine, which says so (onnxruntime: "Failed to allocate memory", OpenVINO: "Failed to allocate N
 bytes", numpy: MemoryError). ``RLIMIT_AS`` is not used: it counts address space only reserved
 (CUDA reserves terabytes, thread pools reserve arenas), so it refuses engines that would run. The
@@ -88,15 +89,30 @@ def bounds(spec) -> bool:
     return spec.engine in ("ort", "emulate", "openvino") and not spec.has("cuda")
 
 
+def stack_allowance() -> int:
+    """What the bound leaves for thread stacks on top of the model's data: RLIMIT_DATA counts each
+    thread's stack whole (8 MiB by default, mostly never touched), and engines start a thread per
+    core (onnxruntime's pool; OpenVINO's streams besides): two per core, so that a many-core
+    machine does not charge 1 GiB of stacks to the model."""
+    import resource
+
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]  # glibc sizes a thread's stack from it
+    stack = 2 << 20 if stack == resource.RLIM_INFINITY else min(stack, 64 << 20)
+    return 2 * (os.cpu_count() or 1) * stack
+
+
 def apply(limit: int) -> int:
-    """In the worker, before the engine loads: at most ``limit`` bytes of data, and the OOM
-    killer's first choice. A limit the process was started under that is lower already (soft or
-    hard: an outer guard, a ulimit) is kept, never raised. Returns the limit in force."""
+    """In the worker, before the engine loads: at most ``limit`` bytes of data (plus the thread
+    stacks' ``stack_allowance``), and the OOM killer's first choice. A limit the process was
+    started under that is lower already (soft or hard: an outer guard, a ulimit) is kept, never
+    raised. Returns the bound in force: ``limit``, or the lower one inherited."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = min([limit] + [lim for lim in (soft, hard) if lim != resource.RLIM_INFINITY])
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    inherited = [lim for lim in (soft, hard) if lim != resource.RLIM_INFINITY]
+    wanted = limit + stack_allowance()
+    resource.setrlimit(resource.RLIMIT_DATA, (min([wanted] + inherited), hard))
+    limit = min([limit] + inherited)
     try:
         with open("/proc/self/oom_score_adj", "w") as handle:
             handle.write("1000")

@@ -51,10 +51,14 @@ VERDICT_EXITS = {1: (Outcome.REPRODUCES, ("REPRODUCES",)), 0: (Outcome.DOES_NOT,
 CANNOT_RUN_EXITS = (3, 4)  # a package or a file missing here: no verdict either way
 # repro.py under a memory bound: RLIMIT_DATA set in the cell's own interpreter, then the script run
 # as its __main__ (argv: -c LIMIT repro.py ARGS...)
-# (a lower limit inherited, soft or hard, is kept: engine.memorybound.apply's rule)
-_BOUNDED = ("import resource, runpy, sys\n"
+# (a lower limit inherited, soft or hard, is kept: engine.memorybound.apply's rule; the thread
+# stacks' allowance is added here, where the cell's cores are known: memorybound.stack_allowance)
+_BOUNDED = ("import os, resource, runpy, sys\n"
             "soft, hard = resource.getrlimit(resource.RLIMIT_DATA)\n"
-            "limit = min([int(sys.argv.pop(1))] + [x for x in (soft, hard) if x != resource.RLIM_INFINITY])\n"
+            "stack = resource.getrlimit(resource.RLIMIT_STACK)[0]\n"
+            "stack = 2 << 20 if stack == resource.RLIM_INFINITY else min(stack, 64 << 20)\n"
+            "limit = int(sys.argv.pop(1)) + 2 * (os.cpu_count() or 1) * stack\n"
+            "limit = min([limit] + [x for x in (soft, hard) if x != resource.RLIM_INFINITY])\n"
             "resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))\n"
             "sys.argv = sys.argv[1:]\n"
             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
