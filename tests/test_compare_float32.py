@@ -61,7 +61,7 @@ def test_member_verdicts_equal_the_float64_ones_on_every_tensor_of_real_models(s
             # (the ties the margin re-judges the float64 way)
             bounds = [1e-2, 1e-3]
             if np.isfinite(exact.error) and exact.error > 0:
-                bounds += [exact.error, exact.error * (1 + 2**-24), exact.error * (1 - 2**-24)]
+                bounds += [exact.error, exact.error * (1 + 1e-6), exact.error * (1 - 1e-6)]
             for bound in bounds:
                 criterion = Criterion(metric=metric, tolerance=bound)
                 want = float64_way(name, reference, target, criterion)
@@ -70,20 +70,20 @@ def test_member_verdicts_equal_the_float64_ones_on_every_tensor_of_real_models(s
                 assert got.nonfinite_in_target_only == want.nonfinite_in_target_only
                 assert (got.target_nan, got.target_inf) == (want.target_nan, want.target_inf)
                 if np.isfinite(want.error):
-                    assert got.error == pytest.approx(want.error, rel=1e-6, abs=1e-12)
+                    assert got.error == pytest.approx(want.error, rel=1e-5, abs=1e-12)
                     assert got.max_abs_reference == want.max_abs_reference
                 else:
                     assert not np.isfinite(got.error)
 
 
 def test_an_error_at_the_bound_is_judged_the_float64_way():
-    """rel-l2 at the bound or within compare.FLOAT32_MARGIN (1e-5) of it: the float64 numbers, to
+    """rel-l2 at the bound or within compare.FLOAT32_MARGIN (1e-4) of it: the float64 numbers, to
     the last bit."""
     rng = np.random.default_rng(5)
     reference = rng.standard_normal(10_000).astype(np.float32)
     target = (reference + rng.standard_normal(10_000).astype(np.float32) * 1e-3).astype(np.float32)
     exact = float64_way("y", reference, target, Criterion(tolerance=1.0)).rel_l2
-    for bound in (exact, exact * (1 + 5e-6), exact * (1 - 5e-6)):
+    for bound in (exact, exact * (1 + 5e-5), exact * (1 - 5e-5)):
         got = compare_arrays("y", reference, target, Criterion(tolerance=bound), full=False)
         want = float64_way("y", reference, target, Criterion(tolerance=bound))
         assert (got.rel_l2, got.exceeds) == (want.rel_l2, want.exceeds)
