@@ -14,7 +14,7 @@ import pytest
 
 from reprokit.engine.layerwise import float_node_outputs
 from reprokit.graph.model import mark_outputs
-from reprokit.standalone.compare import Criterion, Metric, compare_arrays
+from reprokit.standalone.compare import Criterion, Metric, compare_arrays, unrepresentable
 from reprokit.standalone.emulation import emulate_model
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
@@ -104,3 +104,51 @@ def test_a_member_comparison_makes_no_float64_copies():
         tracemalloc.stop()
     assert not error.exceeds and error.rel_l2 == pytest.approx(1e-3, rel=1e-3)
     assert peak < 10 * reference.size, f"{peak / reference.size:.1f} bytes per element"
+
+
+def flushed_or_overflowing(values: np.ndarray, precision: str) -> str | None:
+    """unrepresentable as it was written first (the finite values copied, then the non-zero
+    ones): the specification the one-pass version must match word for word."""
+    high, tiny = {
+        "fp16": (65504.0, 2.9802322e-08),
+        "bf16": (3.3895314e38, 4.6e-41),
+        "fp8": (448.0, 9.8e-4),
+    }[precision]
+    magnitude = np.abs(values[np.isfinite(values)])
+    over = int(np.count_nonzero(magnitude > high))
+    if over:
+        return f"{over} values beyond the {precision} maximum {high:g}"
+    nonzero = magnitude[magnitude > 0]
+    under = int(np.count_nonzero(nonzero < tiny))
+    if nonzero.size and under >= 0.01 * nonzero.size:
+        return f"{under} of {nonzero.size} non-zero values flush to zero in {precision}"
+    return None
+
+
+def test_cut_tensors_are_judged_as_before_without_copying_them():
+    """The cut tensors of every candidate are checked for fp16 overflow / mass underflow: the
+    same words as before on real activations and edge cases, with a quarter of the memory."""
+    rng = np.random.default_rng(0)
+    n = 1_000_000
+    activations = [reference for _, reference, _ in every_tensor("layernorm_overflow")]
+    edges = [
+        np.where(rng.random(n) < 0.5, 0, rng.standard_normal(n) * 1e-8),  # mass underflow
+        np.where(rng.random(n) < 0.02, 7e4, rng.standard_normal(n)),  # fp16 overflow
+        np.where(rng.random(n) < 0.011, 1e-8, 1.0),  # just past the 1% underflow share
+        np.where(rng.random(n) < 0.009, 1e-8, 1.0),  # just under it
+        np.array([np.nan, np.inf, 1e-9, 0, 1]),
+        np.array([np.nan, np.nan]),
+        np.array([-np.inf, 1e5]),
+        np.zeros(10),
+    ]
+    for values in activations + [e.astype(np.float32) for e in edges]:
+        for precision in ("fp16", "bf16", "fp8"):
+            assert unrepresentable(values, precision) == flushed_or_overflowing(values, precision)
+    values = rng.standard_normal(n).astype(np.float32)
+    tracemalloc.start()
+    try:
+        assert unrepresentable(values, "fp16") is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * n, f"{peak / n:.1f} bytes per element"
