@@ -19,9 +19,9 @@ import numpy as np
 
 from reprokit.engine.digest import feeds_digest, file_digest  # noqa: F401  (re-exported: callers' import)
 from reprokit.engine.messages import _last_lines, normalize_message, quote_message  # noqa: F401  (re-exported)
+from reprokit.engine.tensorfile import save_job_feeds
 from reprokit.engine.worker import WorkerResult, run_in_worker
 from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
-from reprokit.standalone.arrays import save_npz
 from reprokit.standalone.compare import (
     Criterion,
     OutputError,
@@ -176,7 +176,7 @@ class Oracle:
         os.makedirs(job_dir, exist_ok=True)
         path = os.path.join(job_dir, "feeds.npz")
         start = time.monotonic()
-        save_npz(path, feeds)
+        save_job_feeds(path, feeds)  # captured activations by reference
         with self._lock:
             self.stats.feeds_seconds += time.monotonic() - start
         return path

@@ -12,7 +12,7 @@ import numpy as np
 
 from reprokit.engine.layerwise import divergence_start
 from reprokit.engine.session import make_oracle
-from reprokit.graph.io import load_model, save_model, weight_bytes
+from reprokit.graph.io import file_outline, save_model, weight_bytes
 from reprokit.graph.model import node_label, node_labels
 from reprokit.shrink import pipeline, precision
 from reprokit.shrink.budget import SHARED_FEEDS_RUNS
@@ -133,9 +133,9 @@ def file_anchor(run, first: str, last: str) -> dict:
     ``start`` and ``of`` (positions in the order the search cut, after folding and --input-shapes
     removed nodes), this anchor does not move with --input-shapes or folding: the file is the
     same file. None where a node is not in the file (an opened If's inlined nodes)."""
-    given = load_model(run.options.reference_model or run.model_path, load_weights=False)
-    where = {node_label(node, i): i for i, node in enumerate(given.graph.node)}
-    return {"of": len(given.graph.node), "first": where.get(first), "last": where.get(last),
+    given = file_outline(run.options.reference_model or run.model_path).nodes
+    where = {node_label(node, i): i for i, node in enumerate(given)}
+    return {"of": len(given), "first": where.get(first), "last": where.get(last),
             "order": "the user's file's top-level node order"}
 
 
