@@ -112,10 +112,11 @@ def _drift_window(run, reducer, label) -> dict | None:
         worst = verdict.worst()
         judged, error, said = "alone", float(worst.error) if worst else None, verdict.signature.describe()
     path = os.path.join(run.out_dir, "window.onnx")
-    save_model(window.model, path, base_dir=run.prepared.base_dir, self_contained=True)
-    reference = {n: reducer.store.get(n) for n in window.outputs if n in reducer.store}
-    np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
-    np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
+    with reducer.tally.timing("write"):  # the window's model and arrays: files written, as a candidate's are
+        save_model(window.model, path, base_dir=run.prepared.base_dir, self_contained=True)
+        reference = {n: reducer.store.get(n) for n in window.outputs if n in reducer.store}
+        np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
+        np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
     order = reducer.ordered(found.nodes)
     first, last = label(order[0]), label(order[-1])
     return {"path": path, "inputs": os.path.join(run.out_dir, "window_inputs.npz"), "nodes": len(found.nodes),
