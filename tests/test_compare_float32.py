@@ -152,3 +152,17 @@ def test_cut_tensors_are_judged_as_before_without_copying_them():
     finally:
         tracemalloc.stop()
     assert peak < 6 * n, f"{peak / n:.1f} bytes per element"
+
+
+def test_kept_reference_sums_give_the_same_numbers():
+    """A captured activation's sums, kept by the oracle across a run's packs
+    (``Oracle._sums_of``), give the very numbers computing them again gives."""
+    from reprokit.standalone.compare import reference_sums
+
+    for name, reference, target in every_tensor("conv_clip"):
+        criterion = Criterion(tolerance=1e-3)
+        kept = compare_arrays(
+            name, reference, target, criterion, full=False, reference_sums=reference_sums(reference)
+        )
+        again = compare_arrays(name, reference, target, criterion, full=False)
+        assert kept == again or (np.isnan(kept.cosine_distance) and repr(kept) == repr(again))

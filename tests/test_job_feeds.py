@@ -51,3 +51,36 @@ def test_views_of_stable_files_go_by_reference_and_come_back_equal(tmp_path):
     path = save_job_feeds(str(tmp_path / "again.npz"), {"act/b": np.arange(7, dtype=np.int64)})
     assert not os.path.exists(path + ".refs.json")
     np.testing.assert_array_equal(load_job_feeds(path)["act/b"], np.arange(7))
+
+
+def test_an_oracle_sums_a_captured_reference_once(tmp_path, monkeypatch):
+    """The survey's reference tensors are judged again in every later pack: their sums are
+    computed once per run (keyed by their place in the stable capture file)."""
+    from reprokit.engine import oracle as oracle_module
+    from reprokit.engine.oracle import Oracle
+    from reprokit.engine.worker import WorkerResult
+    from reprokit.standalone.compare import Criterion
+
+    rng = np.random.default_rng(2)
+    value = rng.standard_normal((64, 64)).astype(np.float32)
+    entries = write_tensors(str(tmp_path / "capture.bin"), [("h", value)])
+    stable = TensorFile(str(tmp_path / "capture.bin"), stable=True)
+    counted = []
+    real = oracle_module.reference_sums
+    monkeypatch.setattr(oracle_module, "reference_sums", lambda r: counted.append(1) or real(r))
+    oracle = Oracle(
+        "ort",
+        "emulate:fp16",
+        Criterion(tolerance=1e-2),
+        precision="fp16",
+        workdir=str(tmp_path / "w"),
+    )
+    verdicts = []
+    for scale in (1.001, 1.5, 1.001):
+        result = WorkerResult("ok", outputs={"h": (value * scale).astype(np.float32)})
+        verdicts.append(oracle.verdict_from(result, {"h": stable.view(entries["h"])}, full=False))
+    assert [v.diverges for v in verdicts] == [False, True, False]
+    assert len(counted) == 1
+    loose = {"h": value.copy()}  # not a view of a stable file: never kept
+    oracle.verdict_from(WorkerResult("ok", outputs={"h": value}), loose, full=False)
+    assert len(counted) == 1

@@ -94,8 +94,8 @@ class TensorFile:
     def __init__(self, path: str, *, stable: bool = False):
         self.path = path
         self._map: np.memmap | None = None
-        if stable:
-            _STABLE.add(os.path.realpath(path))
+        if stable:  # as np.memmap names its file (abspath) and as links resolve
+            _STABLE.update((os.path.abspath(path), os.path.realpath(path)))
 
     def view(self, entry: Entry) -> np.ndarray:
         """The tensor at ``entry``, read-only, without reading its bytes yet."""
@@ -140,23 +140,31 @@ _STABLE: set[str] = set()
 REFS_SUFFIX = ".refs.json"
 
 
-def stable_reference(value) -> dict | None:
-    """(file, Entry) as JSON for a C-contiguous numeric view of a stable tensor file's map, else
-    None (any other array is written out as before)."""
+def stable_key(value) -> tuple | None:
+    """(file, byte offset, shape, dtype) of a C-contiguous numeric view of a stable tensor
+    file's map — bytes that stay the same for the whole run — else None."""
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc" or not value.flags.c_contiguous:
         return None
     root = value
     while isinstance(root.base, np.ndarray):
         root = root.base
     filename = getattr(root, "filename", None)
-    if not isinstance(root, np.memmap) or filename is None or os.path.realpath(filename) not in _STABLE:
-        return None
-    if not os.path.isfile(filename):  # removed since (the run's end): the bytes are copied as before
+    if not isinstance(root, np.memmap) or filename not in _STABLE:
         return None
     start = value.__array_interface__["data"][0] - root.__array_interface__["data"][0] + int(root.offset)
     if start < 0 or start + value.nbytes > root.nbytes + int(root.offset):
         return None
-    return {"file": os.path.realpath(filename), **Entry(start, tuple(value.shape), value.dtype.str).to_json()}
+    return filename, start, tuple(value.shape), value.dtype.str
+
+
+def stable_reference(value) -> dict | None:
+    """(file, Entry) as JSON for a view :func:`stable_key` names, else None (any other array
+    is written out as before)."""
+    key = stable_key(value)
+    if key is None or not os.path.isfile(key[0]):  # removed since (the run's end): copied as before
+        return None
+    filename, start, shape, dtype = key
+    return {"file": os.path.realpath(filename), **Entry(start, shape, dtype).to_json()}
 
 
 def save_job_feeds(path: str, feeds: dict) -> str:

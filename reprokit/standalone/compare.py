@@ -141,12 +141,15 @@ def widen(array):
     return array
 
 
-def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: bool = True) -> OutputError:
+def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: bool = True,
+                   reference_sums: tuple[float, float] | None = None) -> OutputError:
     """All numbers for one output pair. Different shapes give an error of inf and record the
     target's shape (``shape_mismatch``): the oracle names that, not the inf.
 
     ``full=False`` (layerwise tables over thousands of tensors) skips the cosine distance and
-    the allclose count unless the criterion's metric needs them (they read as nan and 0)."""
+    the allclose count unless the criterion's metric needs them (they read as nan and 0).
+    ``reference_sums``: :func:`reference_sums` of ``reference``, when the caller kept them (a
+    captured activation judged against many candidates' outputs); the same numbers either way."""
     ref = widen(reference)
     tgt = widen(target)
     if ref.shape != tgt.shape:
@@ -169,7 +172,7 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         return OutputError(name, tuple(ref.shape), gap, gap, gap, 0.0, 0, 0, 0, 0, differ, float(differ),
                            bool(differ), exact=True)
     if not full and ref.dtype == np.float32 and tgt.dtype == np.float32:
-        quick = _float32_error(name, ref, tgt, criterion)
+        quick = _float32_error(name, ref, tgt, criterion, reference_sums)
         if quick is not None:
             return quick
     exact = ref.dtype.kind in "biu" and tgt.dtype.kind in "biu"
@@ -191,7 +194,7 @@ def compare_arrays(name: str, reference, target, criterion: Criterion, *, full: 
         if np.isnan(diff_norm):
             diff_norm = float("inf")
         rel_l2 = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else float("inf"))
-        max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
+        max_abs = float(max(np.max(diff), -np.min(diff))) if diff.size else 0.0
         if np.isnan(max_abs):
             max_abs = float("inf")
         need = full or criterion.metric in (Metric.COSINE, Metric.ALLCLOSE)
@@ -231,7 +234,17 @@ FLOAT32_MARGIN = 1e-4
 _SMALLEST_SUM = 1e-20
 
 
-def _float32_error(name: str, ref: np.ndarray, tgt: np.ndarray, criterion: Criterion) -> OutputError | None:
+def reference_sums(reference: np.ndarray) -> tuple[float, float]:
+    """(sum of squares, largest magnitude) of a float32 reference as the float32 comparison
+    computes them (pairwise sum in float32): what a caller may keep per reference."""
+    values = np.asarray(reference).reshape(-1)
+    if values.size == 0:
+        return 0.0, 0.0
+    return float(np.add.reduce(np.square(values))), float(max(np.max(values), -np.min(values)))
+
+
+def _float32_error(name: str, ref: np.ndarray, tgt: np.ndarray, criterion: Criterion,
+                   sums: tuple[float, float] | None = None) -> OutputError | None:
     """The numbers ``compare_arrays(full=False)`` reads, for two finite float32 arrays of one
     shape, without float64 copies (a survey pack's thousand members: ~10x faster, a quarter of
     the memory): the difference, its squares and their pairwise sums in float32. None — the
@@ -245,11 +258,11 @@ def _float32_error(name: str, ref: np.ndarray, tgt: np.ndarray, criterion: Crite
         return None
     diff = np.subtract(t, r)
     # NaN or inf anywhere in either array (or a difference past float32) makes this non-finite
-    max_abs = float(np.max(np.abs(diff)))
+    max_abs = float(max(np.max(diff), -np.min(diff)))
     if not np.isfinite(max_abs):
         return None
     diff_sum = float(np.add.reduce(np.multiply(diff, diff, out=diff)))
-    ref_sum = float(np.add.reduce(np.square(r)))
+    ref_sum, max_ref = sums if sums is not None else reference_sums(r)
     if not (np.isfinite(diff_sum) and np.isfinite(ref_sum)) or ref_sum < _SMALLEST_SUM or (
             max_abs > 0 and diff_sum < _SMALLEST_SUM):
         return None
@@ -257,7 +270,6 @@ def _float32_error(name: str, ref: np.ndarray, tgt: np.ndarray, criterion: Crite
     error = rel_l2 if criterion.metric is Metric.REL_L2 else max_abs
     if abs(error - criterion.tolerance) <= FLOAT32_MARGIN * criterion.tolerance:
         return None
-    max_ref = float(max(np.max(r), -np.min(r)))
     return OutputError(name, tuple(ref.shape), rel_l2, max_abs, float("nan"), max_ref, 0, 0, 0, 0, 0, error,
                        not (error <= criterion.tolerance))
 
