@@ -34,13 +34,18 @@ def counting_parses(monkeypatch) -> list[str]:
 
 def test_the_users_file_is_parsed_once_for_its_later_readers(tmp_path, monkeypatch):
     model = str(shutil.copy(SAMPLE, tmp_path / "model.onnx"))
+    given = onnx.load(str(SAMPLE))
     parses = counting_parses(monkeypatch)
     assert files_read(model, {}) == [model]
     assert weights_digest(model) == ""  # no external data
     assert parses == [model]
     outline = io.file_outline(model)
     assert parses == [model]
-    given = onnx.load(str(SAMPLE))
+    loaded = io.load_model(model, load_weights=False)  # the command's own load takes that parse
+    assert parses == [model]
+    assert loaded == given
+    io.load_model(model, load_weights=False)  # taken once: a second load parses (a private copy)
+    assert parses == [model, model]
     assert [(n.name, n.op_type) for n in outline.nodes] == [
         (n.name, n.op_type) for n in given.graph.node
     ]
