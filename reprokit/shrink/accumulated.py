@@ -12,7 +12,7 @@ import numpy as np
 
 from reprokit.engine.layerwise import divergence_start
 from reprokit.engine.session import make_oracle
-from reprokit.graph.io import load_model, save_model, weight_bytes
+from reprokit.graph.io import file_outline, save_model, weight_bytes
 from reprokit.graph.model import node_label, node_labels
 from reprokit.shrink import pipeline, precision
 from reprokit.shrink.budget import SHARED_FEEDS_RUNS
@@ -112,10 +112,11 @@ def _drift_window(run, reducer, label) -> dict | None:
         worst = verdict.worst()
         judged, error, said = "alone", float(worst.error) if worst else None, verdict.signature.describe()
     path = os.path.join(run.out_dir, "window.onnx")
-    save_model(window.model, path, base_dir=run.prepared.base_dir, self_contained=True)
-    reference = {n: reducer.store.get(n) for n in window.outputs if n in reducer.store}
-    np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
-    np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
+    with reducer.tally.timing("write"):  # the window's model and arrays: files written, as a candidate's are
+        save_model(window.model, path, base_dir=run.prepared.base_dir, self_contained=True)
+        reference = {n: reducer.store.get(n) for n in window.outputs if n in reducer.store}
+        np.savez(os.path.join(run.out_dir, "window_inputs.npz"), **window.feeds)
+        np.savez(os.path.join(run.out_dir, "window_reference.npz"), **reference)
     order = reducer.ordered(found.nodes)
     first, last = label(order[0]), label(order[-1])
     return {"path": path, "inputs": os.path.join(run.out_dir, "window_inputs.npz"), "nodes": len(found.nodes),
@@ -133,9 +134,9 @@ def file_anchor(run, first: str, last: str) -> dict:
     ``start`` and ``of`` (positions in the order the search cut, after folding and --input-shapes
     removed nodes), this anchor does not move with --input-shapes or folding: the file is the
     same file. None where a node is not in the file (an opened If's inlined nodes)."""
-    given = load_model(run.options.reference_model or run.model_path, load_weights=False)
-    where = {node_label(node, i): i for i, node in enumerate(given.graph.node)}
-    return {"of": len(given.graph.node), "first": where.get(first), "last": where.get(last),
+    given = file_outline(run.options.reference_model or run.model_path).nodes
+    where = {node_label(node, i): i for i, node in enumerate(given)}
+    return {"of": len(given), "first": where.get(first), "last": where.get(last),
             "order": "the user's file's top-level node order"}
 
 

@@ -69,7 +69,8 @@ def prepare_candidate(reducer, nodes: frozenset, *, check: bool):
                                                "none of (a sequence or optional)", None, True)
     if not sub.outputs:
         return None, Outcome(False, "no-outputs", "", None, True)
-    reason = reducer.unrepresentable_feed(sub.feeds)
+    with reducer.tally.timing("extraction"):  # the cut tensors checked: part of making the candidate
+        reason = reducer.unrepresentable_feed(sub.feeds)
     if reason:
         return None, Outcome(False, "invalid", reason, None, True)
     return sub, None
@@ -186,10 +187,12 @@ def judge_packed(reducer, candidates: list[frozenset], *, stop_at_hit: bool = Fa
             members.append(Member(cand, sub, role="speculative" if cand in speculative else ""))
     # by build cost, a sequence that stops at its first hit is judged in chunks (buildcost.py)
     chunk = reducer.chunks(candidates) if stop_at_hit else None
-    groups = fit(reducer, members, chunks=chunk)
     asked = set(candidates)
-    ride_along(reducer, groups, reducer.take_speculative_members(),
-               _rider_members(reducer, [(c, q) for c, q in reducer.take_riders() if c not in asked]))
+    speculative_members = reducer.take_speculative_members()
+    riders = _rider_members(reducer, [(c, q) for c, q in reducer.take_riders() if c not in asked])
+    with reducer.tally.timing("pack"):  # which members go in which pack: pack assembly too
+        groups = fit(reducer, members, chunks=chunk)
+        ride_along(reducer, groups, speculative_members, riders)
     for group in groups:
         _carry_pending_replay(reducer, group)
         found = _run_numeric_pack(reducer, group)

@@ -13,7 +13,7 @@ from reprokit.engine.oracle import feeds_digest, file_digest
 from reprokit.engine.session import RunOptions
 from reprokit.errors import InputError
 from reprokit.files import atomic_write, read_json
-from reprokit.graph.io import external_locations, load_model
+from reprokit.graph.io import file_outline
 from reprokit.spec import TargetSpec, parse_target
 from reprokit.standalone.arrays import save_npz
 
@@ -186,7 +186,7 @@ def weights_digest(model_path: str) -> str:
     import hashlib
 
     folder = os.path.dirname(os.path.abspath(model_path))
-    names = sorted(external_locations(load_model(model_path, load_weights=False)))
+    names = sorted(file_outline(model_path).locations)
     if not names:
         return ""
     digest = hashlib.sha256()

@@ -1,10 +1,12 @@
 """Seconds of reprokit's own bookkeeping around engine calls, by kind, for summary.json's
 ``bookkeeping`` (issue 25: pack building and comparison must stay off the critical path):
 
-- ``extraction``: candidate subgraphs cut out of the model (``graph/extract.py``);
-- ``pack``: members copied into one packed model (``graph/pack.py``);
+- ``extraction``: candidate subgraphs cut out of the model (``graph/extract.py``) and their cut
+  tensors checked for the target's storage type (``Reducer.unrepresentable_feed``);
+- ``pack``: which members go in which pack (``members.fit``, ``ride_along``) and their copies
+  in one packed model (``graph/pack.py``);
 - ``write``: models serialized to disk for a worker (the feeds' .npz is the oracle's
-  ``CallStats.feeds_seconds``);
+  ``CallStats.feeds_seconds``) and the drift window's files (``accumulated._drift_window``);
 - ``compare``: a call's outputs judged against their references (verdicts, causal tests, the
   element of largest error).
 
