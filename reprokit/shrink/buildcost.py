@@ -1,9 +1,17 @@
 """What a packed call costs an engine that builds what it runs (issue 39): TensorRT's build time
-follows the network it builds, not the number of calls. Owns the estimate (seconds ≈ a per call
-+ b per node built, measured with TensorRT-RTX 1.7 on the H100: docs/benchmark.md, "TensorRT
-build cost") and the decisions it drives under ``--pack-by build-cost`` (the default on trt
-targets): whether a speculative member (a rider) is worth its build, and how many candidate nodes
-one call of a sequence that stops at its first hit holds. Runs no engine, reads no file.
+follows the network it builds, not the number of calls. Owns two estimates and what they drive:
+
+- the estimate of record, :data:`ESTIMATE` (a :class:`HeavyLayerCost`): seconds ≈ a per call +
+  b per *heavy layer* built — convolutions, matrix multiplies, softmax, normalization, the layers
+  whose kernels the builder chooses among many (TensorRT-RTX 1.7 on the H200, the pass/fail rows'
+  157 builds, R² 0.78 where a per-node fit gets 0.23: docs/benchmark.md, "Build cost by heavy
+  layers"); :func:`heavy_layers` counts them on the ONNX side, as TensorRT's parser would make them;
+- the per-node fit :data:`TENSORRT` (a :class:`BuildCost`, the H100's builds), which
+  ``--pack-by build-cost`` (the default on trt targets) still follows: whether a speculative member
+  (a rider) is worth its build, and how many candidate nodes one call of a sequence that stops at
+  its first hit holds (docs/benchmark.md says why the policy did not switch).
+
+Runs no engine, reads no file.
 """
 
 from __future__ import annotations
@@ -61,6 +69,74 @@ class BuildCost:
 # Full TensorRT adds tactic timing per distinct layer configuration, which the run's shared
 # timing cache pays once; its per-node part is larger too, its ratio of the two unmeasured.
 TENSORRT = BuildCost(per_call_s=0.0135, per_node_s=0.00307)
+
+
+@dataclass(frozen=True)
+class HeavyLayerCost:
+    """seconds ≈ ``per_call_s``·calls + ``per_heavy_s``·heavy layers built (:func:`heavy_layers`).
+    Linear in the run's totals, so a run's estimate needs only its calls and the heavy layers
+    its models held (summary.json's ``build_work.heavy_built``, bench/count_check.py's log)."""
+
+    per_call_s: float
+    per_heavy_s: float
+
+    def seconds(self, calls: int, heavy: int) -> float:
+        return self.per_call_s * calls + self.per_heavy_s * heavy
+
+
+# TensorRT-RTX 1.7.1.116 on an H200, fp32, strongly typed, built for SM 8.9
+# (bench/results/buildcost/rtx_h200_passfail.jsonl, bench/trt_buildcost_fit.py): least squares over
+# 157 builds, every call both tools made on six pass/fail rows and the exports as given and folded.
+# The H100's builds (rtx_h100.jsonl) follow no one line with these: its small builds take a
+# third of what this says (median predicted ÷ measured 2.7 under 20 heavy layers), its builds of
+# 20-150 heavy layers 0.80, its survey packs (150-520 heavy layers, hundreds of outputs) cost
+# 9-14 ms a layer, superlinear: about twice this estimate (docs/benchmark.md).
+ESTIMATE = HeavyLayerCost(per_call_s=0.0470, per_heavy_s=0.00635)
+
+# ONNX operators whose TensorRT layer is a heavy one, by the layer kind: what the H200 fit
+# counts. Measured alone (bench/results/buildcost/rtx_h100.md's singles) Conv, ConvTranspose,
+# MatMul and Gemm build in 45-55 ms, the light ones in 11-15 ms. Left out: BatchNormalization
+# (a SCALE layer alone, fused into the Conv before it), Reduce* and GlobalAveragePool (REDUCE:
+# 11-14 ms alone, and the fit without them is as good on both machines), pooling, elementwise.
+HEAVY_BY_KIND = {
+    "CONVOLUTION": ("Conv", "ConvInteger", "QLinearConv"),
+    "DECONVOLUTION": ("ConvTranspose",),
+    "MATRIX_MULTIPLY": ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul"),
+    "SOFTMAX": ("Softmax", "LogSoftmax"),
+    "NORMALIZATION": ("LayerNormalization", "InstanceNormalization", "GroupNormalization"),
+}
+HEAVY_OPS = frozenset(op for ops in HEAVY_BY_KIND.values() for op in ops)
+# Their outputs are known when the engine is built (static shapes, which every trt call has).
+_SHAPE_OPS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape"})
+
+
+def heavy_layers(model) -> int:
+    """Heavy layers (:data:`HEAVY_OPS`) a TensorRT build of ``model`` (a ModelProto) makes, If/Loop
+    bodies included. A node whose every input is known at build time (initializers, Constant
+    nodes, shapes, and what only those feed) is folded into a weight, not built: a MatMul of two
+    initializers costs nothing. Pure: reads the proto, runs nothing."""
+    graph = model.graph
+    known = {t.name for t in graph.initializer} | {""}
+    return _heavy_in(graph, known)
+
+
+def _heavy_in(graph, known: set) -> int:
+    known = known | {t.name for t in graph.initializer}
+    heavy = 0
+    for node in graph.node:
+        bodies = [a.g for a in node.attribute if a.HasField("g")] + [
+            g for a in node.attribute for g in a.graphs
+        ]
+        for body in bodies:  # outer tensors a body reads keep what is known of them
+            heavy += _heavy_in(body, known)
+        if bodies:
+            continue
+        if node.op_type in _SHAPE_OPS or all(name in known for name in node.input):
+            known.update(node.output)
+        elif node.op_type in HEAVY_OPS:
+            heavy += 1
+    return heavy
+
 
 # How likely a rider is to be asked about later: unknown in general, so even odds. At the
 # measured TensorRT costs a rider then pays up to 4 nodes (a shape crop, a producer→consumer
