@@ -164,10 +164,3 @@ def policy(pack_by: str, target: str) -> BuildCost | None:
     if pack_by == "count":
         return None
     return TENSORRT if pack_by == "build-cost" else for_target(target)
-
-
-def per_node_for(model, cost: HeavyLayerCost = ESTIMATE) -> BuildCost:
-    """``cost`` as a per-node policy for one model: its heavy layers spread over its nodes (at
-    least one), so that rider_pays and chunks price a candidate's nodes as the model's average."""
-    nodes = max(1, len(model.graph.node))
-    return BuildCost(cost.per_call_s, cost.per_heavy_s * max(1, heavy_layers(model)) / nodes)
