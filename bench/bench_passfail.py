@@ -446,7 +446,7 @@ def render(results: list[dict], wall: float | None, flaky: dict | None = None) -
                   "tool's whole command, start-up included" + (f"; {wall:.0f} s in all." if wall is not None else ".")
               + " Estimated TensorRT build seconds (the estimate of record): 0.047 s a call + 6.35 ms a heavy "
                 "layer built (convolution, matrix multiply, softmax, normalization; TensorRT-RTX on the H200, "
-                "docs/benchmark.md; low by about half on packs above ~150 heavy layers); *per node, old*: "
+                "docs/benchmark.md; 2-4 times low on survey packs of hundreds of outputs); *per node, old*: "
                 "0.0135 s a call + 3.07 ms a node built (the H100 fit of the earlier rounds). Rows above "
                 "polygraphy's estimate: " + _above(results) + "."]
     if flaky:

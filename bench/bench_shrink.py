@@ -458,7 +458,7 @@ def render(payload: dict) -> str:
 def build_estimate(row: dict) -> float | None:
     """Estimated TensorRT build seconds of one tool's run, the estimate of record: a·calls + b·heavy
     layers built (reprokit/shrink/buildcost.py ESTIMATE, the TensorRT-RTX fit on the H200's pass/fail
-    builds, bench/trt_buildcost_fit.py; low by about half on packs above ~150 heavy layers:
+    builds, bench/trt_buildcost_fit.py; 2-4 times low on survey packs of hundreds of outputs:
     docs/benchmark.md). None for a run recorded before heavy layers were counted."""
     from reprokit.shrink.buildcost import ESTIMATE
 

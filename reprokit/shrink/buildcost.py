@@ -89,8 +89,8 @@ class HeavyLayerCost:
 # 157 builds, every call both tools made on six pass/fail rows and the exports as given and folded.
 # The H100's builds (rtx_h100.jsonl) follow no one line with these: its small builds take a
 # third of what this says (median predicted ÷ measured 2.7 under 20 heavy layers), its builds of
-# 20-150 heavy layers 0.80, its survey packs (150-520 heavy layers, hundreds of outputs) cost
-# 9-14 ms a layer, superlinear: about twice this estimate (docs/benchmark.md).
+# 20-150 heavy layers 0.80, its survey packs (130-400 heavy layers, hundreds of outputs) cost
+# 13-25 ms a layer, more with more outputs: 2-4 times this estimate (docs/benchmark.md).
 ESTIMATE = HeavyLayerCost(per_call_s=0.0470, per_heavy_s=0.00635)
 
 # ONNX operators whose TensorRT layer is a heavy one, by the layer kind: what the H200 fit
