@@ -365,14 +365,14 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
         row["step_s"][name] = round(m["wall_s"], 3)
         row["peak_mib"] = max(row["peak_mib"], m["maxrss_kib"] / 1024)
         row["rc"] = m["rc"]
-        with open(call_log) as handle:
-            logged = [line.split() for line in handle if line.strip()]
-        row["calls"] = len(logged)
-        row["call_nodes"] = [int(parts[-1]) for parts in logged if len(parts) > 2 and parts[-1].isdigit()]
-        row["nodes_built"] = sum(row["call_nodes"])
-        from count_check import read_log  # bench/oracle_check.py logs each call's heavy layers
+        # bench/oracle_check.py's lines: nodes and heavy layers per call
+        from count_check import read_log
 
-        heavy = [h for _, h in read_log(call_log)]
+        logged = read_log(call_log)
+        row["calls"] = len(logged)
+        row["call_nodes"] = [nodes for nodes, _ in logged]
+        row["nodes_built"] = sum(row["call_nodes"])
+        heavy = [h for _, h in logged]
         row["heavy_built"] = None if None in heavy else sum(heavy)
         if name in ("sanitize", "run_mark_all") and m["rc"] == 0 and "start_nodes" not in row:
             row["start_nodes"] = model_nodes(os.path.join(work, "folded.onnx"))[0]
