@@ -92,6 +92,11 @@ def estimator(path: str) -> tuple[float, float]:
     return floor, float(np.sum(extra * nodes) / np.sum(nodes * nodes))
 
 
+def _estimate(entry: dict) -> float:
+    """The estimate of record of one tool's calls on one run (light-only calls priced apart)."""
+    return ESTIMATE.seconds(entry["calls"], entry["heavy"], entry["light"], entry["light_nodes"])
+
+
 def coefficients(path: str) -> dict:
     """{fit name: (coefficients, r2, median relative error)} for the raw lines at ``path``."""
     _, rows = load(path)
@@ -141,6 +146,8 @@ def markdown(path: str, estimator_path: str | None = None) -> str:
             entry["nodes"] += r["nodes"]
             entry["cold"] += r["build_s"]
             entry["heavy"] = entry.get("heavy", 0) + r["heavy"]
+            entry["light"] = entry.get("light", 0) + (0 if r["heavy"] else 1)
+            entry["light_nodes"] = entry.get("light_nodes", 0) + (0 if r["heavy"] else r["nodes"])
             entry["shared"] += r.get("shared_s", r["build_s"])
     out += [
         "",
@@ -154,7 +161,7 @@ def markdown(path: str, estimator_path: str | None = None) -> str:
             out.append(
                 f"| {case} | {tool} | {e['calls']} | {e['nodes']} | {e['layers']} | {e['distinct']} | "
                 f"{e['cold']:.2f} | {e['shared']:.2f} | {a * e['calls'] + b * e['nodes']:.2f} | "
-                f"{ESTIMATE.seconds(e['calls'], e['heavy']):.2f} |"
+                f"{_estimate(e):.2f} |"
             )
         if len(tools) == 2:
             rk, pg = tools["reprokit"], tools["polygraphy"]
@@ -163,9 +170,7 @@ def markdown(path: str, estimator_path: str | None = None) -> str:
                 f"{rk[k] / pg[k]:.2f}×"
                 for k in ("calls", "nodes", "layers", "distinct", "cold", "shared")
             ]
-            heavy = ESTIMATE.seconds(rk["calls"], rk["heavy"]) / ESTIMATE.seconds(
-                pg["calls"], pg["heavy"]
-            )
+            heavy = _estimate(rk) / _estimate(pg)
             out.append(
                 f"| {case} | **reprokit/polygraphy** | {' | '.join(cells)} | {est:.2f}× | {heavy:.2f}× |"
             )
@@ -173,7 +178,8 @@ def markdown(path: str, estimator_path: str | None = None) -> str:
         "",
         f"Estimators: by nodes a = {a:.4f} s per call, b = {b * 1000:.2f} ms per node built; by heavy layers "
         f"(the estimate of record, reprokit/shrink/buildcost.py) {ESTIMATE.per_call_s:.4f} s per call, "
-        f"{ESTIMATE.per_heavy_s * 1000:.2f} ms per heavy layer.",
+        f"{ESTIMATE.per_heavy_s * 1000:.2f} ms per heavy layer; a call of light layers only "
+        f"{ESTIMATE.per_light_call_s:.4f} s + {ESTIMATE.per_light_node_s * 1000:.3f} ms per node.",
     ]
     failed: dict[str, int] = {}
     for r in head["failed"]:
@@ -253,10 +259,12 @@ def compare(paths: list[str], captured: list[str]) -> str:
             + " | ".join(_score(coef, machines[n], ["heavy"]) for n in single)
             + " |"
         )
-    record = np.array([ESTIMATE.per_call_s, ESTIMATE.per_heavy_s])
     out.append(
         "| estimate of record | "
-        + " | ".join(_score(record, machines[n], ["heavy"]) for n in single)
+        + " | ".join(
+            _predicted(lambda r: ESTIMATE.call_seconds(r["nodes"], r["heavy"]), machines[n])
+            for n in single
+        )
         + " |"
     )
     nodes = np.array([0.0135, 0.00307])
@@ -283,15 +291,68 @@ def compare(paths: list[str], captured: list[str]) -> str:
                 ]
                 if not part:
                     continue
-                ratio = [ESTIMATE.seconds(1, r["heavy"]) / max(r["build_s"], 1e-3) for r in part]
+                ratio = [
+                    ESTIMATE.call_seconds(r["nodes"], r["heavy"]) / max(r["build_s"], 1e-3)
+                    for r in part
+                ]
                 out.append(
                     f"| {name} | {low}–{high if high < 10**6 else '…'} | "
                     f"{'< 100' if io_low == 0 else '≥ 100'} | {len(part)} | {np.median(ratio):.2f} "
                     f"({min(ratio):.2f}–{max(ratio):.2f}) |"
                 )
+    out += ["", *light_calls(machines, single)]
     if captured:
         out += ["", *validate(paths, captured)]
     return "\n".join(out)
+
+
+def light_calls(machines: dict, single: list[str]) -> list[str]:
+    """A lower price for calls of light layers only: candidates fitted on the H200's lines (the
+    machine of record), each scored per machine on the light-only calls and the rest apart."""
+    h200 = next((machines[n] for n in single if "h200" in n), machines[single[-1]])
+    light = [r for r in h200 if not r["heavy"]]
+    joint, _, _ = fit(h200, ["any_heavy", "heavy"])
+    by_nodes, _, _ = fit(light, ["nodes"])
+    mean = float(np.mean([r["build_s"] for r in light]))
+    old = (ESTIMATE.per_call_s, ESTIMATE.per_heavy_s)
+    candidates = {
+        f"one price a call: {old[0]:.3f} s + {old[1] * 1000:.2f} ms·heavy (before)": lambda r: (
+            old[0] + old[1] * r["heavy"]
+        ),
+        f"joint fit: {joint[0]:.3f} + {joint[1]:.3f}·[heavy > 0] + {joint[2] * 1000:.2f} ms·heavy": lambda r: (
+            joint[0] + joint[1] * (r["heavy"] > 0) + joint[2] * r["heavy"]
+        ),
+        f"heavy calls as before, light calls {mean:.4f} s (their mean)": lambda r: (
+            old[0] + old[1] * r["heavy"] if r["heavy"] else mean
+        ),
+        f"heavy calls as before, light calls {by_nodes[0]:.4f} s + {by_nodes[1] * 1000:.3f} ms·nodes": lambda r: (
+            old[0] + old[1] * r["heavy"] if r["heavy"] else by_nodes[0] + by_nodes[1] * r["nodes"]
+        ),
+        "estimate of record (buildcost.ESTIMATE.call_seconds)": lambda r: ESTIMATE.call_seconds(
+            r["nodes"], r["heavy"]
+        ),
+    }
+    out = [
+        "Calls of light layers only (no heavy layer), priced apart: candidates fitted on the H200's lines, "
+        "R² / median relative error / Σpredicted ÷ Σmeasured on every build, the light-only ones and the rest.",
+        "",
+        "| candidate | machine | all | light-only | with heavy layers |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for label, price in candidates.items():
+        for name in single:
+            rows = machines[name]
+            parts = [rows, [r for r in rows if not r["heavy"]], [r for r in rows if r["heavy"]]]
+            cells = [f"{_predicted(price, part)} ({len(part)})" for part in parts]
+            out.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _predicted(price, rows: list[dict]) -> str:
+    y = np.array([r["build_s"] for r in rows])
+    pred = np.array([price(r) for r in rows])
+    r2 = 1 - float(np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2))
+    return f"{r2:.3f} / {float(np.median(np.abs(pred - y) / y)):.0%} / {pred.sum() / y.sum():.2f}"
 
 
 def validate(paths: list[str], folders: list[str]) -> list[str]:

@@ -153,3 +153,42 @@ def test_the_onnx_count_is_tensorrts(name, path, measured):
 def test_every_recorded_sample_is_checked():
     names = {name for name, _, _ in _whole_models()}
     assert {"attention_softmax_nan.onnx", "layernorm_overflow.onnx", "conv_clip.onnx"} <= names
+
+
+def _relu_chain(length: int) -> onnx.ModelProto:
+    # x[1,8] -> Relu -> Relu -> ... (length nodes) -> y : light layers only
+    nodes = [
+        helper.make_node("Relu", [f"t{i}" if i else "x"], [f"t{i + 1}"]) for i in range(length)
+    ]
+    nodes[-1].output[0] = "y"
+    return make(nodes, [vi("x", [1, 8])], [vi("y", [1, 8])])
+
+
+def _conv_net() -> onnx.ModelProto:
+    # x[1,2,4,4] -> Conv(W) -> Relu -> y : one heavy layer
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    return make(
+        nodes,
+        [vi("x", [1, 2, 4, 4])],
+        [vi("y", [1, 2, 2, 2])],
+        [const("W", np.ones((2, 2, 3, 3), np.float32))],
+    )
+
+
+def test_a_call_of_light_layers_only_is_priced_below_one_holding_a_conv():
+    # The raw builds (trt_buildcost_fit.py --compare's light-call table): a one-node light build
+    # takes 11-15 ms on the H100, 17-20 ms on the H200, a Conv alone 45-75 ms; the 160-node chain
+    # 0.06-0.09 s whole. A light call is priced by its nodes, a call with heavy layers by them.
+    light, conv = _relu_chain(1), _conv_net()
+    assert heavy_layers(light) == 0 and heavy_layers(conv) == 1
+    one_light = ESTIMATE.call_seconds(len(light.graph.node), heavy_layers(light))
+    assert 0.011 <= one_light < 0.030
+    assert ESTIMATE.call_seconds(len(conv.graph.node), heavy_layers(conv)) > 2 * one_light
+    chain = _relu_chain(160)
+    assert 0.055 <= ESTIMATE.call_seconds(len(chain.graph.node), heavy_layers(chain)) <= 0.09
+    # a run's totals: the same sum, call by call or from the totals with the light calls named
+    calls = [(light, 0), (conv, 1), (chain, 0)]
+    each = sum(ESTIMATE.call_seconds(len(m.graph.node), h) for m, h in calls)
+    assert ESTIMATE.seconds(3, 1, light_calls=2, light_nodes=161) == pytest.approx(each)
+    # light calls not named: every call priced as one holding heavy layers (as before)
+    assert ESTIMATE.seconds(3, 1) == pytest.approx(3 * ESTIMATE.per_call_s + ESTIMATE.per_heavy_s)

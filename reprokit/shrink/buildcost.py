@@ -2,7 +2,7 @@
 follows the network it builds, not the number of calls. Owns two estimates and what they drive:
 
 - the estimate of record, :data:`ESTIMATE` (a :class:`HeavyLayerCost`): seconds ≈ a per call +
-  b per *heavy layer* built — convolutions, matrix multiplies, softmax, normalization, the layers
+  b per *heavy layer* built (a call of light layers only: a smaller fixed part + a little per node) — convolutions, matrix multiplies, softmax, normalization, the layers
   whose kernels the builder chooses among many (TensorRT-RTX 1.7 on the H200, the pass/fail rows'
   157 builds, R² 0.78 where a per-node fit gets 0.23: docs/benchmark.md, "Build cost by heavy
   layers"); :func:`heavy_layers` counts them on the ONNX side, as TensorRT's parser would make them;
@@ -73,25 +73,50 @@ TENSORRT = BuildCost(per_call_s=0.0135, per_node_s=0.00307)
 
 @dataclass(frozen=True)
 class HeavyLayerCost:
-    """seconds ≈ ``per_call_s``·calls + ``per_heavy_s``·heavy layers built (:func:`heavy_layers`).
-    Linear in the run's totals, so a run's estimate needs only its calls and the heavy layers
-    its models held (summary.json's ``build_work.heavy_built``, bench/count_check.py's log)."""
+    """A call holding heavy layers (:func:`heavy_layers`): ``per_call_s`` + ``per_heavy_s``·heavy;
+    a call of light layers only: ``per_light_call_s`` + ``per_light_node_s``·its nodes. Linear in
+    the run's totals, so a run's estimate needs its calls, the heavy layers its models held
+    (summary.json's ``build_work.heavy_built``, bench/count_check.py's log) and, where known, which
+    calls held none and their nodes."""
 
     per_call_s: float
     per_heavy_s: float
+    per_light_call_s: float
+    per_light_node_s: float
 
-    def seconds(self, calls: int, heavy: int) -> float:
-        return self.per_call_s * calls + self.per_heavy_s * heavy
+    def call_seconds(self, nodes: int, heavy: int) -> float:
+        """One call's build of a model of ``nodes`` nodes, ``heavy`` of them heavy layers."""
+        if heavy:
+            return self.per_call_s + self.per_heavy_s * heavy
+        return self.per_light_call_s + self.per_light_node_s * nodes
+
+    def seconds(self, calls: int, heavy: int, light_calls: int = 0, light_nodes: int = 0) -> float:
+        """A run's ``calls`` holding ``heavy`` heavy layers in all; ``light_calls`` of them held
+        none (``light_nodes`` nodes in all). Where which calls were light is not known (0), every
+        call is priced as one holding heavy layers."""
+        return (
+            self.per_call_s * (calls - light_calls)
+            + self.per_heavy_s * heavy
+            + self.per_light_call_s * light_calls
+            + self.per_light_node_s * light_nodes
+        )
 
 
 # TensorRT-RTX 1.7.1.116 on an H200, fp32, strongly typed, built for SM 8.9
-# (bench/results/buildcost/rtx_h200_passfail.jsonl, bench/trt_buildcost_fit.py): least squares over
-# 157 builds, every call both tools made on six pass/fail rows and the exports as given and folded.
+# (bench/results/buildcost/rtx_h200_passfail.jsonl, bench/trt_buildcost_fit.py --compare): least
+# squares over 157 builds, every call both tools made on six pass/fail rows and the exports as given
+# and folded. Calls holding heavy layers: 0.047 s + 6.35 ms a heavy layer (the fit over all 157);
+# calls of light layers only (49 builds; the chain's, the toy rows'): 23.4 ms + 0.242 ms a node,
+# their own fit — median error on them 33% (H200) and 75% (H100) where one intercept for every
+# call gave 46% and 248%, the heavy calls' prices unchanged (the joint fit with a light intercept,
+# 0.036 + 0.021·[heavy > 0] + 6.08 ms·heavy, is worse on the H100's heavy calls).
 # The H100's builds (rtx_h100.jsonl) follow no one line with these: its small builds take a
 # third of what this says (median predicted ÷ measured 2.7 under 20 heavy layers), its builds of
 # 20-150 heavy layers 0.80, its survey packs (130-400 heavy layers, hundreds of outputs) cost
 # 13-25 ms a layer, more with more outputs: 2-4 times this estimate (docs/benchmark.md).
-ESTIMATE = HeavyLayerCost(per_call_s=0.0470, per_heavy_s=0.00635)
+ESTIMATE = HeavyLayerCost(
+    per_call_s=0.0470, per_heavy_s=0.00635, per_light_call_s=0.0234, per_light_node_s=0.000242
+)
 
 # ONNX operators whose TensorRT layer is a heavy one, by the layer kind: what the H200 fit
 # counts. Measured alone (bench/results/buildcost/rtx_h100.md's singles) Conv, ConvTranspose,
