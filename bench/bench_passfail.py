@@ -163,13 +163,18 @@ def flaky_runs(root: str, runs: int, tools=("reprokit", "polygraphy")) -> dict:
     return found
 
 
-def _calls(log: str) -> tuple[int, int, int | None]:
-    """(calls, nodes built, heavy layers built) from bench/count_check.py's log."""
+def _calls(log: str) -> dict:
+    """calls, nodes built, heavy layers built and the calls of light layers only (and their nodes:
+    buildcost.ESTIMATE prices them apart) from bench/count_check.py's log; the heavy counts None
+    where the log holds none."""
     from count_check import read_log
 
     calls = read_log(log)
-    heavy = None if any(h is None for _, h in calls) else sum(h for _, h in calls)
-    return len(calls), sum(n for n, _ in calls), heavy
+    known = all(h is not None for _, h in calls)
+    light = [n for n, h in calls if h == 0]
+    return {"calls": len(calls), "nodes_built": sum(n for n, _ in calls),
+            "heavy_built": sum(h for _, h in calls) if known else None,
+            "light_calls": len(light) if known else None, "light_nodes": sum(light) if known else None}
 
 
 def _names(path: str) -> list[str]:
@@ -192,7 +197,7 @@ def run_reprokit(case: dict, work: str, *extra: str) -> dict:
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     row = {"tool": "reprokit", "rc": proc.returncode, "wall_s": time.monotonic() - started}
-    row["calls"], row["nodes_built"], row["heavy_built"] = _calls(log)
+    row.update(_calls(log))
     if proc.returncode != 0:
         row["error"] = (proc.stderr.strip().splitlines() or ["?"])[0][:200]
         return row
@@ -221,7 +226,7 @@ def run_polygraphy(case: dict, work: str) -> dict:
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     row = {"tool": "polygraphy", "rc": proc.returncode, "wall_s": time.monotonic() - started}
-    row["calls"], row["nodes_built"], row["heavy_built"] = _calls(log)
+    row.update(_calls(log))
     reduced = os.path.join(work, "reduced.onnx")
     if proc.returncode != 0 or not os.path.exists(reduced):
         row["error"] = ([line for line in (proc.stdout + proc.stderr).splitlines() if "[E]" in line or "Error" in line]
@@ -359,11 +364,18 @@ def _expected(expect) -> str:
 
 def _built_s(row: dict) -> float | None:
     """Estimated TensorRT build seconds of a run, the estimate of record (reprokit/shrink/buildcost.py
-    ESTIMATE: a·calls + b·heavy layers built); None for a results JSON written before heavy layers
-    were logged."""
+    ESTIMATE: a·calls + b·heavy layers built, calls of light layers only priced apart); None for a
+    results JSON written before heavy layers were logged. A JSON written before light calls were
+    counted prices them as calls with heavy layers only where the row built any heavy layer (a row
+    without one made light calls only)."""
     from reprokit.shrink.buildcost import ESTIMATE
 
-    return None if row.get("heavy_built") is None else ESTIMATE.seconds(row["calls"], row["heavy_built"])
+    if row.get("heavy_built") is None:
+        return None
+    light, light_nodes = row.get("light_calls"), row.get("light_nodes")
+    if light is None:
+        light, light_nodes = (row["calls"], row["nodes_built"]) if row["heavy_built"] == 0 else (0, 0)
+    return ESTIMATE.seconds(row["calls"], row["heavy_built"], light, light_nodes)
 
 
 def _built_nodes_s(row: dict) -> float:
@@ -445,8 +457,9 @@ def render(results: list[dict], wall: float | None, flaky: dict | None = None) -
                   "and in them, ✔ where the search is at most polygraphy's calls and the fixed at most 4; wall: each "
                   "tool's whole command, start-up included" + (f"; {wall:.0f} s in all." if wall is not None else ".")
               + " Estimated TensorRT build seconds (the estimate of record): 0.047 s a call + 6.35 ms a heavy "
-                "layer built (convolution, matrix multiply, softmax, normalization; TensorRT-RTX on the H200, "
-                "docs/benchmark.md; 2-4 times low on survey packs of hundreds of outputs); *per node, old*: "
+                "layer built (convolution, matrix multiply, softmax, normalization), a call of light layers "
+                "only 0.0234 s + 0.242 ms a node (TensorRT-RTX on the H200, docs/benchmark.md; 2-4 times low "
+                "on survey packs of hundreds of outputs); *per node, old*: "
                 "0.0135 s a call + 3.07 ms a node built (the H100 fit of the earlier rounds). Rows above "
                 "polygraphy's estimate: " + _above(results) + "."]
     if flaky:

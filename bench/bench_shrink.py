@@ -374,6 +374,8 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
         row["nodes_built"] = sum(row["call_nodes"])
         heavy = [h for _, h in logged]
         row["heavy_built"] = None if None in heavy else sum(heavy)
+        light = [nodes for nodes, h in logged if h == 0]
+        row["light_calls"], row["light_nodes"] = (None, None) if None in heavy else (len(light), sum(light))
         if name in ("sanitize", "run_mark_all") and m["rc"] == 0 and "start_nodes" not in row:
             row["start_nodes"] = model_nodes(os.path.join(work, "folded.onnx"))[0]
         if m["rc"] != 0 or (name == "reduce" and not os.path.exists(os.path.join(work, "reduced.onnx"))):
@@ -464,7 +466,11 @@ def build_estimate(row: dict) -> float | None:
 
     if row.get("calls") is None or row.get("heavy_built") is None:
         return None
-    return ESTIMATE.seconds(row["calls"], row["heavy_built"])
+    # calls of light layers only are priced apart where the run's log names them (polygraphy's);
+    # reprokit's summary.json does not, so its light calls are priced as calls with heavy layers
+    return ESTIMATE.seconds(
+        row["calls"], row["heavy_built"], row.get("light_calls") or 0, row.get("light_nodes") or 0
+    )
 
 
 def build_estimate_nodes(row: dict) -> float | None:
@@ -581,6 +587,9 @@ def table(results: list[dict]) -> str:
             over = [f"{name} ({rk:.2f} vs {pg:.2f} s)" for name, rk, pg in pairs if rk > pg]
             lines.append(f"Estimated TensorRT build ({label}) above polygraphy's on {len(over)} of {len(both)} rows"
                          + (f": {', '.join(over)}" if over else "") + ".")
+        lines.append("Calls of light layers only (no heavy layer) are priced apart where the log names them "
+                     "(polygraphy's); reprokit's summary.json does not, so its light calls are priced as calls "
+                     "with heavy layers: an upper bound for reprokit.")
     return "\n".join(lines)
 
 
