@@ -272,6 +272,7 @@ def run_reprokit(spec: dict, feeds: dict, work: str, pack_by: str | None = None)
         "cached": summary["calls"]["cached"],
         "one_minimal": summary.get("one_minimal"),
         "nodes_built": summary.get("build_work", {}).get("nodes_built"),
+        "heavy_built": summary.get("build_work", {}).get("heavy_built"),
         "built_by": summary.get("build_work", {}).get("by_kind"),
         "signature": summary["signature"]["kind"],
         "steps": summary.get("steps"),
@@ -302,6 +303,7 @@ def run_reprokit(spec: dict, feeds: dict, work: str, pack_by: str | None = None)
         "minimal_outputs": summary["minimal"]["outputs"],
         "one_minimal": summary.get("one_minimal"),
         "nodes_built": summary.get("build_work", {}).get("nodes_built"),
+        "heavy_built": summary.get("build_work", {}).get("heavy_built"),
         "built_by": summary.get("build_work", {}).get("by_kind"),
         "signature": summary["signature"]["kind"],
         "own_final_kind": summary.get("verdict", {}).get("signature", {}).get("kind"),
@@ -363,11 +365,17 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
         row["step_s"][name] = round(m["wall_s"], 3)
         row["peak_mib"] = max(row["peak_mib"], m["maxrss_kib"] / 1024)
         row["rc"] = m["rc"]
-        with open(call_log) as handle:
-            logged = [line.split() for line in handle if line.strip()]
+        # bench/oracle_check.py's lines: nodes and heavy layers per call
+        from count_check import read_log
+
+        logged = read_log(call_log)
         row["calls"] = len(logged)
-        row["call_nodes"] = [int(parts[-1]) for parts in logged if len(parts) > 2 and parts[-1].isdigit()]
+        row["call_nodes"] = [nodes for nodes, _ in logged]
         row["nodes_built"] = sum(row["call_nodes"])
+        heavy = [h for _, h in logged]
+        row["heavy_built"] = None if None in heavy else sum(heavy)
+        light = [nodes for nodes, h in logged if h == 0]
+        row["light_calls"], row["light_nodes"] = (None, None) if None in heavy else (len(light), sum(light))
         if name in ("sanitize", "run_mark_all") and m["rc"] == 0 and "start_nodes" not in row:
             row["start_nodes"] = model_nodes(os.path.join(work, "folded.onnx"))[0]
         if m["rc"] != 0 or (name == "reduce" and not os.path.exists(os.path.join(work, "reduced.onnx"))):
@@ -412,7 +420,7 @@ def ratio(a, b) -> str:
 
 
 HEADER = ["model", "nodes", "target", "tool", "target calls", "nodes built", "build-cost policy: calls, nodes built",
-          "est. TensorRT build (s)", "wall time (s)", "peak memory (MiB)",
+          "est. TensorRT build, heavy layers (s)", "est. build, per node, old (s)", "wall time (s)", "peak memory (MiB)",
           "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept", "1-minimal"]
 
 
@@ -450,9 +458,24 @@ def render(payload: dict) -> str:
 
 
 def build_estimate(row: dict) -> float | None:
-    """Estimated TensorRT build seconds of one tool's run: a·calls + b·nodes built, the TensorRT-RTX
-    fit reprokit itself packs by (reprokit/shrink/buildcost.py; bench/trt_buildcost_fit.py derives
-    it from bench/results/buildcost/rtx_h100.jsonl; its accuracy on measured runs: docs/benchmark.md)."""
+    """Estimated TensorRT build seconds of one tool's run, the estimate of record: a·calls + b·heavy
+    layers built (reprokit/shrink/buildcost.py ESTIMATE, the TensorRT-RTX fit on the H200's pass/fail
+    builds, bench/trt_buildcost_fit.py; 2-4 times low on survey packs of hundreds of outputs:
+    docs/benchmark.md). None for a run recorded before heavy layers were counted."""
+    from reprokit.shrink.buildcost import ESTIMATE
+
+    if row.get("calls") is None or row.get("heavy_built") is None:
+        return None
+    # calls of light layers only are priced apart where the run's log names them (polygraphy's);
+    # reprokit's summary.json does not, so its light calls are priced as calls with heavy layers
+    return ESTIMATE.seconds(
+        row["calls"], row["heavy_built"], row.get("light_calls") or 0, row.get("light_nodes") or 0
+    )
+
+
+def build_estimate_nodes(row: dict) -> float | None:
+    """The earlier rounds' estimate, kept beside it for comparability: a·calls + b·nodes built (the
+    H100 fit, buildcost.TENSORRT, which ``--pack-by build-cost`` still packs by)."""
     from reprokit.shrink.buildcost import TENSORRT
 
     if row.get("calls") is None or row.get("nodes_built") is None:
@@ -497,11 +520,13 @@ def table(results: list[dict]) -> str:
             nodes = f"{res['file_nodes']} → {r['start_nodes']}" if r.get("start_nodes") else str(res["file_nodes"])
             if r.get("error"):
                 cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r.get("nodes_built")), cost_cell(res, tool),
-                         fmt(build_estimate(trt_row(res, tool))), fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
+                         fmt(build_estimate(trt_row(res, tool)), 2), fmt(build_estimate_nodes(trt_row(res, tool)), 2),
+                         fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
                          r["error"].replace("|", "/"), "", "", ""]
             elif r.get("status") == "accumulated":
                 cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), cost_cell(res, tool),
-                         fmt(build_estimate(trt_row(res, tool))), fmt(r["wall_s"]),
+                         fmt(build_estimate(trt_row(res, tool)), 2), fmt(build_estimate_nodes(trt_row(res, tool)), 2),
+                         fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), "accumulated: attribution",
                          f"fp32-nodes={r['attribution']['fp32_nodes'][:60]}…", "—", "—"]
             else:
@@ -510,7 +535,8 @@ def table(results: list[dict]) -> str:
                     kept = f"causes it ({r['judged']['kind']} → original's kind, causal test)"
                 one = {True: "yes", False: "no"}.get(r.get("one_minimal"), "—")
                 cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), cost_cell(res, tool),
-                         fmt(build_estimate(trt_row(res, tool))), fmt(r["wall_s"]),
+                         fmt(build_estimate(trt_row(res, tool)), 2), fmt(build_estimate_nodes(trt_row(res, tool)), 2),
+                         fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), fmt(r["minimal_nodes"]),
                          ops_text(r["minimal_ops"]), kept, one]
             lines.append("| " + " | ".join(cells) + " |")
@@ -522,6 +548,7 @@ def table(results: list[dict]) -> str:
             ratio(rk.get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
             ratio(trt_row(res, "reprokit").get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
             ratio(build_estimate(trt_row(res, "reprokit")), build_estimate(pg)) if pg_ok else "—",
+            ratio(build_estimate_nodes(trt_row(res, "reprokit")), build_estimate_nodes(pg)) if pg_ok else "—",
             ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok and not pg.get("reused_from")
             else "— (polygraphy's from another run)" if pg_ok else "—",
             "", "", "", "", "", ""]) + " |")
@@ -534,22 +561,35 @@ def table(results: list[dict]) -> str:
         pg_wall = sum(r["polygraphy"]["wall_s"] for r in both)
         rk_built = sum(r["reprokit"].get("nodes_built") or 0 for r in both)
         pg_built = sum(r["polygraphy"].get("nodes_built") or 0 for r in both)
-        rk_est = sum(build_estimate(trt_row(r, "reprokit")) or 0 for r in both)
+        rk_each = [build_estimate(trt_row(r, "reprokit")) for r in both]
+        pg_each = [build_estimate(r["polygraphy"]) for r in both]
+        heavy_known = None not in rk_each + pg_each  # a results JSON from before heavy layers were counted: —
+        rk_est, pg_est = sum(rk_each) if heavy_known else None, sum(pg_each) if heavy_known else None
+        rk_old = sum(build_estimate_nodes(trt_row(r, "reprokit")) or 0 for r in both)
+        pg_old = sum(build_estimate_nodes(r["polygraphy"]) or 0 for r in both)
         rk_cost_built = sum(trt_row(r, "reprokit").get("nodes_built") or 0 for r in both)
-        pg_est = sum(build_estimate(r["polygraphy"]) or 0 for r in both)
         lines.append("| " + " | ".join([
             f"**total, {len(both)} models where both finished**", "", "", "**reprokit/polygraphy**",
             f"{rk_calls}/{pg_calls} = {ratio(rk_calls, pg_calls)}",
             f"{rk_built}/{pg_built} = {ratio(rk_built, pg_built)}",
             f"{rk_cost_built}/{pg_built} = {ratio(rk_cost_built, pg_built)}",
-            f"{rk_est:.1f}/{pg_est:.1f} = {ratio(rk_est, pg_est)}",
+            f"{rk_est:.1f}/{pg_est:.1f} = {ratio(rk_est, pg_est)}" if heavy_known else "—",
+            f"{rk_old:.1f}/{pg_old:.1f} = {ratio(rk_old, pg_old)}",
             "— (polygraphy's from another run)" if any(r["polygraphy"].get("reused_from") for r in both)
             else f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
-        over = [r["name"] for r in both if (build_estimate(trt_row(r, "reprokit")) or 0)
-                > (build_estimate(r["polygraphy"]) or 0)]
         lines.append("")
-        lines.append(f"Estimated TensorRT build above polygraphy's on {len(over)} of {len(both)} rows"
-                     + (f" ({', '.join(over)})" if over else "") + ".")
+        for label, estimate in (("heavy layers, the estimate of record", build_estimate),
+                                ("per node, old", build_estimate_nodes)):
+            pairs = [(r["name"], estimate(trt_row(r, "reprokit")), estimate(r["polygraphy"])) for r in both]
+            if any(rk is None or pg is None for _, rk, pg in pairs):
+                lines.append(f"Estimated TensorRT build ({label}): — (runs recorded before heavy layers were counted).")
+                continue
+            over = [f"{name} ({rk:.2f} vs {pg:.2f} s)" for name, rk, pg in pairs if rk > pg]
+            lines.append(f"Estimated TensorRT build ({label}) above polygraphy's on {len(over)} of {len(both)} rows"
+                         + (f": {', '.join(over)}" if over else "") + ".")
+        lines.append("Calls of light layers only (no heavy layer) are priced apart where the log names them "
+                     "(polygraphy's); reprokit's summary.json does not, so its light calls are priced as calls "
+                     "with heavy layers: an upper bound for reprokit.")
     return "\n".join(lines)
 
 

@@ -15,11 +15,29 @@ from __future__ import annotations
 import json
 import sys
 
-from reprokit.shrink.buildcost import TENSORRT
+from reprokit.shrink.buildcost import ESTIMATE, TENSORRT
 
 
 def _est(calls: int, nodes: int) -> str:
+    """The per-node estimate of the earlier rounds (buildcost.TENSORRT), kept for comparability."""
     return f"{TENSORRT.seconds(calls, nodes):.2f}"
+
+
+def _est_heavy(row: dict) -> str:
+    """The estimate of record (buildcost.ESTIMATE): calls, heavy layers built, and the calls of
+    light layers only where the row's log names them (polygraphy's; reprokit's summary.json does
+    not, so its light calls are priced as calls with heavy layers). — for a row recorded before
+    heavy layers were counted."""
+    if row.get("heavy_built") is None:
+        return "—"
+    seconds = ESTIMATE.seconds(
+        row["calls"], row["heavy_built"], row.get("light_calls") or 0, row.get("light_nodes") or 0
+    )
+    return f"{seconds:.2f}"
+
+
+def _heavy(row: dict) -> str:
+    return "—" if row.get("heavy_built") is None else str(row["heavy_built"])
 
 
 def _kinds(row: dict) -> str:
@@ -53,13 +71,17 @@ def render(payload: dict) -> str:
     lines = [
         "# Where the nodes built go",
         "",
-        f"Estimated TensorRT build seconds: {TENSORRT.per_call_s} s a call + {TENSORRT.per_node_s} s a node "
-        "built (reprokit/shrink/buildcost.py). reprokit runs twice per row: with the target's default packing "
+        f"Estimated TensorRT build seconds (reprokit/shrink/buildcost.py): *est.*, the estimate of record, "
+        f"{ESTIMATE.per_call_s} s a call + {ESTIMATE.per_heavy_s} s a heavy layer built, a call of light layers "
+        f"only {ESTIMATE.per_light_call_s} s + {ESTIMATE.per_light_node_s} s a node (polygraphy's light calls, "
+        "named by its log; reprokit's are priced as calls with heavy layers); *est. per node, old*: "
+        f"{TENSORRT.per_call_s} s a call + {TENSORRT.per_node_s} s a node built. reprokit runs twice per row: with the target's default packing "
         "(count: the emulator, OpenVINO) and with `--pack-by build-cost` (the policy of trt targets). "
         "The lower bound is reprokit's confirmation of the original plus the result judged alone.",
         "",
-        "| model | run | calls | nodes built | est. (s) | where the nodes went |",
-        "|---|---|---|---|---|---|",
+        "| model | run | calls | nodes built | heavy layers built | est. (s) | est. per node, old (s) "
+        "| where the nodes went |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for res in payload["results"]:
         if res.get("error"):
@@ -72,19 +94,20 @@ def render(payload: dict) -> str:
             if not row or row.get("error") or row.get("calls") is None:
                 continue
             lines.append(
-                f"| {res['name']} | {label} | {row['calls']} | {row['nodes_built']} | "
-                f"{_est(row['calls'], row['nodes_built'])} | {_kinds(row)} |"
+                f"| {res['name']} | {label} | {row['calls']} | {row['nodes_built']} | {_heavy(row)} | "
+                f"{_est_heavy(row)} | {_est(row['calls'], row['nodes_built'])} | {_kinds(row)} |"
             )
         pg = res.get("polygraphy") or {}
         if pg.get("calls") is not None:
             lines.append(
-                f"| {res['name']} | polygraphy | {pg['calls']} | {pg['nodes_built']} | "
-                f"{_est(pg['calls'], pg['nodes_built'])} | per call: {_polygraphy_calls(pg)} |"
+                f"| {res['name']} | polygraphy | {pg['calls']} | {pg['nodes_built']} | {_heavy(pg)} | "
+                f"{_est_heavy(pg)} | {_est(pg['calls'], pg['nodes_built'])} | "
+                f"per call: {_polygraphy_calls(pg)} |"
             )
         bound = lower_bound(res)
         if bound is not None:
             lines.append(
-                f"| {res['name']} | reprokit's lower bound | {bound[0]} | {bound[1]} | "
+                f"| {res['name']} | reprokit's lower bound | {bound[0]} | {bound[1]} | — | — | "
                 f"{_est(*bound)} | the original's confirmation + the result alone |"
             )
     return "\n".join(lines)

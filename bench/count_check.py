@@ -1,8 +1,10 @@
 """Run a check command and log the call: ``python bench/count_check.py LOG CMD...``.
 
-Appends "<time> <model> <nodes>" to LOG (the first argument of CMD ending in .onnx is the model
-the tool under test wrote), then runs CMD and exits with its status, its output passed through.
-Lets both tools' check calls and build work be counted the same way. With $BENCH_CAPTURE_DIR set,
+Appends "<time> <model> <nodes> heavy=<n>" to LOG (the first argument of CMD ending in .onnx is
+the model the tool under test wrote; n: its heavy layers, reprokit/shrink/buildcost.py's count
+the estimate of TensorRT build seconds prices), then runs CMD and exits with its status, its output
+passed through. Lets both tools' check calls and build work be counted the same way
+(:func:`read_log`). With $BENCH_CAPTURE_DIR set,
 the model is also copied there (callNNN.onnx, in call order) for bench/trt_buildcost_prepare.py:
 both tools' pass/fail builds timed on a TensorRT builder.
 """
@@ -15,16 +17,38 @@ import sys
 import time
 
 
+def read_log(path: str) -> list[tuple[int, int | None]]:
+    """(nodes, heavy layers) per logged call, from count_check's or oracle_check's lines; heavy is
+    None on a line written before the heavy count was logged."""
+    calls = []
+    with open(path) as handle:
+        for line in handle:
+            parts = line.split()
+            if not parts:
+                continue
+            heavy = next((int(p[6:]) for p in parts if p.startswith("heavy=")), None)
+            nodes = next((int(p) for p in reversed(parts) if p.isdigit()), 0)
+            calls.append((nodes if len(parts) > 2 else 0, heavy))
+    return calls
+
+
 def main(argv: list[str]) -> int:
     log, cmd = argv[0], argv[1:]
     model = next((a for a in cmd if a.endswith(".onnx")), None)
-    nodes = 0
+    nodes, heavy = 0, "heavy=0"
     if model and os.path.exists(model):
         import onnx
 
-        nodes = len(onnx.load(model, load_external_data=False).graph.node)
+        proto = onnx.load(model, load_external_data=False)
+        nodes = len(proto.graph.node)
+        try:
+            from reprokit.shrink.buildcost import heavy_layers
+        except ImportError:  # a reprokit without the count: the line says nothing (read_log: None)
+            heavy = ""
+        else:
+            heavy = f"heavy={heavy_layers(proto)}"
     with open(log, "a") as handle:
-        handle.write(f"{time.time():.3f} {model} {nodes}\n")
+        handle.write(f"{time.time():.3f} {model} {nodes} {heavy}".rstrip() + "\n")
     capture = os.environ.get("BENCH_CAPTURE_DIR")
     if capture and model and os.path.exists(model):
         import shutil

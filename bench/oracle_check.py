@@ -64,12 +64,15 @@ def main(argv=None) -> int:
 
     started = time.monotonic()
     log = os.environ.get("BENCH_CALL_LOG")
-    if log:  # one line per call: when, which model, how many nodes the target builds
+    if log:  # one line per call: when, which model, how many nodes and heavy layers the target builds
         import onnx as _onnx
 
-        nodes = len(_onnx.load(args.model, load_external_data=False).graph.node)
+        from reprokit.shrink.buildcost import heavy_layers
+
+        proto = _onnx.load(args.model, load_external_data=False)
+        nodes, heavy = len(proto.graph.node), heavy_layers(proto)
         with open(log, "a") as handle:
-            handle.write(f"{time.time():.3f} {os.path.abspath(args.model)} {nodes}\n")
+            handle.write(f"{time.time():.3f} {os.path.abspath(args.model)} {nodes} heavy={heavy}\n")
     capture = os.environ.get("BENCH_CAPTURE_DIR")
     if capture:
         import shutil

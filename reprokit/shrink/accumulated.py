@@ -177,6 +177,7 @@ def _tested_workaround(run, reducer, label) -> dict:
         stats = reducer.stats["attribution"]
         stats.calls += search.calls
         stats.nodes_built += search.nodes_built
+        stats.heavy_built += search.heavy_built
         stats.built_by["fp32-nodes trials"] = stats.built_by.get("fp32-nodes trials", 0) + search.nodes_built
 
 

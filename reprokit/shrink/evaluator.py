@@ -35,6 +35,7 @@ from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction, NotCaptured
 from reprokit.graph.model import mark_outputs
 from reprokit.graph.pack import build_pack
+from reprokit.shrink.buildcost import heavy_layers
 from reprokit.shrink.journal import PassStats
 from reprokit.shrink.members import Member, built_by, fit, ride_along
 from reprokit.shrink.references import hotspot, save_candidate
@@ -146,7 +147,8 @@ def judge_member(reducer, member: Member):
     finally:
         os.remove(path)
     if not verdict.cached:
-        reducer.note_call(len(sub.model.graph.node), 1, time.monotonic() - start)
+        reducer.note_call(len(sub.model.graph.node), 1, time.monotonic() - start,
+                          heavy_built=heavy_layers(sub.model))
     with reducer.tally.timing("compare"):
         outcome = _outcome(reducer, verdict, packed=False, member=member)
     return reducer.record(member.nodes, outcome, crop=member.crop), verdict
@@ -273,7 +275,7 @@ def _run_marked_alone(reducer, sub) -> None:
     finally:
         os.remove(path)
     reducer.note_call(len(sub.model.graph.node), 0, time.monotonic() - start,
-                      {"marked copy": len(sub.model.graph.node)})
+                      {"marked copy": len(sub.model.graph.node)}, heavy_built=heavy_layers(sub.model))
     try:
         _layerwise_from(reducer, dict(result.outputs) if result.status == "ok" else {}, result.status,
                         result.message)
@@ -310,6 +312,7 @@ def run_replay_alone(reducer, why: str = "") -> None:
     stats = reducer.stats.setdefault("confirm" if ride.folded else "replay", PassStats())
     stats.calls, stats.candidates = stats.calls + 1, stats.candidates + 1
     stats.nodes_built += len(ride.model.graph.node)
+    stats.heavy_built += heavy_layers(ride.model)
     stats.seconds += time.monotonic() - started
     reducer.original_replay = reducer.original_replay.replace(f"riding with the {ride.carrier}",
                                                               f"in a call of its own (the {ride.carrier} did not "
@@ -349,7 +352,7 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     finally:
         os.remove(path)
     reducer.note_call(pack.nodes, sum(1 for m in group if m.nodes is not None), time.monotonic() - start,
-                      built_by(group, pack.nodes))
+                      built_by(group, pack.nodes), heavy_built=heavy_layers(pack.model))
     if result.status != "ok":  # the engine refused the pack as a whole: find out who, by halves
         result.discard()
         if any(m.replay for m in group):  # the original first, alone: it may be what failed

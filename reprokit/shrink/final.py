@@ -20,6 +20,7 @@ from reprokit.engine.bug import Decision, judge, shows_bug
 from reprokit.errors import NothingRemoved, NotReproduced
 from reprokit.graph.io import save_model
 from reprokit.graph.model import node_label
+from reprokit.shrink.buildcost import heavy_layers
 from reprokit.shrink.clock import StepClock
 from reprokit.shrink.confirm import flaky_tally
 from reprokit.shrink.evaluator import causal_nodes, causal_test, run_replay_alone
@@ -117,6 +118,7 @@ def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: l
     made = run.oracle.stats.target - calls_before
     reducer.stats["final"].calls += made
     reducer.stats["final"].nodes_built += made * len(nodes)
+    reducer.stats["final"].heavy_built += made * heavy_layers(model)
     reducer.stats["final"].candidates += 1
     reducer.stats["final"].seconds += time.monotonic() - started
     if label:

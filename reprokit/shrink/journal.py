@@ -24,6 +24,7 @@ class PassStats:
     accepted: int = 0
     invalid: int = 0  # candidates refused before any engine call
     nodes_built: int = 0  # nodes in the models those calls built ("build work")
+    heavy_built: int = 0  # their heavy layers (buildcost.heavy_layers): what a TensorRT build pays for
     # nodes built per member kind of the packed calls (issue 39: where build work goes): the
     # step's own candidates, the original's copy, the marked copy, riders, speculative members
     built_by: dict = field(default_factory=dict)
@@ -31,7 +32,7 @@ class PassStats:
     def to_json(self, name: str) -> dict:
         return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
                 "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
-                "nodes_built": self.nodes_built, "seconds": round(self.seconds, 3),
+                "nodes_built": self.nodes_built, "heavy_built": self.heavy_built, "seconds": round(self.seconds, 3),
                 "engine_seconds": round(self.seconds, 3)}  # "seconds": the step's wall time, clock.py
 
 

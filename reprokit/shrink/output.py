@@ -152,7 +152,9 @@ class _BestWriter:
                       "timing_cache": timing_cache_note(reducer.oracle.target)},
             # Build work: nodes in the models the target built, over every call (packs count
             # all their members), the number to set beside polygraphy's.
-            "build_work": {"nodes_built": built, "per_call": round(built / max(1, stats.target), 1),
+            "build_work": {"nodes_built": built,
+                           "heavy_built": sum(s.heavy_built for s in reducer.stats.values()),
+                           "per_call": round(built / max(1, stats.target), 1),
                            "candidates_judged": sum(s.candidates for s in reducer.stats.values()),
                            "by_kind": built_by_kind(reducer.stats)},
             "one_minimal": reducer.one_minimal,

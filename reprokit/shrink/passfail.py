@@ -16,6 +16,7 @@ from reprokit.engine.messages import quote_message
 from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
 from reprokit.graph.pack import build_pack
+from reprokit.shrink.buildcost import heavy_layers
 from reprokit.shrink.confirm import PROBE_FEEDS, probe_model
 from reprokit.shrink.evaluator import Outcome, prepare_candidate
 from reprokit.shrink.journal import PassStats
@@ -67,7 +68,7 @@ def group_fails(reducer, group: list[frozenset]) -> bool:
     finally:
         os.remove(path)
     if not verdict.cached:
-        reducer.note_call(pack.nodes, len(prepared), time.monotonic() - start)
+        reducer.note_call(pack.nodes, len(prepared), time.monotonic() - start, heavy_built=heavy_layers(pack.model))
     fails = shows_bug(reducer.signature, verdict)
     if reducer.calibration is not None and fails:
         reducer.calibration.saw_failing([sub for _, sub in prepared], pack.nodes)
@@ -109,9 +110,10 @@ def calibrate_packs(reducer, event, ran: tuple | None = None, pending: Calibrati
     gives this F, P, F one run in 8)."""
     reducer.begin("calibrate")  # its own step: wall seconds from the run's clock
     failing = pending.failing if pending is not None else None
-    why, built, seconds, _ = ran or calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]),
+    why, built, seconds, _, heavy = ran or calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]),
                                               failing)
-    reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, seconds=seconds)
+    reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, heavy_built=heavy,
+                                           seconds=seconds)
     if why is None:
         reducer.no_slippage["packs"] = "packed: the check failed a pack with a failing model after a passing one"
         return
@@ -140,13 +142,13 @@ def result_replays(reducer, replays: int, probed: bool = False) -> int:
     return max(0, replays - bool(calibrated or probed))
 
 
-def calibrate(reducer, probe, failing: list | None = None) -> tuple[str | None, int, float, object]:
+def calibrate(reducer, probe, failing: list | None = None) -> tuple[str | None, int, float, object, int]:
     """Is a pack judged as a whole by this check? One call: the known failing best placed after
     ``probe`` (an Extraction the check passes) — for group testing, the members of ``failing``
     (a pack seen failing) instead where they are fewer nodes. A check that reads only the first
     output, or only some of the outputs, passes that pack: group testing would then clear the
     culprit with its pack. Returns (None when packs are sound, else why not; nodes built;
-    seconds; the group verdict, None for a numeric pack)."""
+    seconds; the group verdict, None for a numeric pack; heavy layers built)."""
 
     best = reducer.extraction(reducer.best)
     group = reducer.packing == "group"
@@ -164,7 +166,7 @@ def calibrate(reducer, probe, failing: list | None = None) -> tuple[str | None, 
     finally:
         os.remove(path)
     why = _calibration_verdict(reducer, best, pack, verdict if group else result)
-    return why, pack.nodes, time.monotonic() - start, verdict if group else None
+    return why, pack.nodes, time.monotonic() - start, verdict if group else None, heavy_layers(pack.model)
 
 
 def group_calibration(reducer, verdict) -> str | None:

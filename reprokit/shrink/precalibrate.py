@@ -25,6 +25,7 @@ from reprokit.engine.worker import WorkerResult
 from reprokit.graph.extract import Extraction
 from reprokit.graph.io import save_model
 from reprokit.graph.pack import build_pack
+from reprokit.shrink.buildcost import heavy_layers
 from reprokit.shrink.confirm import PROBE_FEEDS, probe_model
 from reprokit.shrink.passfail import group_calibration, refused_whole, too_few_outputs
 from reprokit.spec import parse_target
@@ -39,6 +40,7 @@ class Precalibrated:
     pack_verdict: object  # the pack's Verdict as a whole (a pass/fail calibration reads it)
     nodes: int
     seconds: float
+    heavy: int = 0  # its heavy layers (buildcost.heavy_layers)
 
     def confirms(self) -> bool:
         """Is the original's verdict inside the pack a numeric divergence (the confirmation)?"""
@@ -82,10 +84,11 @@ def as_calibration(run, reducer, pre: Precalibrated) -> tuple:
     stats = reducer.stats["confirm"]
     stats.calls, stats.seconds = stats.calls - 1, max(0.0, stats.seconds - pre.seconds)
     stats.nodes_built = stats.calls * len(run.model.graph.node)
+    stats.heavy_built = stats.calls * heavy_layers(run.model)
     if pre.confirms():
         reducer.confirmed = "the calibration pack, its second member (after the Identity probe)"
     why = group_calibration(reducer, pre.pack_verdict) if group else pre.why
-    return why, pre.nodes, pre.seconds, pre.pack_verdict if group else None
+    return why, pre.nodes, pre.seconds, pre.pack_verdict if group else None, pre.heavy
 
 
 def _precalibrate(run, graph_outputs: dict) -> Precalibrated:
@@ -111,13 +114,22 @@ def _precalibrate(run, graph_outputs: dict) -> Precalibrated:
     try:
         whole = run.oracle.verdict_from(result, {})
         if result.status != "ok":
-            return Precalibrated(None, refused_whole(result), whole, pack.nodes, seconds)
+            return Precalibrated(
+                None, refused_whole(result), whole, pack.nodes, seconds, heavy_layers(pack.model)
+            )
         mine = [_member_outputs(result, member) for member in pack.members]
         if any(
             set(outputs) != set(member.outputs.values())
             for outputs, member in zip(mine, pack.members)
         ):
-            return Precalibrated(None, too_few_outputs(result, pack), whole, pack.nodes, seconds)
+            return Precalibrated(
+                None,
+                too_few_outputs(result, pack),
+                whole,
+                pack.nodes,
+                seconds,
+                heavy_layers(pack.model),
+            )
         run.oracle.verdict_from(
             _own(result, mine[0]), {"y": PROBE_FEEDS["x"]}
         )  # passing counts (probe_pending)
@@ -127,7 +139,7 @@ def _precalibrate(run, graph_outputs: dict) -> Precalibrated:
             if verdict.diverges and verdict.kind in NUMERIC
             else (f"the failing model, second in a pack, gave {verdict.signature.describe()}")
         )
-        return Precalibrated(verdict, why, whole, pack.nodes, seconds)
+        return Precalibrated(verdict, why, whole, pack.nodes, seconds, heavy_layers(pack.model))
     finally:
         result.discard()
 

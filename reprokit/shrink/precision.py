@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from reprokit.graph.io import external_locations, weights_apart
 from reprokit.graph.pack import model_copies
+from reprokit.shrink.buildcost import heavy_layers
 from reprokit.shrink.fp32_nodes import packable, with_nodes
 from reprokit.shrink.journal import entry_key
 from reprokit.standalone.compare import jsonable
@@ -122,6 +123,7 @@ class Search:
         self.packed = pack and packable(target)  # several sets per call (else bisection)
         self.calls = 0
         self.nodes_built = 0  # nodes in the models those calls built (a packed call: every copy)
+        self.heavy_built = 0  # their heavy layers (buildcost.heavy_layers)
         self.cached = 0  # trials read back from the journal
         self.trials: list[Trial] = []
         self.tolerance: float | None = None
@@ -168,12 +170,13 @@ class Search:
 
     # ------------------------------------------------------------- one call
 
-    def _run(self, spec: str, path: str, feeds: dict, what: str, nodes: int):
+    def _run(self, spec: str, path: str, feeds: dict, what: str, nodes: int, heavy: int):
         self.charge()
         oracle = self.oracle_for(spec)
         oracle.weights_dir = self.weights_dir
         self.calls += 1
         self.nodes_built += nodes
+        self.heavy_built += heavy
         self.event(f"precision search, call {self.calls}: {what}")
         if self.ledger is not None:
             result = self.ledger.run("precision", "target", oracle, what, path, feeds)
@@ -189,7 +192,7 @@ class Search:
         trial = self._saved(nodes, False)
         if trial is None:
             oracle, result = self._run(spec, self.path, self.feeds, f"fp32-nodes: {len(nodes)} nodes",
-                                       len(self.model.graph.node))
+                                       len(self.model.graph.node), heavy_layers(self.model))
             verdict = oracle.verdict_from(result, self.reference)
             self.tolerance = verdict.criterion.tolerance
             self.not_kept = list(verdict.target_meta.get("fp32_nodes_not_kept") or [])
@@ -241,7 +244,8 @@ class Search:
         onnx.save(model, path)
         try:
             oracle, result = self._run(with_nodes(self.target, names), path, self.feeds,
-                                       f"{len(sets)} fp32 sets, packed", len(model.graph.node))
+                                       f"{len(sets)} fp32 sets, packed", len(model.graph.node),
+                                       heavy_layers(model))
         finally:
             os.remove(path)
         trials = []

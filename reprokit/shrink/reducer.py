@@ -401,14 +401,17 @@ class Reducer:
         if self.budget is not None and self.spent + calls + self.held() > self.budget:
             raise BudgetExhausted
 
-    def note_call(self, nodes_built: int, candidates: int, seconds: float, built_by: dict | None = None) -> None:
-        """One engine call made; ``built_by``: its nodes per member kind (a packed call's)."""
+    def note_call(self, nodes_built: int, candidates: int, seconds: float, built_by: dict | None = None,
+                  heavy_built: int = 0) -> None:
+        """One engine call made; ``built_by``: its nodes per member kind (a packed call's);
+        ``heavy_built``: the heavy layers of the model it built (buildcost.heavy_layers)."""
         with self._lock:
             self.spent += 1
             stats = self.stats.setdefault(self._current, PassStats())
             stats.calls += 1
             stats.candidates += candidates
             stats.nodes_built += nodes_built
+            stats.heavy_built += heavy_built
             stats.seconds += seconds
             for kind, nodes in (built_by or {}).items():
                 stats.built_by[kind] = stats.built_by.get(kind, 0) + nodes

@@ -417,7 +417,7 @@ def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_c
     reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
     reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
     reducer.share_feeds = share_feeds
-    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes)
+    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes, buildcost.heavy_layers(run.model))
     if not pending:
         _hold_to(run, reducer, verdict, accept_milder)
     reducer.pack_bytes = limits.pack_memory_bytes
@@ -456,6 +456,6 @@ def _writer_for(run, model_path, options, verdict, clock, max_calls: int, earlie
     return writer
 
 
-def _confirm_stats(oracle, nodes: int):
+def _confirm_stats(oracle, nodes: int, heavy: int):
     return PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds,
-                     nodes_built=oracle.stats.target * nodes)
+                     nodes_built=oracle.stats.target * nodes, heavy_built=oracle.stats.target * heavy)
