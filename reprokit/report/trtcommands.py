@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.engine.backends.trt_setup import GPU_REFUSED, has_qdq
-from reprokit.engine.backends.trt_versions import FACTS, Typing
+from reprokit.engine.backends.trt_versions import FACTS, Typing, facts_for
 
 _NARROW = ("fp16", "bf16", "int8", "fp8")
 
@@ -39,6 +39,7 @@ class TrtForm:
     install: str  # the pip line that gives a TensorRT this form runs on
     built: bool  # the form reprokit's own run used
     why_not: str = ""
+    lines: tuple[str, ...] = ()  # the keys of trt_versions.FACTS this form's commands run on
 
     @property
     def label(self) -> str:
@@ -92,8 +93,7 @@ def trt_forms(
         [p for p in _NARROW if spec.has(p)] if spec.engine == "trt" else [narrow_of(spec) or "fp16"]
     )
     pins = _pins(env or {})
-    trt_version = ((env or {}).get("tensorrt") or {}).get("version")
-    trt_major = int(trt_version.split(".")[0]) if trt_version and trt_version[0].isdigit() else None
+    made_with = _made_with((env or {}).get("tensorrt") or {})
 
     layer = (
         ["--layer-precisions", *[f"{n}:float32" for n in nodes], "--precision-constraints", "obey"]
@@ -131,19 +131,19 @@ def trt_forms(
             "trtexec --int8 without a calibration cache uses placeholder dynamic ranges, not this "
             "calibration: use the polygraphy command, which calibrates on inputs.json"
         )
-    weak_pin = (
-        f"{pins['tensorrt']}" if trt_major is not None and trt_major < 11 else "'tensorrt>=10,<11'"
-    )
+    weak_lines = _weak_lines(weak_prec)
+    # the TensorRT the archive was made with is pinned only in a form that runs on it
+    weak_pin = pins["tensorrt"] if made_with in weak_lines else "'tensorrt>=10,<11'"
     weak = TrtForm(
         Typing.WEAK,
-        ("TensorRT 10.x; 8.6 has no BF16 flag" if "bf16" in weak_prec else "TensorRT 8.6–10.x")
-        + "; not 11, which removed the precision flags",
+        _weak_versions(weak_prec, weak_lines) + "; not 11, which removed the precision flags",
         "model.onnx",
         shlex.join(weak_poly),
         weak_trtexec,
         _install(pins, weak_pin),
         built_typing == "weakly-typed",
         weak_why,
+        weak_lines,
     )
 
     model = converted_file(spec) or "model.onnx"
@@ -161,7 +161,7 @@ def trt_forms(
             f"a strongly typed TensorRT builds {'/'.join(quantized)} only from Q/DQ nodes and this model has "
             "none: quantize it first (onnxruntime.quantization.quantize_static, or NVIDIA ModelOpt)"
         )
-    strong_pin = pins["tensorrt"] if trt_major is not None and trt_major >= 11 else "tensorrt"
+    strong_pin = pins["tensorrt"] if made_with == "11" else "tensorrt"
     strong = TrtForm(
         Typing.STRONG,
         "TensorRT 11.x, 10.x with --strongly-typed, and TensorRT-RTX with "
@@ -172,8 +172,35 @@ def trt_forms(
         _install(pins, strong_pin),
         built_typing == "strongly-typed",
         strong_why,
+        tuple(f.key for f in FACTS if f.strongly_typed_flag),
     )
     return weak, strong
+
+
+def _made_with(trt: dict) -> str | None:
+    """The FACTS key of the TensorRT in an archive's fingerprint (TensorRT-RTX: "rtx"), if any."""
+    version = trt.get("version")
+    if not version or not version[0].isdigit():
+        return None
+    return facts_for(version, rtx="rtx" in (trt.get("distribution") or "")).key
+
+
+def _weak_lines(precisions: list[str]) -> tuple[str, ...]:
+    """The weakly typed version lines whose builder flags and ONNX parser build ``precisions``."""
+    return tuple(
+        f.key
+        for f in FACTS
+        if f.default_typing is Typing.WEAK
+        and all(f.narrow_by_flag(p) for p in precisions)
+        and ("fp8" not in precisions or "FP8" in f.qdq_types)
+    )
+
+
+def _weak_versions(precisions: list[str], lines: tuple[str, ...]) -> str:
+    if "8.6" in lines:
+        return "TensorRT 8.6–10.x"
+    why = "8.6 has no BF16 flag" if "bf16" in precisions else "8.6's ONNX parser reads no FP8 Q/DQ"
+    return f"TensorRT 10.x; {why}"
 
 
 def _common(spec) -> tuple[list[str], list[str]]:

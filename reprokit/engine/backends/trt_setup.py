@@ -174,6 +174,10 @@ def refuse_unbuildable(spec: TargetSpec, facts: TrtFacts, has_qdq: bool = True) 
     if not strong and spec.has("bf16") and not facts.narrow_by_flag("bf16"):
         raise EngineUnavailable(f"{name} has no BF16 builder flag (BuilderFlag.BF16 is TensorRT 10.0's)",
                                 hint="use trt:fp16 on TensorRT 8.6, or TensorRT 10 or later for bf16")
+    if spec.has("fp8") and "FP8" not in facts.qdq_types:
+        raise EngineUnavailable(f"{name}'s ONNX parser reads no FP8 QuantizeLinear/DequantizeLinear (INT8 ones "
+                                "only; FP8 only as its own TRT_FP8QuantizeLinear op)",
+                                hint="use TensorRT 10 or later for trt:fp8")
     wanted = [p for p in ("int8", "fp8") if spec.has(p)]
     if not wanted or has_qdq:
         return
