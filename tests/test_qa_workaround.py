@@ -97,3 +97,36 @@ def test_the_packed_conversion_is_not_run_for_other_fp32_nodes(packed, target):
     done = _repro(folder, target)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "model.fp16.onnx was converted with fp32-nodes none, not Mul_1" in done.stdout
+
+
+def test_the_printed_tensorrt_commands_pin_the_layer_tensorrt_names(packed):
+    """TensorRT's ONNX parser names an unnamed node's layer ``node_of_<first output>``
+    (onnx-tensorrt importerUtils.cpp getNodeName): `--layer-precisions Mul_0:float32` pinned
+    nothing (polygraphy only warns of a missing layer). The archive keeps the user's bytes, so
+    the printed weakly typed commands name the layer as TensorRT does."""
+    from test_trt_commands import polygraphy_lines, polygraphy_parses
+
+    root, _ = packed
+    done = run_cli(
+        "pack", "tiny.onnx", "--inputs", "in.npz", "--target", "emulate:fp16,fp32-nodes=Mul_0",
+        "-o", "kept.tar.gz", cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    with tarfile.open(root / "kept.tar.gz") as tar:
+        tar.extractall(root / "kept", filter="data")
+    folder = next(p for p in (root / "kept").iterdir() if p.is_dir())
+    commands = (folder / "commands.sh").read_text()
+    weak = [line for line in polygraphy_lines(commands) if "--strongly-typed" not in line]
+    assert weak and all("--layer-precisions node_of_a:float32" in line for line in weak), commands
+    for line in weak:
+        polygraphy_parses(line)
+    assert "--layerPrecisions=node_of_a:fp32" in commands and "Mul_0:" not in commands
+
+
+def test_a_passing_check_with_no_outputs_is_not_called_agreeing_outputs(packed):
+    """`python repro.py --target 'cmd:python -c pass'` compares nothing (the command writes no
+    outputs): it said "every output agrees within rel-l2 <= 0.01"; exit 0 either way."""
+    _, folder = packed
+    done = _repro(folder, f"cmd:{sys.executable} -c pass")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gave no outputs to compare" in done.stdout and "every output agrees" not in done.stdout

@@ -70,10 +70,12 @@ def trt_forms(
     built_typing: str | None,
     qdq: bool,
     env: dict | None = None,
+    layers: dict[str, str] | None = None,
 ) -> tuple[TrtForm, TrtForm]:
     """(weakly typed, strongly typed) forms for a ``trt`` or ``emulate`` target. ``built_typing``:
     the verdict's mode ("weakly-typed"/"strongly-typed") when TensorRT ran, else None; ``qdq``:
-    whether the model holds Q/DQ nodes; ``env``: the fingerprint whose versions pin the install."""
+    whether the model holds Q/DQ nodes; ``env``: the fingerprint whose versions pin the install;
+    ``layers``: fp32-nodes labels whose TensorRT layer has another name (:func:`trt_layer_names`)."""
     tail = [
         "--onnxrt",
         "--load-inputs",
@@ -88,7 +90,7 @@ def trt_forms(
     loads = ",".join(f"{name}:{path}" for name, path in bins.items())
     exec_tail = ([f"--loadInputs={loads}"] if loads else []) + ["--dumpOutput", "--verbose"]
     common, exec_common = _common(spec)
-    nodes = fp32_node_list(spec)
+    nodes = [(layers or {}).get(n, n) for n in fp32_node_list(spec)]
     weak_prec = (
         [p for p in _NARROW if spec.has(p)] if spec.engine == "trt" else [narrow_of(spec) or "fp16"]
     )
@@ -203,6 +205,17 @@ def _weak_versions(precisions: list[str], lines: tuple[str, ...]) -> str:
     return f"TensorRT 10.x; {why}"
 
 
+def trt_layer_names(model) -> dict[str, str]:
+    """``OP_INDEX`` label -> TensorRT layer name of the model's unnamed top-level nodes: the
+    ONNX parser names an unnamed node's layer ``node_of_<its first output>`` (onnx-tensorrt
+    importerUtils.cpp getNodeName), so ``--layer-precisions Mul_1:float32`` would pin nothing."""
+    return {
+        f"{node.op_type}_{index}": f"node_of_{node.output[0]}"
+        for index, node in enumerate(model.graph.node)
+        if not node.name and node.output
+    }
+
+
 def _common(spec) -> tuple[list[str], list[str]]:
     """The options both typings share: TF32, optimization level, workspace."""
     poly, exe = [], []
@@ -280,6 +293,7 @@ def trt_values(
         built_typing=verdict.target_meta.get("mode"),
         qdq=has_qdq(model),
         env=env,
+        layers=trt_layer_names(model),
     )
     values["trt_forms"] = list(forms)
     built = next((f for f in forms if f.built), None)
