@@ -191,3 +191,38 @@ def test_repro_py_refuses_fp8_on_8_6_with_4(archive, tmp_path, version, target, 
         assert done.returncode == 4 and words in done.stdout, done.stdout + done.stderr
     else:
         assert "reads no FP8" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("target", "model", "tf32_off"),
+    [
+        ("ort:cuda", "model.onnx", False),
+        ("ort:cuda,fp16", "model.fp16.onnx", False),
+        ("ort:cuda,bf16,fp32-nodes=n1", "model.bf16.onnx", False),
+        ("ort:cuda,no-tf32", "model.onnx", True),
+    ],
+)
+def test_the_ort_cuda_commands_run_what_the_target_ran_and_compare(target, model, tf32_off):
+    """An ``ort:cuda`` archive printed `polygraphy run model.onnx --onnxrt --providers cuda`: one
+    runner compares nothing, and ``cuda,fp16`` ran the converted ``model.fp16.onnx``, not
+    model.onnx (nor did ``no-tf32`` turn TF32 off). Now: the CPU outputs saved, then the target's
+    file on CUDA compared with them at the report's tolerances; onnxruntime_perf_test runs the
+    same file."""
+    from reprokit.engine.oracle import Kind, Signature, Verdict
+    from reprokit.report.describe import polygraphy_command
+    from reprokit.report.upstream import upstream_values
+
+    spec = parse_target(target)
+    criterion = Criterion(atol=0.02, rtol=0.03)
+    verdict = Verdict(Signature(Kind.MISMATCH, ("y",), ""), (), criterion, "ort", target, "fp16")
+    line = polygraphy_command(spec, verdict, None)
+    first, second = line.split(" && ")
+    saved = polygraphy_parses(first)
+    compared = polygraphy_parses(second)
+    assert shlex.split(first)[2] == "model.onnx" and saved.save_outputs_path
+    assert shlex.split(second)[2 + tf32_off] == model and compared.providers == ["cuda"]
+    assert compared.load_outputs_paths == [saved.save_outputs_path]
+    assert (compared.atol, compared.rtol) == (["0.02"], ["0.03"]), (compared.atol, compared.rtol)
+    assert second.startswith("NVIDIA_TF32_OVERRIDE=0 ") == tf32_off
+    perf = upstream_values(spec, {})["engine_command"]
+    assert perf.endswith(f"-I {model}") and perf.startswith("NVIDIA_TF32_OVERRIDE=0 ") == tf32_off
