@@ -130,3 +130,24 @@ def test_a_passing_check_with_no_outputs_is_not_called_agreeing_outputs(packed):
     done = _repro(folder, f"cmd:{sys.executable} -c pass")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "gave no outputs to compare" in done.stdout and "every output agrees" not in done.stdout
+
+
+def test_repro_py_pins_an_unnamed_node_by_tensorrt_s_layer_name(packed):
+    """repro.py's weakly typed TensorRT run pins the layers whose origin is a kept node; for an
+    unnamed node TensorRT's origin is ``node_of_<first output>``, never the OP_INDEX label. The
+    archive's own repro.py is loaded as a module (its main is not run) on its own model.onnx."""
+    import importlib.util
+
+    _, folder = packed
+    spec = importlib.util.spec_from_file_location("archive_repro", folder / "repro.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    assert module.trt_node_names(str(folder / "model.onnx"), ["Mul_1"]) == {"node_of_y"}
+    assert module.trt_node_names(str(folder / "model.onnx"), ["Mul_0", "named"]) == {
+        "node_of_a",
+        "named",
+    }
