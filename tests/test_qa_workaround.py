@@ -101,8 +101,8 @@ def test_the_packed_conversion_is_not_run_for_other_fp32_nodes(packed, target):
 
 def test_the_printed_tensorrt_commands_pin_the_layer_tensorrt_names(packed):
     """TensorRT's ONNX parser names an unnamed node's layer ``node_of_<first output>``
-    (onnx-tensorrt importerUtils.cpp getNodeName): `--layer-precisions Mul_0:float32` pinned
-    nothing (polygraphy only warns of a missing layer). The archive keeps the user's bytes, so
+    (onnx-tensorrt importerUtils.cpp getNodeName): `--layer-precisions Mul_0:float32` named
+    no layer of the network, so nothing was pinned. The archive keeps the user's bytes, so
     the printed weakly typed commands name the layer as TensorRT does."""
     from test_trt_commands import polygraphy_lines, polygraphy_parses
 
