@@ -197,7 +197,18 @@ def polygraphy_command(spec, verdict, model) -> str:
         for key, value in names.items():
             argv = [token.replace(key, value) for token in argv]
         return shlex.join(argv)
-    return shlex.join(["python", "repro.py"])  # no polygraphy runner for this engine
+    return ""  # no polygraphy runner for this engine (polygraphy_note says so)
+
+
+def polygraphy_note(spec) -> str:
+    """commands.sh's words for a polygraphy line that compares nothing ("" where it compares):
+    polygraphy sets no onnxruntime optimization level and has no OpenVINO runner."""
+    if spec.engine == "ort" and not spec.has("cuda"):
+        return ("polygraphy's ONNX Runtime runner on the same inputs: one run at polygraphy's own graph "
+                "optimization level (it sets none), compared with nothing; repro.py above is the comparison.")
+    if spec.engine not in ("trt", "emulate", "ort", "cmd"):
+        return "(polygraphy has no runner for this engine: repro.py above is the comparison.)"
+    return ""
 
 
 def ort_cuda_file(spec) -> str:
