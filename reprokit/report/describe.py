@@ -247,13 +247,9 @@ def primary_form(forms):
 
 
 def trtexec_command(spec, bins: dict[str, str]) -> str:
-    flags = []
-    if spec.engine in ("trt", "emulate"):
-        flags += [f"--{p}" for p in ("fp16", "bf16", "int8", "fp8") if spec.has(p)]
-        if spec.engine == "trt" and spec.has("no-tf32"):
-            flags.append("--noTF32")
-        if spec.engine == "trt" and spec.has("strongly-typed"):
-            flags.append("--stronglyTyped")
+    """trtexec on model.onnx (fp32, TF32 as TensorRT's default) for an archive of another engine:
+    a trt/emulate archive prints both TensorRT forms instead (:mod:`.trtcommands`), a
+    ``--reference-model`` one :mod:`.twincommands`' line."""
     loads = ",".join(f"{name}:{path}" for name, path in bins.items())
-    return shlex.join(["trtexec", "--onnx=model.onnx", *flags, *( [f"--loadInputs={loads}"] if loads else []),
+    return shlex.join(["trtexec", "--onnx=model.onnx", *([f"--loadInputs={loads}"] if loads else []),
                        "--dumpOutput", "--verbose"])
