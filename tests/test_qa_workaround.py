@@ -102,8 +102,9 @@ def test_the_packed_conversion_is_not_run_for_other_fp32_nodes(packed, target):
 def test_the_printed_tensorrt_commands_pin_the_layer_tensorrt_names(packed):
     """TensorRT's ONNX parser names an unnamed node's layer ``node_of_<first output>``
     (onnx-tensorrt importerUtils.cpp getNodeName): `--layer-precisions Mul_0:float32` named
-    no layer of the network, so nothing was pinned. The archive keeps the user's bytes, so
-    the printed weakly typed commands name the layer as TensorRT does."""
+    no layer of the network, so nothing was pinned. The archive keeps the user's bytes; the
+    printed polygraphy line pins by each layer's origin through repro.py's fp32_layers, which
+    names the node as TensorRT does (tests/test_qa_trt_layers.py runs it on a parsed network)."""
     from test_trt_commands import polygraphy_lines, polygraphy_parses
 
     root, _ = packed
@@ -117,10 +118,12 @@ def test_the_printed_tensorrt_commands_pin_the_layer_tensorrt_names(packed):
     folder = next(p for p in (root / "kept").iterdir() if p.is_dir())
     commands = (folder / "commands.sh").read_text()
     weak = [line for line in polygraphy_lines(commands) if "--strongly-typed" not in line]
-    assert weak and all("--layer-precisions node_of_a:float32" in line for line in weak), commands
+    assert weak and all(
+        "--trt-network-postprocess-script repro.py:fp32_layers" in line for line in weak
+    )
     for line in weak:
         polygraphy_parses(line)
-    assert "--layerPrecisions=node_of_a:fp32" in commands and "Mul_0:" not in commands
+    assert "--layerPrecisions" not in commands and "Mul_0:" not in commands
 
 
 def test_a_passing_check_with_no_outputs_is_not_called_agreeing_outputs(packed):

@@ -9,7 +9,7 @@ import shlex
 from reprokit.engine.backends.trt_setup import has_qdq
 from reprokit.engine.oracle import Kind
 from reprokit.errors import ReprokitError
-from reprokit.report.trtcommands import trt_forms, trt_layer_names
+from reprokit.report.trtcommands import trt_forms
 from reprokit.spec import parse_target
 
 FP16_MAX = 65504.0
@@ -235,7 +235,7 @@ def ort_cuda_command(spec, criterion) -> str:
 def trt_forms_for(spec, verdict, model, bins: dict[str, str], env: dict | None = None):
     """Both TensorRT forms (weakly and strongly typed) of a trt/emulate archive's model."""
     return trt_forms(spec, verdict.criterion, bins, built_typing=verdict.target_meta.get("mode"),
-                     qdq=has_qdq(model), env=env, layers=trt_layer_names(model))
+                     qdq=has_qdq(model), env=env, pinned=verdict.target_meta.get("fp32_layers"))
 
 
 def primary_form(forms):

@@ -1,5 +1,6 @@
 """The TensorRT commands of an archive, exactly as built, in both typings (issue 36): weakly typed
-(TensorRT 8.6–10.x: builder flags, fp32 nodes as layer precisions under obey) and strongly typed
+(TensorRT 8.6–10.x: builder flags, every layer of the fp32 nodes pinned under obey by repro.py's
+fp32_layers, or by name where a TensorRT build recorded the layer names) and strongly typed
 (TensorRT 11.x, TensorRT-RTX, 10.x with --strongly-typed: the explicit-precision model reprokit
 converted, in the archive, with no precision flag). What exists on which version is read from
 :mod:`reprokit.engine.backends.trt_versions`; every polygraphy line is parsed by polygraphy's own
@@ -7,8 +8,8 @@ argument parser in tests/test_trt_commands.py. Also the template values around t
 install line, the words on the converted model (which file TensorRT built, by which rules) and
 the facts table repro.py reads. Words only: builds and runs nothing.
 
-Facts relied on: polygraphy 0.53.6 ``run`` (tools/args/backend/trt/loader.py: --layer-precisions
-NAME:float32, --strongly-typed; config.py: --precision-constraints, --int8 calibrating over the
+Facts relied on: polygraphy 0.53.6 ``run`` (tools/args/backend/trt/loader.py:
+--trt-network-postprocess-script FILE:FUNC, called with the parsed network, --strongly-typed; config.py: --precision-constraints, --int8 calibrating over the
 data loader, i.e. --load-inputs); trtexec's --layerPrecisions=NAME:fp32 --precisionConstraints=obey
 and --stronglyTyped (10.x; 11.x "no longer needed: always enabled", migration guide); --fp16 with
 --strongly-typed is refused on 10.x (NVIDIA/TensorRT#4253), so the strongly typed form has none.
@@ -70,12 +71,13 @@ def trt_forms(
     built_typing: str | None,
     qdq: bool,
     env: dict | None = None,
-    layers: dict[str, str] | None = None,
+    pinned: dict[str, list[str]] | None = None,
 ) -> tuple[TrtForm, TrtForm]:
     """(weakly typed, strongly typed) forms for a ``trt`` or ``emulate`` target. ``built_typing``:
     the verdict's mode ("weakly-typed"/"strongly-typed") when TensorRT ran, else None; ``qdq``:
     whether the model holds Q/DQ nodes; ``env``: the fingerprint whose versions pin the install;
-    ``layers``: fp32-nodes labels whose TensorRT layer has another name (:func:`trt_layer_names`)."""
+    ``pinned``: fp32-nodes label -> the layer names a weakly typed TensorRT build of this archive
+    gave them (the verdict's fp32_layers), None where no TensorRT parsed the model."""
     tail = [
         "--onnxrt",
         "--load-inputs",
@@ -90,21 +92,27 @@ def trt_forms(
     loads = ",".join(f"{name}:{path}" for name, path in bins.items())
     exec_tail = ([f"--loadInputs={loads}"] if loads else []) + ["--dumpOutput", "--verbose"]
     common, exec_common = _common(spec)
-    nodes = [(layers or {}).get(n, n) for n in fp32_node_list(spec)]
+    nodes = fp32_node_list(spec)
     weak_prec = (
         [p for p in _NARROW if spec.has(p)] if spec.engine == "trt" else [narrow_of(spec) or "fp16"]
     )
     pins = _pins(env or {})
     made_with = _made_with((env or {}).get("tensorrt") or {})
 
+    # A node's first layer is NODE, its later ones NODE_<counter> (a Gemm "fc" with a bias: fc
+    # and fc_0), an unnamed one's node_of_<first output> (tests/golden/trt_layer_names.txt): a
+    # name list pins every layer only where a parser gave the names; repro.py's fp32_layers pins
+    # by each layer's recorded origin, as reprokit's backend does
     layer = (
-        ["--layer-precisions", *[f"{n}:float32" for n in nodes], "--precision-constraints", "obey"]
+        ["--trt-network-postprocess-script", "repro.py:fp32_layers", "--precision-constraints", "obey"]
         if nodes
         else []
     )
+    names = [name for n in nodes for name in (pinned or {}).get(n, [])]
+    known = bool(nodes) and all((pinned or {}).get(n) for n in nodes)
     exec_layer = (
-        [f"--layerPrecisions={','.join(f'{n}:fp32' for n in nodes)}", "--precisionConstraints=obey"]
-        if nodes
+        [f"--layerPrecisions={','.join(f'{n}:fp32' for n in names)}", "--precisionConstraints=obey"]
+        if known
         else []
     )
     weak_poly = [
@@ -127,6 +135,13 @@ def trt_forms(
     ]
     weak_why = ""
     weak_trtexec: str | None = shlex.join(weak_exec)
+    if nodes and not known:
+        weak_trtexec = None
+        weak_why = (
+            "trtexec pins layers by name, and TensorRT's ONNX parser names a node's later layers "
+            "NODE_<counter> (known only once it parsed the model): use the polygraphy command, whose "
+            "repro.py:fp32_layers pins every layer made from the fp32-nodes, as reprokit does"
+        )
     if "int8" in weak_prec and not qdq:  # trtexec --int8 without --calib sets placeholder ranges
         weak_trtexec = None
         weak_why = (
@@ -203,17 +218,6 @@ def _weak_versions(precisions: list[str], lines: tuple[str, ...]) -> str:
         return "TensorRT 8.6–10.x"
     why = "8.6 has no BF16 flag" if "bf16" in precisions else "8.6's ONNX parser reads no FP8 Q/DQ"
     return f"TensorRT 10.x; {why}"
-
-
-def trt_layer_names(model) -> dict[str, str]:
-    """``OP_INDEX`` label -> TensorRT layer name of the model's unnamed top-level nodes: the
-    ONNX parser names an unnamed node's layer ``node_of_<its first output>`` (onnx-tensorrt
-    importerUtils.cpp getNodeName), so ``--layer-precisions Mul_1:float32`` would pin nothing."""
-    return {
-        f"{node.op_type}_{index}": f"node_of_{node.output[0]}"
-        for index, node in enumerate(model.graph.node)
-        if not node.name and node.output
-    }
 
 
 def _common(spec) -> tuple[list[str], list[str]]:
@@ -293,7 +297,7 @@ def trt_values(
         built_typing=verdict.target_meta.get("mode"),
         qdq=has_qdq(model),
         env=env,
-        layers=trt_layer_names(model),
+        pinned=verdict.target_meta.get("fp32_layers"),
     )
     values["trt_forms"] = list(forms)
     built = next((f for f in forms if f.built), None)

@@ -118,8 +118,9 @@ MEANING = {
     "fp8": ("builder flag FP8, for FP8 Q/DQ nodes only (no FP8 calibrator: a model without them, or with int8 "
             "ones only, is refused); 10.0+: 8.6's ONNX parser reads no FP8 QuantizeLinear",
             "only a model with FP8 Q/DQ nodes; a model without them, or with int8 ones only, is refused"),
-    "fp32-nodes": ("those layers get precision float32 and OBEY_PRECISION_CONSTRAINTS "
-                   "(polygraphy `--layer-precisions N:float32 --precision-constraints obey`)",
+    "fp32-nodes": ("every layer made from those nodes gets precision float32 and OBEY_PRECISION_CONSTRAINTS "
+                   "(found by the origin TensorRT's parser records; an unnamed node given as `OP_INDEX` "
+                   "is its `node_of_<first output>`)",
                    "Casts keep those nodes float32 inside the converted model"),
     "no-tf32": ("TF32 builder flag cleared", "TF32 builder flag cleared"),
     "strongly-typed": ("NetworkDefinitionCreationFlag.STRONGLY_TYPED (10.0+; refused on 8.6)",
