@@ -199,6 +199,8 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
                     os.remove(os.path.join(stage, f"model.{narrow}.onnx"))
     if early is None:
         _write_model(stage, result, redaction, model_path)
+    for line in early.said if early is not None else []:
+        event(line)  # kept: the archive's logs/ exist now, so they are named
     save_npz(os.path.join(stage, "inputs.npz"), feeds)
     save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
     save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
