@@ -104,7 +104,12 @@ def trt_forms(
     # name list pins every layer only where a parser gave the names; repro.py's fp32_layers pins
     # by each layer's recorded origin, as reprokit's backend does
     layer = (
-        ["--trt-network-postprocess-script", "repro.py:fp32_layers", "--precision-constraints", "obey"]
+        [
+            "--trt-network-postprocess-script",
+            "repro.py:fp32_layers",
+            "--precision-constraints",
+            "obey",
+        ]
         if nodes
         else []
     )
