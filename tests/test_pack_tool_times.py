@@ -76,9 +76,12 @@ def test_pack_counts_the_engine_runs_inside_its_tools(files):
     log = _member(packed.archive, "logs/polygraphy_run_onnxrt.log").decode()
     assert log.startswith("$ polygraphy run model.onnx --onnxrt --load-inputs inputs.json\n"), log[:200]
     assert "onnxrt-runner" in log and log.rstrip().endswith("[exit code 0]"), log[-400:]
-    # started before the check: they need neither its verdict nor its files
-    first_log = next(i for i, e in enumerate(events) if e.startswith("logs/polygraphy_run_onnxrt.log"))
-    assert first_log < next(i for i, e in enumerate(events) if e.startswith("checking")), events
+    # started before the check: they need neither its verdict nor its files; their logs/ are
+    # named once the archive keeps them (a pack that ends with exit 6 writes none)
+    started = next(i for i, e in enumerate(events) if e.startswith("started beside the check: polygraphy"))
+    assert started < next(i for i, e in enumerate(events) if e.startswith("checking")), events
+    named = next(i for i, e in enumerate(events) if e.startswith("logs/polygraphy_run_onnxrt.log"))
+    assert named > next(i for i, e in enumerate(events) if e.startswith("writing the bundle")), events
 
 
 def test_early_polygraphy_runs_are_dropped_when_the_check_used_other_feeds(files):

@@ -181,7 +181,7 @@ def test_audit_offers_the_tested_set_as_its_workaround(tmp_path):
     path = sm.save(accumulating_mlp(), tmp_path / "mlp.onnx")
     result = audit(path, "emulate:bf16", str(tmp_path / "audit"), options=RunOptions(tolerance=0.01),
                    explain_inputs=False)
-    tested = result.payload["precision"]
+    tested = result.payload["tested_workaround"]
     assert tested["agrees"] and tested["method"] == "packed"
     assert result.sweep[0].setting == tested["setting"] and result.sweep[0].fixes
     assert result.workaround["setting"] == tested["setting"]

@@ -35,6 +35,7 @@ from reprokit.report.describe import (
     describe,
     environment_lines,
     polygraphy_command,
+    polygraphy_note,
     reference_parts,
     title,
     trtexec_command,
@@ -198,6 +199,8 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
                     os.remove(os.path.join(stage, f"model.{narrow}.onnx"))
     if early is None:
         _write_model(stage, result, redaction, model_path)
+    for line in early.said if early is not None else []:
+        event(line)  # kept: the archive's logs/ exist now, so they are named
     save_npz(os.path.join(stage, "inputs.npz"), feeds)
     save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
     save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
@@ -245,7 +248,7 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
                               else write_conversion(stage, result.prepared.model, result.prepared.base_dir, spec))
             values.update(trt_values(spec, verdict, model, bins, env, values["engine_packages"], conversion))
             if values["twin"]:  # TensorRT builds the converted cut as written: strongly typed, two polygraphy runs
-                values.update(twin_commands(spec, verdict, bins))
+                values.update(twin_commands(spec, verdict, bins), polygraphy_note="")
                 # the user's converted cut is the explicit-precision model: no weakly typed form of the fp32
                 # cut and no conversion of reprokit's own stand beside it
                 values.update(trt_forms=[], converted="", converted_file=None)
@@ -376,6 +379,7 @@ def _template_values(result, spec, env, context, archive_name, model, bins, reco
         "engine_packages": ENGINE_PACKAGES[spec.engine],
         "reference": verdict.reference, "target": verdict.target, "criterion": criterion_words(recorded),
         "polygraphy_command": polygraphy_command(spec, verdict, model), "trtexec_command": trtexec_command(spec, bins),
+        "polygraphy_note": polygraphy_note(spec),
         "latest_release": _latest_release(spec, env), "other_frameworks": _other_frameworks(env, verdict.reference),
         "repro_output": "",
     }

@@ -187,22 +187,55 @@ def polygraphy_command(spec, verdict, model) -> str:
     """polygraphy's own comparison of the target against ONNX Runtime on the bundled inputs."""
     if spec.engine in ("trt", "emulate"):  # the form reprokit built (both are in commands.sh)
         return primary_form(trt_forms_for(spec, verdict, model, {})).polygraphy
+    if spec.engine == "ort" and spec.has("cuda"):
+        return ort_cuda_command(spec, verdict.criterion)
     if spec.engine == "ort":
-        providers = ["--providers", "cuda"] if spec.has("cuda") else []
-        return shlex.join(["polygraphy", "run", "model.onnx", "--onnxrt", *providers, "--load-inputs", "inputs.json"])
+        return shlex.join(["polygraphy", "run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json"])
     if spec.engine == "cmd":  # the check itself, on the bundled files: no placeholder left to fill in
         names = {"{model}": "model.onnx", "{inputs}": "inputs.npz", "{outputs}": "outputs.npz"}
         argv = shlex.split(spec.command)
         for key, value in names.items():
             argv = [token.replace(key, value) for token in argv]
         return shlex.join(argv)
-    return shlex.join(["python", "repro.py"])  # no polygraphy runner for this engine
+    return ""  # no polygraphy runner for this engine (polygraphy_note says so)
+
+
+def polygraphy_note(spec) -> str:
+    """commands.sh's words for a polygraphy line that compares nothing ("" where it compares):
+    polygraphy sets no onnxruntime optimization level and has no OpenVINO runner."""
+    if spec.engine == "ort" and not spec.has("cuda"):
+        return ("polygraphy's ONNX Runtime runner on the same inputs: one run at polygraphy's own graph "
+                "optimization level (it sets none), compared with nothing; repro.py above is the comparison.")
+    if spec.engine not in ("trt", "emulate", "ort", "cmd"):
+        return "(polygraphy has no runner for this engine: repro.py above is the comparison.)"
+    return ""
+
+
+def ort_cuda_file(spec) -> str:
+    """The file an ``ort:cuda`` target ran: ``model.fp16.onnx``/``model.bf16.onnx`` converted by
+    reprokit for ``cuda,fp16|bf16``, else ``model.onnx``."""
+    narrow = next((p for p in ("fp16", "bf16") if spec.has(p)), None)
+    return f"model.{narrow}.onnx" if narrow else "model.onnx"
+
+
+def ort_cuda_command(spec, criterion) -> str:
+    """polygraphy's comparison of an ``ort:cuda`` target with onnxruntime on the CPU: one runner
+    per run (its ONNX Runtime runner takes one provider list), so the first saves the CPU outputs
+    of ``model.onnx`` and the second runs the file the target ran on CUDA and compares. TF32 off
+    (``no-tf32``) is NVIDIA_TF32_OVERRIDE=0: polygraphy passes no provider options."""
+    tf32 = ["NVIDIA_TF32_OVERRIDE=0"] if spec.has("no-tf32") else []
+    saved = "reference_outputs.json"
+    first = ["polygraphy", "run", "model.onnx", "--onnxrt", "--load-inputs", "inputs.json", "--save-outputs", saved]
+    second = [*tf32, "polygraphy", "run", ort_cuda_file(spec), "--onnxrt", "--providers", "cuda", "--load-inputs",
+              "inputs.json", "--load-outputs", saved, "--atol", f"{criterion.atol:g}", "--rtol", f"{criterion.rtol:g}",
+              "--check-error-stat", "mean"]
+    return shlex.join(first) + " && " + shlex.join(second)
 
 
 def trt_forms_for(spec, verdict, model, bins: dict[str, str], env: dict | None = None):
     """Both TensorRT forms (weakly and strongly typed) of a trt/emulate archive's model."""
     return trt_forms(spec, verdict.criterion, bins, built_typing=verdict.target_meta.get("mode"),
-                     qdq=has_qdq(model), env=env)
+                     qdq=has_qdq(model), env=env, pinned=verdict.target_meta.get("fp32_layers"))
 
 
 def primary_form(forms):
@@ -214,13 +247,9 @@ def primary_form(forms):
 
 
 def trtexec_command(spec, bins: dict[str, str]) -> str:
-    flags = []
-    if spec.engine in ("trt", "emulate"):
-        flags += [f"--{p}" for p in ("fp16", "bf16", "int8", "fp8") if spec.has(p)]
-        if spec.engine == "trt" and spec.has("no-tf32"):
-            flags.append("--noTF32")
-        if spec.engine == "trt" and spec.has("strongly-typed"):
-            flags.append("--stronglyTyped")
+    """trtexec on model.onnx (fp32, TF32 as TensorRT's default) for an archive of another engine:
+    a trt/emulate archive prints both TensorRT forms instead (:mod:`.trtcommands`), a
+    ``--reference-model`` one :mod:`.twincommands`' line."""
     loads = ",".join(f"{name}:{path}" for name, path in bins.items())
-    return shlex.join(["trtexec", "--onnx=model.onnx", *flags, *( [f"--loadInputs={loads}"] if loads else []),
+    return shlex.join(["trtexec", "--onnx=model.onnx", *([f"--loadInputs={loads}"] if loads else []),
                        "--dumpOutput", "--verbose"])

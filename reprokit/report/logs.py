@@ -46,6 +46,7 @@ class Logs:
     bins: dict | None = None  # inputs/*.bin written with inputs.json, when pack wrote them before its check
     feeds: dict | None = None  # the feeds inputs.json holds then (pack keeps the runs only if its check used them)
     times: list = field(default_factory=list)  # files its runs record their engine runs in
+    said: list = field(default_factory=list)  # early runs' progress lines, told once the archive keeps them
 
     def engine_runs(self) -> list[tuple[float, float]]:
         """(start, end) epoch seconds of the engine runs its processes recorded."""
@@ -144,8 +145,10 @@ def early_logs(model_path: str, options, spec, stage: str, event) -> Logs | None
     if not bins:
         return None
     shutil.copyfile(model_path, os.path.join(stage, "model.onnx"))
-    logs = start_logs(stage, None, spec, {}, event, together=True)
-    logs.bins, logs.feeds = bins, feeds
+    said: list[str] = []  # not told yet: a check that ends the pack (exit 6) leaves no logs/ to name
+    logs = start_logs(stage, None, spec, {}, said.append, together=True)
+    logs.bins, logs.feeds, logs.said = bins, feeds, said
+    event(f"started beside the check: polygraphy {', '.join(' '.join(a[:2]) for a in logs.runs.values())}")
     return logs
 
 

@@ -1,5 +1,6 @@
 """The TensorRT commands of an archive, exactly as built, in both typings (issue 36): weakly typed
-(TensorRT 8.6–10.x: builder flags, fp32 nodes as layer precisions under obey) and strongly typed
+(TensorRT 8.6–10.x: builder flags, every layer of the fp32 nodes pinned under obey by repro.py's
+fp32_layers, or by name where a TensorRT build recorded the layer names) and strongly typed
 (TensorRT 11.x, TensorRT-RTX, 10.x with --strongly-typed: the explicit-precision model reprokit
 converted, in the archive, with no precision flag). What exists on which version is read from
 :mod:`reprokit.engine.backends.trt_versions`; every polygraphy line is parsed by polygraphy's own
@@ -7,8 +8,8 @@ argument parser in tests/test_trt_commands.py. Also the template values around t
 install line, the words on the converted model (which file TensorRT built, by which rules) and
 the facts table repro.py reads. Words only: builds and runs nothing.
 
-Facts relied on: polygraphy 0.53.6 ``run`` (tools/args/backend/trt/loader.py: --layer-precisions
-NAME:float32, --strongly-typed; config.py: --precision-constraints, --int8 calibrating over the
+Facts relied on: polygraphy 0.53.6 ``run`` (tools/args/backend/trt/loader.py:
+--trt-network-postprocess-script FILE:FUNC, called with the parsed network, --strongly-typed; config.py: --precision-constraints, --int8 calibrating over the
 data loader, i.e. --load-inputs); trtexec's --layerPrecisions=NAME:fp32 --precisionConstraints=obey
 and --stronglyTyped (10.x; 11.x "no longer needed: always enabled", migration guide); --fp16 with
 --strongly-typed is refused on 10.x (NVIDIA/TensorRT#4253), so the strongly typed form has none.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reprokit.engine.backends.trt_setup import GPU_REFUSED, has_qdq
-from reprokit.engine.backends.trt_versions import FACTS, Typing
+from reprokit.engine.backends.trt_versions import FACTS, Typing, facts_for
 
 _NARROW = ("fp16", "bf16", "int8", "fp8")
 
@@ -39,6 +40,7 @@ class TrtForm:
     install: str  # the pip line that gives a TensorRT this form runs on
     built: bool  # the form reprokit's own run used
     why_not: str = ""
+    lines: tuple[str, ...] = ()  # the keys of trt_versions.FACTS this form's commands run on
 
     @property
     def label(self) -> str:
@@ -69,10 +71,13 @@ def trt_forms(
     built_typing: str | None,
     qdq: bool,
     env: dict | None = None,
+    pinned: dict[str, list[str]] | None = None,
 ) -> tuple[TrtForm, TrtForm]:
     """(weakly typed, strongly typed) forms for a ``trt`` or ``emulate`` target. ``built_typing``:
     the verdict's mode ("weakly-typed"/"strongly-typed") when TensorRT ran, else None; ``qdq``:
-    whether the model holds Q/DQ nodes; ``env``: the fingerprint whose versions pin the install."""
+    whether the model holds Q/DQ nodes; ``env``: the fingerprint whose versions pin the install;
+    ``pinned``: fp32-nodes label -> the layer names a weakly typed TensorRT build of this archive
+    gave them (the verdict's fp32_layers), None where no TensorRT parsed the model."""
     tail = [
         "--onnxrt",
         "--load-inputs",
@@ -92,17 +97,27 @@ def trt_forms(
         [p for p in _NARROW if spec.has(p)] if spec.engine == "trt" else [narrow_of(spec) or "fp16"]
     )
     pins = _pins(env or {})
-    trt_version = ((env or {}).get("tensorrt") or {}).get("version")
-    trt_major = int(trt_version.split(".")[0]) if trt_version and trt_version[0].isdigit() else None
+    made_with = _made_with((env or {}).get("tensorrt") or {})
 
+    # A node's first layer is NODE, its later ones NODE_<counter> (a Gemm "fc" with a bias: fc
+    # and fc_0), an unnamed one's node_of_<first output> (tests/golden/trt_layer_names.txt): a
+    # name list pins every layer only where a parser gave the names; repro.py's fp32_layers pins
+    # by each layer's recorded origin, as reprokit's backend does
     layer = (
-        ["--layer-precisions", *[f"{n}:float32" for n in nodes], "--precision-constraints", "obey"]
+        [
+            "--trt-network-postprocess-script",
+            "repro.py:fp32_layers",
+            "--precision-constraints",
+            "obey",
+        ]
         if nodes
         else []
     )
+    names = [name for n in nodes for name in (pinned or {}).get(n, [])]
+    known = bool(nodes) and all((pinned or {}).get(n) for n in nodes)
     exec_layer = (
-        [f"--layerPrecisions={','.join(f'{n}:fp32' for n in nodes)}", "--precisionConstraints=obey"]
-        if nodes
+        [f"--layerPrecisions={','.join(f'{n}:fp32' for n in names)}", "--precisionConstraints=obey"]
+        if known
         else []
     )
     weak_poly = [
@@ -125,25 +140,32 @@ def trt_forms(
     ]
     weak_why = ""
     weak_trtexec: str | None = shlex.join(weak_exec)
+    if nodes and not known:
+        weak_trtexec = None
+        weak_why = (
+            "trtexec pins layers by name, and TensorRT's ONNX parser names a node's later layers "
+            "NODE_<counter> (known only once it parsed the model): use the polygraphy command, whose "
+            "repro.py:fp32_layers pins every layer made from the fp32-nodes, as reprokit does"
+        )
     if "int8" in weak_prec and not qdq:  # trtexec --int8 without --calib sets placeholder ranges
         weak_trtexec = None
         weak_why = (
             "trtexec --int8 without a calibration cache uses placeholder dynamic ranges, not this "
             "calibration: use the polygraphy command, which calibrates on inputs.json"
         )
-    weak_pin = (
-        f"{pins['tensorrt']}" if trt_major is not None and trt_major < 11 else "'tensorrt>=10,<11'"
-    )
+    weak_lines = _weak_lines(weak_prec)
+    # the TensorRT the archive was made with is pinned only in a form that runs on it
+    weak_pin = pins["tensorrt"] if made_with in weak_lines else "'tensorrt>=10,<11'"
     weak = TrtForm(
         Typing.WEAK,
-        ("TensorRT 10.x; 8.6 has no BF16 flag" if "bf16" in weak_prec else "TensorRT 8.6–10.x")
-        + "; not 11, which removed the precision flags",
+        _weak_versions(weak_prec, weak_lines) + "; not 11, which removed the precision flags",
         "model.onnx",
         shlex.join(weak_poly),
         weak_trtexec,
         _install(pins, weak_pin),
         built_typing == "weakly-typed",
         weak_why,
+        weak_lines,
     )
 
     model = converted_file(spec) or "model.onnx"
@@ -161,7 +183,7 @@ def trt_forms(
             f"a strongly typed TensorRT builds {'/'.join(quantized)} only from Q/DQ nodes and this model has "
             "none: quantize it first (onnxruntime.quantization.quantize_static, or NVIDIA ModelOpt)"
         )
-    strong_pin = pins["tensorrt"] if trt_major is not None and trt_major >= 11 else "tensorrt"
+    strong_pin = pins["tensorrt"] if made_with == "11" else "tensorrt"
     strong = TrtForm(
         Typing.STRONG,
         "TensorRT 11.x, 10.x with --strongly-typed, and TensorRT-RTX with "
@@ -172,8 +194,35 @@ def trt_forms(
         _install(pins, strong_pin),
         built_typing == "strongly-typed",
         strong_why,
+        tuple(f.key for f in FACTS if f.strongly_typed_flag),
     )
     return weak, strong
+
+
+def _made_with(trt: dict) -> str | None:
+    """The FACTS key of the TensorRT in an archive's fingerprint (TensorRT-RTX: "rtx"), if any."""
+    version = trt.get("version")
+    if not version or not version[0].isdigit():
+        return None
+    return facts_for(version, rtx="rtx" in (trt.get("distribution") or "")).key
+
+
+def _weak_lines(precisions: list[str]) -> tuple[str, ...]:
+    """The weakly typed version lines whose builder flags and ONNX parser build ``precisions``."""
+    return tuple(
+        f.key
+        for f in FACTS
+        if f.default_typing is Typing.WEAK
+        and all(f.narrow_by_flag(p) for p in precisions)
+        and ("fp8" not in precisions or "FP8" in f.qdq_types)
+    )
+
+
+def _weak_versions(precisions: list[str], lines: tuple[str, ...]) -> str:
+    if "8.6" in lines:
+        return "TensorRT 8.6–10.x"
+    why = "8.6 has no BF16 flag" if "bf16" in precisions else "8.6's ONNX parser reads no FP8 Q/DQ"
+    return f"TensorRT 10.x; {why}"
 
 
 def _common(spec) -> tuple[list[str], list[str]]:
@@ -253,6 +302,7 @@ def trt_values(
         built_typing=verdict.target_meta.get("mode"),
         qdq=has_qdq(model),
         env=env,
+        pinned=verdict.target_meta.get("fp32_layers"),
     )
     values["trt_forms"] = list(forms)
     built = next((f for f in forms if f.built), None)

@@ -46,9 +46,19 @@ def upstream_values(spec, env: dict) -> dict:
                     env.get("machine") or "", "Other / Unknown"),
                 "ort_ep": "CUDA" if cuda else "Default CPU", "ort_ep_version": ep_library,
                 "ort_optimization": "ORT_ENABLE_ALL" if spec.has("opt") else "ORT_DISABLE_ALL",
-                "engine_command": f"onnxruntime_perf_test -e {'cuda' if cuda else 'cpu'} -o {level} -r 1 -I model.onnx",
+                "engine_command": _perf_test(spec, level),
                 "latest_release": _latest("ONNX Runtime", "onnxruntime", version)}
     return {}
+
+
+def _perf_test(spec, level: int) -> str:
+    """onnxruntime_perf_test on the file the target ran (``cuda,fp16|bf16``: reprokit's converted
+    model), TF32 off through NVIDIA_TF32_OVERRIDE=0 where the target turned it off."""
+    cuda = spec.has("cuda")
+    narrow = next((p for p in ("fp16", "bf16") if cuda and spec.has(p)), None)
+    tf32 = "NVIDIA_TF32_OVERRIDE=0 " if cuda and spec.has("no-tf32") else ""
+    model = f"model.{narrow}.onnx" if narrow else "model.onnx"
+    return f"{tf32}onnxruntime_perf_test -e {'cuda' if cuda else 'cpu'} -o {level} -r 1 -I {model}"
 
 
 def _latest(name: str, package: str, version: str | None) -> str:

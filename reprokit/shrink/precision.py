@@ -305,7 +305,10 @@ def _find_workaround(search: Search, ranked: list[str], prune: int, calls: int |
     ranked = [_union(units, k) for k in range(1, len(units) + 1)]  # ranked[k-1]: the set of prefix k
     size = _packed_prefix(search, ranked) if search.packed else _bisect_prefix(search, ranked, calls, slack)
     if size is None:
-        found.note = f"even all {len(ranked)} ranked nodes in fp32 do not bring the model within tolerance"
+        # what was run: the ranked nodes and their readers, not every node (one kept outside the
+        # ranking, e.g. a Sqrt fed an out-of-range variance, can be what a fix needs)
+        found.note = (f"all {len(ranked)} ranked nodes in fp32 with their readers ({len(ranked[-1])} nodes) "
+                      "do not bring the model within tolerance")
         if search.not_kept:
             found.note += (f"; the engine ran {len(search.not_kept)} of them narrow anyway (e.g. "
                            f"{', '.join(search.not_kept[:3])}: its own fusions drop the per-node mark)")

@@ -34,16 +34,17 @@ from reprokit.engine.backends.trt_setup import (
     classify_failure,
     compute_capabilities,
     fp32_nodes,
+    fp32_origins,
     has_qdq,
     load_tensorrt,
     refuse_other_quantization,
     refuse_unbuildable,
     rtx_requested,
+    trt_layer_names,
 )
 from reprokit.engine.backends.trt_versions import facts_for
 from reprokit.engine.envinfo import tensorrt_version
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
-from reprokit.graph.index import node_names
 from reprokit.graph.model import OBSERVE_KEY
 from reprokit.spec import OptionDoc, TargetSpec
 
@@ -147,12 +148,7 @@ class TrtBackend(Backend):
         version = str(getattr(module, "__version__", "?"))
         model = onnx.load(model_path, load_external_data=False)
         settings = builder_settings(self.spec, version, rtx, has_qdq=has_qdq(model))
-        unknown = sorted(set(settings.fp32_nodes) - set(node_names(model.graph)))
-        if unknown:
-            raise InputError(
-                f"fp32-nodes names no node of the model: {', '.join(unknown)}",
-                hint="use ONNX node names",
-            )
+        origins = fp32_origins(model, settings.fp32_nodes)  # OP_INDEX -> node_of_<output>
         meta = {
             "mode": settings.mode, "trt_version": version, "trt_module": module.__name__,
             "builder_flags": list(settings.builder_flags), "strongly_typed": settings.strongly_typed,
@@ -168,7 +164,7 @@ class TrtBackend(Backend):
             with capture_polygraphy_log() as log:
                 try:
                     outputs = _build_and_run(
-                        module, rtx, settings, model, path, feeds, output_names, meta,
+                        module, rtx, settings, model, origins, path, feeds, output_names, meta,
                         build_only=self.build_only,
                     )
                 except ReprokitError:
@@ -197,8 +193,9 @@ class TrtBackend(Backend):
         return path
 
 
-def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, build_only=False):
-    """Build the engine with polygraphy's loaders and run ``feeds`` once (unless build_only)."""
+def _build_and_run(trt, rtx, settings, model, origins, path, feeds, output_names, meta, build_only=False):
+    """Build the engine with polygraphy's loaders and run ``feeds`` once (unless build_only);
+    ``origins``: fp32-nodes label -> the origin TensorRT records for its layers (fp32_origins)."""
     import time
 
     from polygraphy.backend import trt as ptrt
@@ -211,7 +208,7 @@ def _build_and_run(trt, rtx, settings, model, path, feeds, output_names, meta, b
     if settings.fp32_layers:
         matched: dict[str, list[str]] = {}
         network = ptrt.PostprocessNetwork(
-            network, _pin_fp32(trt, settings.fp32_nodes, model, matched), "reprokit-fp32-nodes"
+            network, _pin_fp32(trt, origins, _parser_origins(model), matched), "reprokit-fp32-nodes"
         )
         meta["fp32_layers"] = matched
     observed = _observed(model, output_names)
@@ -328,10 +325,19 @@ def _mark_exactly(names: list[str], observed: set[str], meta: dict):
     return mark_exactly
 
 
-def _pin_fp32(trt, nodes, model, matched: dict):
-    """Set FP32 precision and output types on the layers TensorRT made from ``nodes``."""
-    onnx_names = {n.name for n in model.graph.node}
-    wanted = set(nodes)
+def _parser_origins(model) -> set[str]:
+    """Every origin TensorRT's parser can record for the model's top-level nodes."""
+    return {n.name for n in model.graph.node if n.name} | set(trt_layer_names(model).values())
+
+
+def _pin_fp32(trt, origins: dict[str, str], known: set[str], matched: dict):
+    """Set FP32 precision and output types on every layer TensorRT made from the fp32-nodes:
+    ``origins`` maps each label to the origin the parser records (a node's first layer is NODE,
+    its later ones NODE_<counter>, an unnamed node's node_of_<first output>: Gemm "fc" with a bias
+    is layers fc and fc_0; tests/golden/trt_layer_names.txt). ``known``: every node's origin (a
+    layer ln_1 before metadata is node ln_1's, not ln's). ``matched``: label -> layer names."""
+    label_of = {origin: label for label, origin in origins.items()}
+    onnx_names, wanted = known, set(label_of)
     floats = {getattr(trt, t) for t in ("float32", "float16", "bfloat16") if hasattr(trt, t)}
 
     def origin(layer) -> str | None:
@@ -353,7 +359,7 @@ def _pin_fp32(trt, nodes, model, matched: dict):
             layer.precision = trt.float32
             for i in range(len(outs)):
                 layer.set_output_type(i, trt.float32)
-            matched.setdefault(node, []).append(layer.name)
+            matched.setdefault(label_of[node], []).append(layer.name)
 
     return pin_fp32
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.trt_versions import TrtFacts, Typing, facts_for
-from reprokit.errors import EngineUnavailable, ReprokitError, UsageError
+from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.graph import qtypes
-from reprokit.graph.index import iter_nodes
+from reprokit.graph.index import iter_nodes, node_names
 from reprokit.spec import TargetSpec
 
 TRT_HINT = (
@@ -77,6 +77,33 @@ def has_qdq(model) -> bool:
 
 def fp32_nodes(spec: TargetSpec) -> tuple[str, ...]:
     return tuple(n.strip() for n in str(spec.get("fp32-nodes", "")).split(";") if n.strip())
+
+
+def trt_layer_names(model) -> dict[str, str]:
+    """``OP_INDEX`` label -> TensorRT layer name of the model's unnamed top-level nodes: the
+    ONNX parser names an unnamed node's layer ``node_of_<its first output>`` and records that
+    name as its origin (``[ONNX Layer: node_of_y]``; onnx-tensorrt getNodeName, seen with
+    TensorRT-RTX 1.7's parser: tests/golden/trt_layer_names.txt)."""
+    return {
+        f"{node.op_type}_{index}": f"node_of_{node.output[0]}"
+        for index, node in enumerate(model.graph.node)
+        if not node.name and node.output
+    }
+
+
+def fp32_origins(model, nodes) -> dict[str, str]:
+    """fp32-nodes label -> the origin TensorRT's parser records for its layers: a node's name,
+    or for an unnamed top-level node given as OP_INDEX (as the CLI, the emulator and repro.py
+    read it) ``node_of_<first output>``. A label that is neither is refused before any build."""
+    unnamed = trt_layer_names(model)
+    known = set(node_names(model.graph)) - {""}
+    unknown = sorted(n for n in nodes if n not in known and n not in unnamed)
+    if unknown:
+        raise InputError(
+            f"fp32-nodes names no node of the model: {', '.join(unknown)}",
+            hint="use ONNX node names, or OP_INDEX (e.g. Mul_3) for an unnamed node",
+        )
+    return {n: n if n in known else unnamed[n] for n in nodes}
 
 
 def compute_capabilities(spec: TargetSpec) -> list[tuple[int, int]]:
@@ -174,6 +201,10 @@ def refuse_unbuildable(spec: TargetSpec, facts: TrtFacts, has_qdq: bool = True) 
     if not strong and spec.has("bf16") and not facts.narrow_by_flag("bf16"):
         raise EngineUnavailable(f"{name} has no BF16 builder flag (BuilderFlag.BF16 is TensorRT 10.0's)",
                                 hint="use trt:fp16 on TensorRT 8.6, or TensorRT 10 or later for bf16")
+    if spec.has("fp8") and "FP8" not in facts.qdq_types:
+        raise EngineUnavailable(f"{name}'s ONNX parser reads no FP8 QuantizeLinear/DequantizeLinear (INT8 ones "
+                                "only; FP8 only as its own TRT_FP8QuantizeLinear op)",
+                                hint="use TensorRT 10 or later for trt:fp8")
     wanted = [p for p in ("int8", "fp8") if spec.has(p)]
     if not wanted or has_qdq:
         return

@@ -14,6 +14,9 @@ Sources (checked with the docs search, Nov 2026):
 - INetworkDefinition::markDebug and IDebugListener exist from TensorRT 10.0 (C++ API 10.0.1);
   NetworkDefinitionCreationFlag.STRONGLY_TYPED and BuilderFlag.BF16 are 10.0's (not in 8.6).
 - TensorRT-RTX: strongly typed only; polygraphy selects it with POLYGRAPHY_USE_TENSORRT_RTX=1.
+- ONNX parser (onnx-tensorrt release/8.6-GA, builtin_op_importers.cpp): QuantizeLinear and
+  DequantizeLinear import as INT8 only; FP8 exists there only as the parser's own
+  TRT_FP8QuantizeLinear/TRT_FP8DequantizeLinear ops. release/10.0-GA reads FLOAT8E4M3FN Q/DQ.
 Must not import tensorrt: the facts are data, checked against the installed bindings at run time.
 """
 
@@ -46,6 +49,7 @@ class TrtFacts:
     debug_tensors: bool  # INetworkDefinition.mark_debug (polygraphy --mark-debug)
     trtexec_precision: tuple[str, ...]  # trtexec's precision switches
     source: str
+    qdq_types: tuple[str, ...] = ("INT8", "FP8")  # the types the ONNX parser reads Q/DQ nodes as
 
     @property
     def weak_typing(self) -> bool:
@@ -64,7 +68,8 @@ _MIGRATION = (
 )
 FACTS: tuple[TrtFacts, ...] = (
     TrtFacts("8.6", "TensorRT", Typing.WEAK, ("FP16", "INT8", "FP8"), False, False, True, True, False,
-             ("--fp16", "--int8", "--fp8", "--best"), "TensorRT 8.6 API: no BF16, no STRONGLY_TYPED"),
+             ("--fp16", "--int8", "--fp8", "--best"), "TensorRT 8.6 API: no BF16, no STRONGLY_TYPED; "
+             "its ONNX parser reads INT8 Q/DQ only", qdq_types=("INT8",)),
     TrtFacts("10.0-10.11", "TensorRT", Typing.WEAK, ("FP16", "BF16", "INT8", "FP8"), False, True, True, True,
              True, ("--fp16", "--bf16", "--int8", "--fp8", "--best"), "TensorRT 10.0 API"),
     TrtFacts("10.12+", "TensorRT", Typing.WEAK, ("FP16", "BF16", "INT8", "FP8"), True, True, True, True, True,
@@ -111,10 +116,11 @@ MEANING = {
              "only a model with int8 Q/DQ nodes; a model without them, or with FP8 ones only, is refused "
              "(quantize it first)"),
     "fp8": ("builder flag FP8, for FP8 Q/DQ nodes only (no FP8 calibrator: a model without them, or with int8 "
-            "ones only, is refused)",
+            "ones only, is refused); 10.0+: 8.6's ONNX parser reads no FP8 QuantizeLinear",
             "only a model with FP8 Q/DQ nodes; a model without them, or with int8 ones only, is refused"),
-    "fp32-nodes": ("those layers get precision float32 and OBEY_PRECISION_CONSTRAINTS "
-                   "(polygraphy `--layer-precisions N:float32 --precision-constraints obey`)",
+    "fp32-nodes": ("every layer made from those nodes gets precision float32 and OBEY_PRECISION_CONSTRAINTS "
+                   "(found by the origin TensorRT's parser records; an unnamed node given as `OP_INDEX` "
+                   "is its `node_of_<first output>`)",
                    "Casts keep those nodes float32 inside the converted model"),
     "no-tf32": ("TF32 builder flag cleared", "TF32 builder flag cleared"),
     "strongly-typed": ("NetworkDefinitionCreationFlag.STRONGLY_TYPED (10.0+; refused on 8.6)",
