@@ -12,9 +12,7 @@ build error, "DOES NOT REPRODUCE", exit 0 â€” a verdict from a machine's limit â
 
 from __future__ import annotations
 
-import json
 import resource
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,9 +24,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from reprokit.engine import memorybound
 from reprokit.engine.worker import _bound_for, run_in_worker
-from reprokit.report.archive import safe_extract, write_archive, write_manifest
 from reprokit.standalone.arrays import save_npz
 from tests.models import const, make, save, vi
+from tests.test_qa_archives import edited
 
 GUARD = 4 << 30
 
@@ -115,15 +113,7 @@ def packed(tmp_path_factory):
 def hostile(archive: str, model: onnx.ModelProto, tmp_path: Path) -> str:
     """The archive with its model.onnx swapped for ``model``, MANIFEST.json rewritten to match
     (what a sender who means harm does)."""
-    top = Path(safe_extract(archive, str(tmp_path / "edit")))
-    save(model, top / "model.onnx")
-    manifest = json.loads((top / "MANIFEST.json").read_text())
-    (top / "MANIFEST.json").unlink()
-    write_manifest(str(top), {k: v for k, v in manifest.items() if k not in ("schema", "files")})
-    out = str(tmp_path / "hostile.tar.gz")
-    write_archive(str(top), out, "tar.gz")
-    shutil.rmtree(tmp_path / "edit")
-    return out
+    return edited(archive, tmp_path, {"model.onnx": model.SerializeToString()})
 
 
 def test_verify_stops_an_archive_that_allocates_past_the_bound(packed, tmp_path):
