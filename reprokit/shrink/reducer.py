@@ -1,6 +1,7 @@
 """The Reducer: one mutable current best (a set of node indices, and once the shapes pass ran, the
-crop of its inputs), one cache of outcomes (the journal on disk, for resume, under one key), the
-call budget, and per-pass statistics.
+crop of its inputs), one cache of outcomes (the journal on disk, for resume, under one key:
+``known.py``), the call budget and per-pass statistics (``ledger.py``), and what passes call to
+have candidates judged.
 
 "Smaller" is :meth:`Reducer.smaller`: fewer nodes, then (same nodes) fewer input elements. A pass
 accepts a candidate only when it is smaller than the best and shows the ORIGINAL signature (no
@@ -18,30 +19,25 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from reprokit.engine.bug import Decision
-from reprokit.engine.oracle import Kind, Signature
+from reprokit.engine.oracle import Signature
 from reprokit.engine.worker import kill_running
 from reprokit.graph.extract import extract
 from reprokit.graph.index import GraphIndex
 from reprokit.graph.io import weight_bytes
 from reprokit.shrink import evaluator, grouped, passfail
 from reprokit.shrink.evaluator import Outcome
-from reprokit.shrink.journal import Journal, PassStats, entry_key
+from reprokit.shrink.journal import Journal, PassStats
+from reprokit.shrink.known import KnownOutcomes
+from reprokit.shrink.ledger import TRIVIAL, BudgetExhausted, CallLedger
 from reprokit.shrink.space import CandidateSpace
 from reprokit.shrink.tally import Tally
-from reprokit.standalone.compare import jsonable, unrepresentable
+from reprokit.standalone.compare import unrepresentable
 
 __all__ = ["BudgetExhausted", "Journal", "Outcome", "PassStats", "Reducer", "TRIVIAL"]
 
-TRIVIAL = ("empty", "no-outputs", "invalid", "no-anchor")
-
-
-class BudgetExhausted(Exception):
-    """The run's target-call budget is spent: stop reducing, keep the best so far."""
-
 
 @dataclass
-class Reducer:
+class Reducer(KnownOutcomes, CallLedger):
     model: object
     index: GraphIndex
     store: object  # ActivationStore
@@ -130,12 +126,6 @@ class Reducer:
 
     # -- candidates -------------------------------------------------------------------------
 
-    def key(self, nodes: Iterable[int], crop: str = "") -> str:
-        """The one cache key of a candidate: its node set in this numbering (``scope``) and, for
-        a shape try, the crop of its inputs."""
-        text = self.space.scope + ",".join(map(str, sorted(nodes))) + (f"|{crop}" if crop else "")
-        return entry_key("cand", text)
-
     def smaller(self, nodes: Iterable[int], than: Iterable[int] | None = None) -> bool:
         """Is the candidate smaller than ``than`` (default: the current best)? Fewer nodes; a
         shape try of the same nodes is smaller with fewer input elements (``smaller_crop``)."""
@@ -152,70 +142,6 @@ class Reducer:
                 return self.space.build(nodes, check)
             sub = extract(self.model, self.index, nodes, self.store, feeds=self.feeds, check=check)
             return self.space.wrap(sub) if self.space.wrap is not None and sub.outputs else sub
-
-    def cached(self, nodes, crop: str = "") -> Outcome | None:
-        """The known outcome of a candidate (journal), or the trivial one; None = needs a call."""
-        nodes = frozenset(nodes)
-        if not nodes:
-            return Outcome(False, "empty", "", None, True)
-        if self.required and not self.required <= nodes:
-            return Outcome(False, "no-anchor", "", None, True)
-        if (self.keep_inputs or self.keep_outputs) and not self.io_kept(nodes):
-            return Outcome(False, "invalid", "changes the model's inputs or outputs", None, True)
-        why = self.space.refuse(nodes) if self.space.refuse is not None else None
-        if not why and getattr(self.index, "units", None) and self.index.splits_unit(nodes):
-            why = "splits a QuantizeLinear from its DequantizeLinear (a Q/DQ unit moves whole)"
-        if why:
-            return Outcome(False, "invalid", why, None, True)
-        saved = self.journal.get(self.key(nodes, crop))
-        if saved is not None:
-            decision = saved.get("decision")
-            return Outcome(saved["interesting"], saved["kind"], saved["detail"], saved["error"], True,
-                           saved.get("packed", False), saved.get("inferred", False),
-                           Decision(decision) if decision else None)
-        return None
-
-    def io_kept(self, nodes: frozenset) -> bool:
-        """Does the candidate keep what --no-reduce-inputs / --no-reduce-outputs hold fixed?
-        Inputs: every tensor it reads is made inside it, a weight, a constant or a graph input
-        (nodes go only from the end). Outputs: it holds every producer of a graph output and
-        every reader of what it makes (nodes go only from the start)."""
-        index = self.index
-        if self.keep_inputs:
-            for i in nodes:
-                for tensor in index.node_inputs[i]:
-                    producer = index.producer.get(tensor)
-                    if producer is not None and producer not in nodes and tensor not in index.constants:
-                        return False
-        if self.keep_outputs:
-            if any(index.producer.get(t) is not None and index.producer[t] not in nodes
-                   for t in index.graph_outputs):
-                return False
-            if self._readers is None:
-                self._readers = {}
-                for reader, inputs in enumerate(index.node_inputs):
-                    for tensor in inputs:
-                        self._readers.setdefault(tensor, []).append(reader)
-            for i in nodes:
-                for tensor in index.node_outputs[i]:
-                    if any(reader not in nodes for reader in self._readers.get(tensor, ())):
-                        return False
-        return True
-
-    def record(self, nodes: frozenset, outcome: Outcome, *, crop: str = "") -> Outcome:
-        """Journal an engine outcome (not after an interrupt: a killed call means nothing). An
-        outcome inferred from a group's verdict is journaled as inferred, not as observed."""
-        if not self.cancelled:
-            entry = {"interesting": outcome.interesting, "kind": outcome.kind, "detail": outcome.detail,
-                     "error": jsonable(outcome.error), "nodes": len(nodes), "packed": outcome.packed}
-            if outcome.inferred:
-                entry["inferred"] = True
-            if outcome.decision is not None:
-                entry["decision"] = outcome.decision.value
-            if crop:
-                entry["crop"] = crop
-            self.journal.put(self.key(nodes, crop), entry)
-        return outcome
 
     def _evaluate(self, nodes: frozenset) -> Outcome:
         """One candidate alone: cache, or one engine call (the evaluation layer)."""
@@ -368,67 +294,6 @@ class Reducer:
         self.charge()
         return self._evaluate(nodes)
 
-    def claim(self, calls: int) -> None:
-        """A pass whose cost bound is known up front (the conflict-set search) widens an auto
-        budget by that bound; an explicit --max-calls stays as given. The grant is journaled:
-        a resumed run starts with it (``Journal.claimed``) and is not granted it twice."""
-        if self.budget is None or self.allowance is None:
-            return
-        key = f"allowance:{self._current}"
-        if self.journal.get(key) is not None:
-            return  # granted before the run was interrupted: already in this run's budget
-        granted = self.allowance(calls)
-        self.budget += granted
-        self.journal.put(key, {"calls": granted})
-
-    def calls_left(self) -> int | None:
-        """Engine calls the passes may still make (None: no budget)."""
-        if self.budget is None:
-            return None
-        return max(0, self.budget - self.spent - self.held())
-
-    def chunks(self, candidates) -> tuple[int, bool] | None:
-        """Packed by build cost: (candidate nodes in the first call of a sequence judged until its
-        first hit, whether each next call's doubles: buildcost.BuildCost.chunks), spending at most
-        half the calls the budget leaves; None packs by count (as few calls as the limits allow)."""
-        if self.build_cost is None:
-            return None
-        left = self.calls_left()
-        return self.build_cost.chunks(sum(len(c) for c in candidates), None if left is None else max(1, left // 2))
-
-    def charge(self, calls: int = 1) -> None:
-        """Before an engine call: stop at the budget. The call is counted by ``note_call``."""
-        if self.budget is not None and self.spent + calls + self.held() > self.budget:
-            raise BudgetExhausted
-
-    def note_call(self, nodes_built: int, candidates: int, seconds: float, built_by: dict | None = None,
-                  heavy_built: int = 0) -> None:
-        """One engine call made; ``built_by``: its nodes per member kind (a packed call's);
-        ``heavy_built``: the heavy layers of the model it built (buildcost.heavy_layers)."""
-        with self._lock:
-            self.spent += 1
-            stats = self.stats.setdefault(self._current, PassStats())
-            stats.calls += 1
-            stats.candidates += candidates
-            stats.nodes_built += nodes_built
-            stats.heavy_built += heavy_built
-            stats.seconds += seconds
-            for kind, nodes in (built_by or {}).items():
-                stats.built_by[kind] = stats.built_by.get(kind, 0) + nodes
-
-    def count(self, outcome: Outcome) -> Outcome:
-        """Per-pass statistics of an outcome a pass looked at (and other signatures seen)."""
-        stats = self.stats.setdefault(self._current, PassStats())
-        with self._lock:
-            if outcome.kind == "invalid":
-                stats.invalid += 1
-            elif outcome.from_cache and outcome.kind not in TRIVIAL:
-                stats.cached += 1
-            if outcome.kind not in ("agree", *TRIVIAL) and not outcome.interesting:
-                label = f"{outcome.kind}: {outcome.detail}" if outcome.detail else outcome.kind
-                self.findings[label] = self.findings.get(label, 0) + 1
-        return outcome
-
     def prefetch(self, candidates: list) -> None:
         """Evaluate upcoming candidates in parallel so the sequential order finds them cached.
         With jobs == 1, packed evaluation or a call budget this does nothing: results never
@@ -468,24 +333,6 @@ class Reducer:
         self.event(f"{self._current}: kept {len(nodes)} nodes{(' — ' + why) if why else ''}")
         if self.on_accept:
             self.on_accept(self, self._current)
-
-    def held_for(self, nodes) -> Signature:
-        """The signature a shape crop of ``nodes`` is held to: the original's, or — where that
-        node set was accepted by the causal test showing another kind (an Inf that causes the
-        original's mismatch) — the kind it showed: a crop has no full-size values to inject, so
-        it must show what the node set showed."""
-        saved = self.journal.get(self.key(frozenset(nodes))) or {}
-        if saved.get("decision") == Decision.CAUSAL.value and saved.get("kind") != self.signature.kind.value:
-            return Signature(Kind(saved["kind"]), self.signature.outputs, saved.get("detail", ""))
-        return self.signature
-
-    def _count_decision(self, nodes: frozenset) -> None:
-        """summary.no_slippage.accepted: which test of engine/bug.py judged each accepted
-        candidate, read from its journaled outcome (a shape try's crop is keyed apart: it is
-        counted where it is accepted, shapes.py)."""
-        saved = self.journal.get(self.key(nodes))
-        decision = (saved or {}).get("decision") or "not judged alone (a pass's own inference)"
-        self.judged_by[decision] = self.judged_by.get(decision, 0) + 1
 
     def event(self, text: str) -> None:
         if self.on_event:
