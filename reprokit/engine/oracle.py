@@ -1,12 +1,13 @@
 """Reference vs target → :class:`Verdict` with a :class:`Signature`; the verdict cache.
 
 The signature (kind, affected outputs, normalized detail) is what shrink holds fixed, so a
-reduction never slips to a different bug. Engine calls go through ``worker.run_in_worker``.
+reduction never slips to a different bug. What a verdict is lives in ``verdict.py`` (its names
+are importable from here too); this module runs the engines and makes verdicts. Engine calls go
+through ``worker.run_in_worker``.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import os
 import re
@@ -21,99 +22,15 @@ from reprokit.engine.digest import feeds_digest, file_digest  # noqa: F401  (re-
 from reprokit.engine.memorybound import out_of_memory
 from reprokit.engine.messages import _last_lines, normalize_message, quote_message  # noqa: F401  (re-exported)
 from reprokit.engine.tensorfile import save_job_feeds, stable_key
+from reprokit.engine.verdict import NUMERIC, Kind, Signature, Verdict
 from reprokit.engine.worker import WorkerResult, run_in_worker
 from reprokit.errors import EngineUnavailable, ExitCode, ReferenceFailure, ReprokitError
 from reprokit.standalone.compare import (
     Criterion,
-    OutputError,
     compare_arrays,
     reference_sums,
-    reference_warnings,
     widen,
 )
-
-
-class Kind(str, enum.Enum):
-    AGREE = "agree"
-    NONFINITE = "nonfinite"
-    MISMATCH = "mismatch"
-    BUILD_ERROR = "build-error"
-    CRASH = "crash"
-    TIMEOUT = "timeout"
-
-
-@dataclass(frozen=True)
-class Signature:
-    kind: Kind
-    outputs: tuple[str, ...] = ()
-    detail: str = ""  # nan/inf/nan+inf for nonfinite; normalized message for errors
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind.value, "outputs": list(self.outputs), "detail": self.detail}
-
-    def describe(self) -> str:
-        text = self.kind.value
-        if self.detail:
-            text += f" ({self.detail})"
-        if self.outputs:
-            text += " in " + ", ".join(self.outputs[:4]) + (" …" if len(self.outputs) > 4 else "")
-        return text
-
-
-@dataclass(frozen=True)
-class Verdict:
-    signature: Signature
-    outputs: tuple[OutputError, ...]
-    criterion: Criterion
-    reference: str
-    target: str
-    precision: str
-    message: str = ""  # the engine's own text for errors
-    target_meta: dict = field(default_factory=dict, hash=False, compare=False)
-    seconds: float = 0.0
-    cached: bool = False
-    # the target's own output values, kept only when asked (``keep_outputs``) for a numeric
-    # divergence: what the causal test (bug.py) injects into the original's reference run
-    target_outputs: dict | None = field(default=None, hash=False, compare=False, repr=False)
-    quantized: str = ""  # how a quantized model's tensors were judged (engine/quantized.py), else ""
-
-    @property
-    def diverges(self) -> bool:
-        return self.signature.kind is not Kind.AGREE
-
-    @property
-    def kind(self) -> Kind:
-        return self.signature.kind
-
-    @property
-    def warnings(self) -> list[str]:
-        """Outputs whose reference makes the metric say little (all zero, near zero, constant)."""
-        return reference_warnings(self.outputs, self.criterion.metric)
-
-    def worst(self) -> OutputError | None:
-        return max(self.outputs, key=lambda o: (o.exceeds, o.error), default=None)
-
-    def to_json(self) -> dict:
-        return {
-            "schema": "reprokit.verdict/1",
-            "diverges": self.diverges,
-            "signature": self.signature.to_json(),
-            "reference": self.reference,
-            "target": self.target,
-            "precision": self.precision,
-            "criterion": {
-                "metric": self.criterion.metric.value,
-                "tolerance": self.criterion.tolerance,
-                "atol": self.criterion.atol,
-                "rtol": self.criterion.rtol,
-            },
-            "outputs": [o.to_json() for o in self.outputs],
-            **({"quantized": self.quantized} if self.quantized else {}),
-            "warnings": self.warnings,
-            "message": self.message,
-            "target_meta": self.target_meta,
-            "seconds": round(self.seconds, 3),
-        }
 
 
 @dataclass
@@ -275,7 +192,7 @@ class Oracle:
         # waits for the first one's verdict instead of building the engine again.
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None and keep_outputs and hit.target_outputs is None and hit.kind in _NUMERIC:
+            if hit is not None and keep_outputs and hit.target_outputs is None and hit.kind in NUMERIC:
                 hit = None  # judged before without its values: once more, keeping them
             if hit is None:
                 owner = key not in self._pending
@@ -393,12 +310,9 @@ class Oracle:
             with self._lock:
                 self.stats.agreed += 1
         kept = None
-        if keep_outputs and signature.kind in _NUMERIC:  # copies: the worker's files go with the call
+        if keep_outputs and signature.kind in NUMERIC:  # copies: the worker's files go with the call
             kept = {name: np.array(value) for name, value in result.outputs.items() if name in reference_outputs}
         return Verdict(signature, tuple(errors), message="", target_outputs=kept, **base)
-
-
-_NUMERIC = (Kind.NONFINITE, Kind.MISMATCH)
 
 
 OLDEST_OPSET = 7  # onnxruntime has no kernels for ai.onnx opsets before 7 (Add-6, BatchNormalization-6 ...)
