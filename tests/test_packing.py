@@ -79,7 +79,7 @@ def _reducer(out_dir, model_path, inputs, target, tmp, packing):
                       feeds, oracle, signature, workdir=str(tmp), journal=Journal(None),
                       best=frozenset(range(len(model.graph.node))))
     reducer.packing = packing
-    if signature.kind in NUMERIC:  # the decision the run holds (steps._hold_to)
+    if signature.kind in NUMERIC:  # the decision the run holds (reducer_setup.hold_to)
         reducer.causal = CausalTest(oracle, model, reducer.index, reducer.store, feeds, signature, oracle.criterion,
                                     str(tmp))
     return reducer

@@ -1,8 +1,8 @@
 """shrink, as named steps: open the run (control flow opened: ``opening.py``), capture the
-reference activations, confirm the divergence (``confirm.py``), reduce (``reduce/pipeline.py``),
-finish with the result judged alone. Best-so-far
-results are rewritten after every accepted step (``shrink_output.py``); ``resume`` replays the
-journal of candidate outcomes and continues (``runstate.py``).
+reference activations, confirm the divergence (``confirm.py``), make the Reducer and hold it to
+the original's verdict (``reducer_setup.py``), reduce (``pipeline.py``), finish with the result
+judged alone. Best-so-far results are rewritten after every accepted step (``output.py``);
+``resume`` replays the journal of candidate outcomes and continues (``runstate.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import time
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
-from reprokit.engine.bug import NUMERIC, CausalTest
-from reprokit.engine.oracle import Kind, Signature, check_reference_finite, normalize_message
+from reprokit.engine.oracle import Kind, Signature, check_reference_finite
 from reprokit.engine.session import RunOptions
 from reprokit.errors import (
     EngineUnavailable,
@@ -22,7 +21,7 @@ from reprokit.errors import (
 )
 from reprokit.graph.index import count_nodes
 from reprokit.graph.io import weight_bytes
-from reprokit.shrink import buildcost, pipeline
+from reprokit.shrink import pipeline
 from reprokit.shrink.accumulated import finish_accumulated
 from reprokit.shrink.budget import (
     SHAPE_CALLS,
@@ -55,7 +54,8 @@ from reprokit.shrink.output import _BestWriter, pack_result  # noqa: F401  (pack
 from reprokit.shrink.passfail import NO_PACK_PASSED, Calibration, calibrate_packs, result_replays
 from reprokit.shrink.precalibrate import as_calibration, precalibrate
 from reprokit.shrink.precalibrate import wanted as precalibration_wanted
-from reprokit.shrink.reducer import PassStats, Reducer
+from reprokit.shrink.reducer import PassStats
+from reprokit.shrink.reducer_setup import hold_to, make_reducer
 from reprokit.shrink.runstate import (  # noqa: F401  (the CLI's and tests': saved_run, resume_hint …)
     _with_timing_cache,
     option_args,
@@ -64,23 +64,8 @@ from reprokit.shrink.runstate import (  # noqa: F401  (the CLI's and tests': sav
     saved_run,
 )
 from reprokit.shrink.samples import sample_calls, samples_summary
-from reprokit.shrink.space import CandidateSpace
 from reprokit.shrink.start import capture, open_run
 from reprokit.spec import parse_target
-from reprokit.standalone.compare import Metric
-
-
-def severity_floor(verdict) -> float | None:
-    """The error a mismatch candidate must reach: a tenth of the original's worst error, at least
-    the tolerance and at most ten times it — so a 1.0 divergence never shrinks to a 0.0104 one
-    (tolerance 0.01) a maintainer would dismiss, while a divergence near the tolerance keeps it."""
-    if verdict.kind is not Kind.MISMATCH or verdict.criterion.metric is Metric.ALLCLOSE:
-        return None
-    tolerance = verdict.criterion.tolerance
-    floats = [o.error for o in verdict.outputs if o.exceeds and not o.exact]
-    if not floats:  # only exact outputs (ids, indices) differ: every differing element counts
-        return None
-    return max(tolerance, min(max(floats) / 10, 10 * tolerance))
 
 
 def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | None = None,
@@ -213,7 +198,7 @@ def _confirm_and_reduce(run, store, graph_outputs: dict, asked: _Asked, *, fold:
     run.oracle.build_only = signature.kind is Kind.BUILD_ERROR
 
     original_nodes = len(run.model.graph.node)
-    reducer = _make_reducer(run, store, verdict, wrap, clock, limits, jobs=asked.jobs,
+    reducer = make_reducer(run, store, verdict, wrap, clock, limits, jobs=asked.jobs,
                             pack_candidates=asked.pack_candidates, share_feeds=asked.share_feeds,
                             keep_inputs=asked.keep_inputs, keep_outputs=asked.keep_outputs,
                             accept_milder=asked.accept_milder, pending=fold)
@@ -313,7 +298,7 @@ def _fold_into_survey(run, reducer, writer, graph_outputs: dict, asked: _Asked, 
     model = run.given if run.given is not None else run.model
 
     def held(seen) -> None:
-        _hold_to(run, reducer, seen, asked.accept_milder)
+        hold_to(run, reducer, seen, asked.accept_milder)
         writer.warnings = list(seen.warnings)
         run.prepared.notes.extend(f"warning: {w}" for w in seen.warnings)
         run.event(f"diverges: {seen.signature.describe()}")
@@ -397,54 +382,6 @@ def _probe(run, reducer, verdict) -> None:
             clock.begin(step)
 
 
-def _make_reducer(run, store, verdict, wrap, clock, limits, *, jobs: int, pack_candidates: bool,
-                  share_feeds: bool, keep_inputs: bool, keep_outputs: bool, accept_milder: bool,
-                  pending: bool = False) -> Reducer:
-    """The Reducer over the run's model, every node its first best: how candidates are packed,
-    what "shows the original bug" is held to (``_hold_to``; a folded confirmation holds it when
-    the original's verdict comes: ``pending``), and the limits of a pack."""
-    original_nodes = len(run.model.graph.node)
-    reducer = Reducer(run.model, run.index, store, run.feeds, run.oracle, verdict.signature,
-                      workdir=run.models_dir, journal=run.journal, jobs=jobs, on_event=run.event,
-                      best=frozenset(range(original_nodes)))
-    reducer.packing = pipeline.packing_for(verdict.signature.kind, pack_candidates)
-    if wrap is not None:  # the opening's space: every candidate put back inside an If
-        reducer.space = CandidateSpace(wrap=wrap)
-    reducer.keep_inputs, reducer.keep_outputs = keep_inputs, keep_outputs
-    # the inside step replaces the run's model: only where nothing else reads the old numbering
-    reducer.reach_inside = not (keep_inputs or keep_outputs or run.prepared.sample_verdicts)
-    reducer.clock = clock
-    reducer.guard = lambda step, call: reprokit_built(step, call, run.oracle, run.prepared.path, run.feeds)
-    reducer.names_select_nodes = parse_target(run.target).has("fp32-nodes")
-    reducer.share_feeds = share_feeds
-    reducer.stats["confirm"] = _confirm_stats(run.oracle, original_nodes, buildcost.heavy_layers(run.model))
-    if not pending:
-        _hold_to(run, reducer, verdict, accept_milder)
-    reducer.pack_bytes = limits.pack_memory_bytes
-    reducer.pack_nodes = max(512, 6 * original_nodes)
-    reducer.build_cost = buildcost.policy(limits.pack_by, run.target)
-    return reducer
-
-
-def _hold_to(run, reducer, verdict, accept_milder: bool) -> None:
-    """What "shows the original bug" is held to: the causal test, or the signature; the
-    severity floor; the message of a build error or crash."""
-    signature = reducer.signature = verdict.signature
-    if accept_milder and signature.kind is Kind.MISMATCH:
-        reducer.no_slippage.update(test="signature", why="--accept-milder: a milder mismatch is accepted, and a "
-                                   "milder one need not cause the original's")
-    elif signature.kind in NUMERIC:
-        reducer.causal = CausalTest(run.oracle, run.model, run.index, reducer.store, run.feeds, signature,
-                                    run.oracle.criterion, run.models_dir)
-    else:
-        reducer.no_slippage.update(test="signature", why=f"a {signature.kind.value} has no output values to "
-                                   "inject: the same failure class (and message) is what is held")
-    if not accept_milder:
-        reducer.severity = severity_floor(verdict)
-    if signature.kind in (Kind.BUILD_ERROR, Kind.CRASH):
-        reducer.message_key = normalize_message(verdict.message)
-
-
 def _writer_for(run, model_path, options, verdict, clock, max_calls: int, earlier: int) -> _BestWriter:
     """What writes minimal.onnx and summary.json after every accepted step."""
     writer = _BestWriter(run.out_dir, model_path, run.user_target, options, len(run.model.graph.node), clock.started, max_calls,
@@ -454,8 +391,3 @@ def _writer_for(run, model_path, options, verdict, clock, max_calls: int, earlie
     writer.samples = samples_summary(run.prepared)
     writer.clock = clock
     return writer
-
-
-def _confirm_stats(oracle, nodes: int, heavy: int):
-    return PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds,
-                     nodes_built=oracle.stats.target * nodes, heavy_built=oracle.stats.target * heavy)
