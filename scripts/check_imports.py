@@ -6,7 +6,7 @@ each ``import``/``from … import`` of reprokit itself, module-level and functio
 Rules (docs/architecture.md explains them):
 
 - **wings in order** — a module may import its own wing and the wings below it, never above:
-  ``top`` (cli, api, console, torch_export, matrix/) → ``audit`` → ``shrink`` → ``report`` → ``engine`` →
+  ``top`` (cli, api, console, terminal, torch_export, matrix/) → ``audit`` → ``shrink`` → ``report`` → ``engine`` →
   ``convert`` → ``graph`` → ``standalone``. Base modules — ``errors``, ``spec``, the backend
   name table ``engine/backends/registry`` that ``spec`` validates against, and ``files`` (what
   reprokit may write and how: the output claims and atomic writes) — may be imported by
@@ -47,7 +47,7 @@ WINGS = ("top", "audit", "shrink", "report", "engine", "convert", "graph", "stan
 # Base modules: importable from every wing; they themselves import only base and standalone/.
 BASE = ("reprokit.errors", "reprokit.spec", "reprokit.engine.backends.registry", "reprokit.files")
 # The top wing: commands and entry points (matrix/ is verify --versions: it prints through console).
-TOP = ("cli", "api", "console", "torch_export", "__main__", "matrix")
+TOP = ("cli", "api", "console", "terminal", "torch_export", "__main__", "matrix")
 LAZY_MARK = "# lazy:"
 
 
@@ -241,7 +241,7 @@ def mermaid(edges: list[Edge]) -> str:
         if src != dst:
             counts[src, dst] += 1
     labels = {
-        "top": "cli · api · console · torch_export · matrix/",
+        "top": "cli · api · console · terminal · torch_export · matrix/",
         "base": "errors · spec · backends/registry · files",
     }
     order = list(WINGS) + ["base"]
