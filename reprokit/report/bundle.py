@@ -1,7 +1,7 @@
 """The report archive: bundle a small diverging model with its inputs, both engines' outputs,
 the verdict, an environment fingerprint, polygraphy commands and logs, a standalone repro.py, a
-ready-to-file ISSUE.md, a README and a manifest. Verifying an archive someone sent is
-:mod:`reprokit.report.verify`'s.
+ready-to-file ISSUE.md, a README and a manifest (a ``cmd:`` target's own files: ``checkfiles.py``).
+Verifying an archive someone sent is :mod:`reprokit.report.verify`'s.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import tempfile
 import time
@@ -30,6 +29,7 @@ from reprokit.graph.io import (
     save_model,
 )
 from reprokit.report.archive import write_archive, write_manifest
+from reprokit.report.checkfiles import bundle_check_files, check_note
 from reprokit.report.conversion import early_conversion, settled, write_conversion
 from reprokit.report.describe import (
     describe,
@@ -205,7 +205,7 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
     save_npz(os.path.join(stage, "reference_outputs.npz"), result.reference_outputs)
     save_npz(os.path.join(stage, "target_outputs.npz"), result.target_outputs)
     bins = early.bins if early is not None else write_inputs_for_tools(stage, feeds)
-    spec, bundled, needed = _bundle_check_files(stage, spec)
+    spec, bundled, needed = bundle_check_files(stage, spec)
     recorded = {**verdict.to_json(), "check_policy": options.policy().to_json(), "reprokit": __version__,
                 "redaction": redaction, "timeout": options.timeout}
     if result.quant is not None:  # a quantized model: its outputs' steps, so repro.py and verify judge alike
@@ -256,7 +256,7 @@ def _write_bundle(stage, result, spec: TargetSpec, options, context, redaction, 
             values.update(upstream_values(spec, env))  # the engine's own issue form: its fields, command, release link
             if spec.engine == "cmd":
                 values["command_heading"] = "The check command on the bundled files (also in `commands.sh`):"
-                values["check_note"] = _check_note(bundled, needed)
+                values["check_note"] = check_note(bundled, needed)
             with open(os.path.join(stage, "commands.sh"), "w") as handle:
                 handle.write(render("commands.sh.j2", **values))
             os.chmod(os.path.join(stage, "commands.sh"), 0o755)
@@ -306,62 +306,6 @@ def _file_is_model(result, redaction, model_path: str) -> bool:
     prepared = result.prepared
     return bool(not redaction and os.path.isfile(prepared.path) and not external_locations(prepared.model) and (
         os.path.abspath(prepared.path) == os.path.abspath(model_path or "")) and fits_inline(prepared.model))
-
-
-CHECK_DIR = "check"  # where a cmd target's own script goes in the archive
-_MAX_CHECK_FILE = 1 << 20
-
-
-def _bundle_check_files(stage: str, spec):
-    """cmd targets: copy the files the check command names that live under the working
-    directory (small text files: scripts, configs) into check/ and point the command at the
-    copies; list the other files it names, which the archive cannot carry. Returns (spec with
-    the rewritten command, bundled paths, needed paths)."""
-    if spec.engine != "cmd":
-        return spec, [], []
-    argv = shlex.split(spec.command)
-    cwd = os.getcwd()
-    bundled: list[str] = []
-    needed: list[str] = []
-    for index, token in enumerate(argv):
-        if "{" in token or token.startswith("-") or not os.path.isfile(token):
-            continue
-        if index == 0 and os.sep not in token:
-            continue  # a program found on PATH
-        path = os.path.abspath(token)
-        if os.path.commonpath([cwd, path]) == cwd and _small_text_file(path):
-            rel = os.path.join(CHECK_DIR, os.path.relpath(path, cwd))
-            os.makedirs(os.path.dirname(os.path.join(stage, rel)), exist_ok=True)
-            shutil.copy2(path, os.path.join(stage, rel))
-            argv[index] = rel
-            bundled.append(rel)
-        elif index > 0:  # an interpreter given by path (argv[0]) is a tool, not the check's file
-            needed.append(path)
-
-    # Not parse_target: the rewritten paths exist in the archive, not in this directory.
-    return TargetSpec(engine="cmd", options=spec.options, command=_shell_join(argv)), bundled, needed
-
-
-def _small_text_file(path: str) -> bool:
-    if os.path.getsize(path) > _MAX_CHECK_FILE:
-        return False
-    with open(path, "rb") as handle:
-        return b"\0" not in handle.read(8192)
-
-
-def _shell_join(argv: list[str]) -> str:
-    """shlex.join that leaves {model} {inputs} {outputs} unquoted, for people to read."""
-    return " ".join(t if re.fullmatch(r"[\w@%+=:,./{}-]+", t) else shlex.quote(t) for t in argv)
-
-
-def _check_note(bundled: list[str], needed: list[str]) -> str:
-    parts = []
-    if bundled:
-        parts.append("The check command's own files are bundled: " + ", ".join(f"`{p}`" for p in bundled) + ".")
-    if needed:
-        parts.append("The check command also needs these files, which are NOT in this archive: "
-                     + ", ".join(f"`{p}`" for p in needed) + "; `repro.py` says so (exit 4) where they are missing.")
-    return " ".join(parts)
 
 
 def _template_values(result, spec, env, context, archive_name, model, bins, recorded) -> dict:
