@@ -189,10 +189,10 @@ def out_of_memory(role: str, spec: str, message: str, limit: int) -> EngineOutOf
         spec if len(spec) <= 80 else spec[:77] + "…"
     )  # fp32-nodes= of a workaround lists hundreds of nodes
     raise_it = f"--memory-bound {max(1, -(-2 * limit // 2**30))}G"
-    if limit < ENGINE_FLOOR:  # the engine itself did not fit: the model may be innocent
+    if limit < ENGINE_FLOOR:  # the engine may not have fitted itself: the model may be innocent
         hint = (
-            f"a bound of {size_words(limit)} leaves no room for the engine itself (onnxruntime and OpenVINO "
-            f"take about {size_words(ENGINE_FLOOR)} before any model); try {raise_it}"
+            f"a bound of {size_words(limit)} leaves the engine hardly any room: onnxruntime and OpenVINO take "
+            f"110-160 MiB before any model, so the model may ask for little; try {raise_it}"
         )
     else:
         hint = (
