@@ -96,3 +96,10 @@ def test_a_shrink_whose_packs_meet_the_bound_says_why_it_splits_them(tmp_path):
     assert any("candidates ran out" in line and "split in halves" in line for line in said), (
         proc.stderr
     )
+
+
+def test_a_bad_bound_in_the_environment_gives_an_example_a_shell_takes():
+    # old code: "Hint: a size (e.g. REPROKIT_MEMORY_BOUND 16G) ...", which a shell runs as a command
+    proc = run_cli("check", SAMPLE, "--target", "emulate:fp16", env={memorybound.ENV: "lots"})
+    _, hint = assert_user_error(proc, 2, contains="cannot parse REPROKIT_MEMORY_BOUND 'lots'")
+    assert "REPROKIT_MEMORY_BOUND=16G" in hint

@@ -84,14 +84,13 @@ def parse_bound(text: str, source: str = f"{ENV}") -> int | None:
         return default_bound()
     if word in OFF:
         return None
-    try:
-        return min(
-            parse_size(text, source), _LARGEST
-        )  # 99999999T: setrlimit refused it in the worker (exit 5)
+    try:  # 99999999T: setrlimit refused it in the worker (exit 5), hence the cap
+        return min(parse_size(text, source), _LARGEST)
     except UsageError:
+        example = f"{source}=16G" if source == ENV else f"{source} 16G"  # as a shell takes each
         raise UsageError(
             f"cannot parse {source} {text!r}",
-            hint=f"a size (e.g. {source} 16G), auto (half this machine's memory) or off",
+            hint=f"a size (e.g. {example}), auto (half this machine's memory) or off",
         ) from None
 
 
