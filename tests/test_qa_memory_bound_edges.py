@@ -13,11 +13,16 @@ build-error ("Resource temporarily unavailable": a compile thread whose stack th
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
 
 import pytest
-from conftest import assert_user_error, run_cli
+from conftest import assert_user_error, reprokit_exe, run_cli
+from test_memory_bound import expand_bomb
 
 from reprokit.engine import memorybound
+from tests.models import save
 
 SAMPLE = "samples/attention_softmax_nan.onnx"  # 230 nodes; NaN under emulate:fp16, agrees under openvino:f32
 
@@ -103,3 +108,28 @@ def test_a_bad_bound_in_the_environment_gives_an_example_a_shell_takes():
     proc = run_cli("check", SAMPLE, "--target", "emulate:fp16", env={memorybound.ENV: "lots"})
     _, hint = assert_user_error(proc, 2, contains="cannot parse REPROKIT_MEMORY_BOUND 'lots'")
     assert "REPROKIT_MEMORY_BOUND=16G" in hint
+
+
+def test_a_lower_limit_reprokit_was_started_under_is_named_in_the_hint(tmp_path):
+    """Under ``ulimit -d`` (781 MiB here) a 4G bound cannot hold: the inherited limit is kept (never
+    raised), so it is what the 1.5 GiB Expand meets, and raising --memory-bound would not help."""
+    # old code: "Hint: ... raise it: --memory-bound 2G" (below the 4G given, and changing nothing)
+    model = save(expand_bomb(24 << 20), tmp_path / "bomb.onnx")  # 1.5 GiB on the way to y
+    limit = 781 << 20
+
+    def started_under_a_ulimit() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REPROKIT_DEBUG", memorybound.ENV)}
+    proc = subprocess.run(
+        [reprokit_exe(), "check", model, "--target", "emulate:fp16", "--memory-bound", "4G"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=started_under_a_ulimit,
+    )
+    _, hint = assert_user_error(proc, 11, contains="ran out of its memory bound of 781 MiB")
+    assert "ulimit -d" in hint and "781 MiB" in hint
+    assert "--memory-bound 2G" not in hint

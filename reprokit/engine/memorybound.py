@@ -123,6 +123,17 @@ def stack_allowance() -> int:
     return 2 * (os.cpu_count() or 1) * stack
 
 
+def inherited_limit() -> int | None:
+    """The data limit this process was started under (soft or hard, the lower; a ulimit -d, an
+    outer guard), which no bound of reprokit's raises; None: unlimited."""
+    import resource
+
+    finite = [
+        lim for lim in resource.getrlimit(resource.RLIMIT_DATA) if lim != resource.RLIM_INFINITY
+    ]
+    return min(finite) if finite else None
+
+
 def apply(limit: int) -> int:
     """In the worker, before the engine loads: at most ``limit`` bytes of data (plus the thread
     stacks' ``stack_allowance``), and the OOM killer's first choice. A limit the process was
@@ -130,8 +141,8 @@ def apply(limit: int) -> int:
     raised. Returns the bound in force: ``limit``, or the lower one inherited."""
     import resource
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    inherited = [lim for lim in (soft, hard) if lim != resource.RLIM_INFINITY]
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    inherited = [lim for lim in (inherited_limit(),) if lim is not None]
     wanted = limit + stack_allowance()
     resource.setrlimit(resource.RLIMIT_DATA, (min([wanted] + inherited), hard))
     limit = min([limit] + inherited)
@@ -188,7 +199,16 @@ def out_of_memory(role: str, spec: str, message: str, limit: int) -> EngineOutOf
         spec if len(spec) <= 80 else spec[:77] + "…"
     )  # fp32-nodes= of a workaround lists hundreds of nodes
     raise_it = f"--memory-bound {max(1, -(-2 * limit // 2**30))}G"
-    if limit < ENGINE_FLOOR:  # the engine may not have fitted itself: the model may be innocent
+    inherited = inherited_limit()  # the workers' too: they inherit it from this process
+    if (
+        inherited is not None and inherited <= limit
+    ):  # --memory-bound 4G under ulimit -d 800000: 781 MiB held
+        hint = (
+            f"the limit that held is the data limit reprokit was started under ({size_words(inherited)}: "
+            "ulimit -d, or a container's), which reprokit keeps whatever --memory-bound says; only if you "
+            "trust the model and the machine has the memory, raise it where reprokit is started (ulimit -d)"
+        )
+    elif limit < ENGINE_FLOOR:  # the engine may not have fitted itself: the model may be innocent
         hint = (
             f"a bound of {size_words(limit)} leaves the engine hardly any room: onnxruntime and OpenVINO take "
             f"110-160 MiB before any model, so the model may ask for little; try {raise_it}"
