@@ -35,7 +35,7 @@ def test_a_bound_too_small_for_the_engine_is_exit_11_and_says_so():
     # old code: exit 70, "internal error in the engine worker: ImportError: ... failed to map segment"
     proc = check("--target", "emulate:fp16", "--memory-bound", "1B", "--json")
     error, hint = assert_user_error(
-        proc, 11, contains="the reference (ort) engine ran out of its memory bound of 1 bytes"
+        proc, 11, contains="the reference (ort) engine ran out of its memory bound of 1 byte"
     )
     assert "no verdict" in error
     assert "leaves the engine hardly any room" in hint and "--memory-bound 1G" in hint

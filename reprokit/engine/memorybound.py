@@ -73,7 +73,11 @@ def parse_size(text: str, option: str) -> int:
 
 def size_words(nbytes: float) -> str:
     if nbytes < 2**20:  # a bound of 1B said as "9.54e-07 MiB"
-        return f"{nbytes / 2**10:.3g} KiB" if nbytes >= 2**10 else f"{int(nbytes)} bytes"
+        return (
+            f"{nbytes / 2**10:.3g} KiB"
+            if nbytes >= 2**10
+            else f"{int(nbytes)} byte{'' if int(nbytes) == 1 else 's'}"
+        )
     return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 
 
