@@ -133,3 +133,10 @@ def test_a_lower_limit_reprokit_was_started_under_is_named_in_the_hint(tmp_path)
     _, hint = assert_user_error(proc, 11, contains="ran out of its memory bound of 781 MiB")
     assert "ulimit -d" in hint and "781 MiB" in hint
     assert "--memory-bound 2G" not in hint
+
+
+@pytest.mark.parametrize("bound", ["0.5", "0M", "0G"])
+def test_a_size_of_0_bytes_is_no_bound_in_disguise_and_refused(bound):
+    # old code: parsed as 0 bytes, which the worker took for no bound: the run went on unbounded
+    proc = check("--target", "emulate:fp16", "--memory-bound", bound)
+    assert_user_error(proc, 2, contains=f"--memory-bound '{bound}' is a bound of 0 bytes")

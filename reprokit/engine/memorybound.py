@@ -88,14 +88,15 @@ def parse_bound(text: str, source: str = f"{ENV}") -> int | None:
         return default_bound()
     if word in OFF:
         return None
+    example = f"{source}=16G" if source == ENV else f"{source} 16G"  # as a shell takes each
+    hint = f"a size (e.g. {example}), auto (half this machine's memory) or off"
     try:  # 99999999T: setrlimit refused it in the worker (exit 5), hence the cap
-        return min(parse_size(text, source), _LARGEST)
+        size = min(parse_size(text, source), _LARGEST)
     except UsageError:
-        example = f"{source}=16G" if source == ENV else f"{source} 16G"  # as a shell takes each
-        raise UsageError(
-            f"cannot parse {source} {text!r}",
-            hint=f"a size (e.g. {example}), auto (half this machine's memory) or off",
-        ) from None
+        raise UsageError(f"cannot parse {source} {text!r}", hint=hint) from None
+    if size < 1:  # 0.5 or 0M: a bound of 0 bytes, which the worker took for none (unbounded)
+        raise UsageError(f"{source} {text!r} is a bound of 0 bytes", hint=f"{hint} (off: no bound)")
+    return size
 
 
 def default_bound() -> int:
