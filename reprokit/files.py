@@ -229,8 +229,12 @@ def hold(lock_path: str, output: str, *, option: str = "-o") -> None:
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise  # a full disk: the CLI says so, with its own exit code
-            raise UsageError(f"cannot write {option} {output}: {exc.strerror}",
+            raise UsageError(f"cannot write {option} {output}: {lock_path}: {exc.strerror}",
                              hint=f"choose a writable place for {option}") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO there was "cannot create -o directory: Invalid argument"
+            os.close(fd)
+            raise UsageError(f"cannot lock {option} {output}: {lock_path} is not a regular file",
+                             hint=f"it is where reprokit keeps its lock: delete it, or write elsewhere (another {option})")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -31,9 +31,20 @@ OFF = ("off", "none", "0")
 
 # What each engine says when an allocation fails (measured under RLIMIT_DATA): onnxruntime's
 # arena, OpenVINO's allocator, numpy's "Unable to allocate", Python's MemoryError, C++'s
-# std::bad_alloc (an abort's last words), glibc's ENOMEM text.
-_OUT_OF_MEMORY = re.compile(r"Failed to allocate|Unable to allocate|MemoryError|bad_alloc|Cannot allocate memory|"
-                            r"out of memory", re.IGNORECASE)
+# std::bad_alloc (an abort's last words), glibc's ENOMEM text; the dynamic loader's "failed to
+# map segment" (an engine's shared library refused at a bound of a few MiB: an ImportError) and
+# EAGAIN from a thread whose stack was refused (OpenVINO's compile at 120 MiB: "Resource
+# temporarily unavailable", which was judged a build-error, a verdict; at 130 MiB "can't alloc").
+_OUT_OF_MEMORY = re.compile(
+    r"Failed to allocate|Unable to allocate|MemoryError|bad_alloc|Cannot allocate memory|"
+    r"out of memory|failed to map segment|Resource temporarily unavailable|can't alloc",
+    re.IGNORECASE,
+)
+# The engines' own footprint before any model (measured on the attention sample: the emulator
+# needs 110 MiB, OpenVINO 160 MiB on 2 cores); a bound below it fails in the engine, not the model.
+ENGINE_FLOOR = 160 << 20
+# The largest bound kept (4 EiB): setrlimit takes below 2**63, and the thread stacks are added on top.
+_LARGEST = 1 << 62
 
 
 def half_the_memory() -> int:
@@ -41,7 +52,11 @@ def half_the_memory() -> int:
     ``engine.inputs.memory_bound``)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound reprokit can read
+    except (
+        ValueError,
+        OSError,
+        AttributeError,
+    ):  # no sysconf (Windows): no bound reprokit can read
         return 1 << 62
 
 
@@ -49,12 +64,20 @@ def parse_size(text: str, option: str) -> int:
     """'500M', '20G', '1.5G', '4096' (bytes) → bytes."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text or "")
     if not match:
-        raise UsageError(f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M")
+        raise UsageError(
+            f"cannot parse {option} {text!r}", hint=f"e.g. {option} 20G or {option} 500M"
+        )
     scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[match.group(2).lower()]
     return int(float(match.group(1)) * scale)
 
 
 def size_words(nbytes: float) -> str:
+    if nbytes < 2**20:  # a bound of 1B said as "9.54e-07 MiB"
+        return (
+            f"{nbytes / 2**10:.3g} KiB"
+            if nbytes >= 2**10
+            else f"{int(nbytes)} byte{'' if int(nbytes) == 1 else 's'}"
+        )
     return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 
 
@@ -65,11 +88,15 @@ def parse_bound(text: str, source: str = f"{ENV}") -> int | None:
         return default_bound()
     if word in OFF:
         return None
-    try:
-        return parse_size(text, source)
+    example = f"{source}=16G" if source == ENV else f"{source} 16G"  # as a shell takes each
+    hint = f"a size (e.g. {example}), auto (half this machine's memory) or off"
+    try:  # 99999999T: setrlimit refused it in the worker (exit 5), hence the cap
+        size = min(parse_size(text, source), _LARGEST)
     except UsageError:
-        raise UsageError(f"cannot parse {source} {text!r}",
-                         hint=f"a size (e.g. {source} 16G), auto (half this machine's memory) or off") from None
+        raise UsageError(f"cannot parse {source} {text!r}", hint=hint) from None
+    if size < 1:  # 0.5 or 0M: a bound of 0 bytes, which the worker took for none (unbounded)
+        raise UsageError(f"{source} {text!r} is a bound of 0 bytes", hint=f"{hint} (off: no bound)")
+    return size
 
 
 def default_bound() -> int:
@@ -101,6 +128,17 @@ def stack_allowance() -> int:
     return 2 * (os.cpu_count() or 1) * stack
 
 
+def inherited_limit() -> int | None:
+    """The data limit this process was started under (soft or hard, the lower; a ulimit -d, an
+    outer guard), which no bound of reprokit's raises; None: unlimited."""
+    import resource
+
+    finite = [
+        lim for lim in resource.getrlimit(resource.RLIMIT_DATA) if lim != resource.RLIM_INFINITY
+    ]
+    return min(finite) if finite else None
+
+
 def apply(limit: int) -> int:
     """In the worker, before the engine loads: at most ``limit`` bytes of data (plus the thread
     stacks' ``stack_allowance``), and the OOM killer's first choice. A limit the process was
@@ -108,8 +146,8 @@ def apply(limit: int) -> int:
     raised. Returns the bound in force: ``limit``, or the lower one inherited."""
     import resource
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    inherited = [lim for lim in (soft, hard) if lim != resource.RLIM_INFINITY]
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    inherited = [lim for lim in (inherited_limit(),) if lim is not None]
     wanted = limit + stack_allowance()
     resource.setrlimit(resource.RLIMIT_DATA, (min([wanted] + inherited), hard))
     limit = min([limit] + inherited)
@@ -121,8 +159,19 @@ def apply(limit: int) -> int:
     return limit
 
 
-_REQUESTED = re.compile(r"(?:buffer of size|allocate) (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB|PiB|EiB)?", re.IGNORECASE)
-_UNITS = {"": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60}
+_REQUESTED = re.compile(
+    r"(?:buffer of size|allocate) (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB|PiB|EiB)?", re.IGNORECASE
+)
+_UNITS = {
+    "": 1,
+    "bytes": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "pib": 2**50,
+    "eib": 2**60,
+}
 
 
 def ran_out(*texts: str) -> bool:
@@ -143,15 +192,36 @@ def describe(limit: int) -> str:
 def failed_words(text: str) -> str:
     """The engine's sentence that says which allocation failed (its message is mostly a stack)."""
     found = _OUT_OF_MEMORY.search(text or "")
-    return " ".join(text[found.start():found.start() + 160].splitlines()[0].split()) if found else ""
+    return (
+        " ".join(text[found.start() : found.start() + 160].splitlines()[0].split()) if found else ""
+    )
 
 
 def out_of_memory(role: str, spec: str, message: str, limit: int) -> EngineOutOfMemory:
     """The error of a call whose engine ran out of its bound (``message``: the worker's words),
     with a bound to try: twice ``limit``, in whole GiB."""
-    spec = spec if len(spec) <= 80 else spec[:77] + "…"  # fp32-nodes= of a workaround lists hundreds of nodes
-    return EngineOutOfMemory(
-        f"the {role} ({spec}) engine {message}; no verdict",
-        hint="the model asks for more memory than reprokit lets one engine process take (half this machine's "
-             "memory unless --memory-bound or REPROKIT_MEMORY_BOUND says otherwise); only if you trust the model "
-             f"and the machine has the memory, raise it: --memory-bound {max(1, -(-2 * limit // 2**30))}G")
+    spec = (
+        spec if len(spec) <= 80 else spec[:77] + "…"
+    )  # fp32-nodes= of a workaround lists hundreds of nodes
+    raise_it = f"--memory-bound {max(1, -(-2 * limit // 2**30))}G"
+    inherited = inherited_limit()  # the workers' too: they inherit it from this process
+    if (
+        inherited is not None and inherited <= limit
+    ):  # --memory-bound 4G under ulimit -d 800000: 781 MiB held
+        hint = (
+            f"the limit that held is the data limit reprokit was started under ({size_words(inherited)}: "
+            "ulimit -d, or a container's), which reprokit keeps whatever --memory-bound says; only if you "
+            "trust the model and the machine has the memory, raise it where reprokit is started (ulimit -d)"
+        )
+    elif limit < ENGINE_FLOOR:  # the engine may not have fitted itself: the model may be innocent
+        hint = (
+            f"a bound of {size_words(limit)} leaves the engine hardly any room: onnxruntime and OpenVINO take "
+            f"110-160 MiB before any model, so the model may ask for little; try {raise_it}"
+        )
+    else:
+        hint = (
+            "the model asks for more memory than reprokit lets one engine process take (half this machine's "
+            "memory unless --memory-bound or REPROKIT_MEMORY_BOUND says otherwise); only if you trust the "
+            f"model and the machine has the memory, raise it: {raise_it}"
+        )
+    return EngineOutOfMemory(f"the {role} ({spec}) engine {message}; no verdict", hint=hint)

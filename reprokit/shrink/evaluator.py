@@ -354,6 +354,8 @@ def _run_numeric_pack(reducer, group: list[Member]) -> dict:
     reducer.note_call(pack.nodes, sum(1 for m in group if m.nodes is not None), time.monotonic() - start,
                       built_by(group, pack.nodes), heavy_built=heavy_layers(pack.model))
     if result.status != "ok":  # the engine refused the pack as a whole: find out who, by halves
+        if result.status == "memory":  # said: the halves cost calls whose reason the user would not see
+            reducer.event(f"{reducer.step}: a pack of {len(group)} candidates {result.message}: split in halves")
         result.discard()
         if any(m.replay for m in group):  # the original first, alone: it may be what failed
             run_replay_alone(reducer, "the packed call that held it failed as a whole")
