@@ -77,26 +77,23 @@ def test_a_shrink_whose_packs_meet_the_bound_says_why_it_splits_them(tmp_path):
     127 and 63 fail at the bound and are split (14 target calls where 3 do unbounded). The answer
     is the same; the extra calls are said, with the bound, where the user sees the run."""
     # old code: the same 14 calls, and not a word about the bound in what shrink printed
-    proc = run_cli(
-        "shrink",
-        "samples/conv_clip.onnx",
-        "--target",
-        "emulate:fp16",
-        "-o",
-        str(tmp_path / "out"),
-        "--no-pack",
-        "--memory-bound",
-        "200M",
-        timeout=600,
-    )
+    # The engines' own footprint before any model varies by machine (110-160 MiB measured) and the
+    # reference capture must fit: the smallest of these bounds the reference fits under (CI once
+    # ran out at 200 MiB in the reference) still leaves the survey's packs of 2 MiB tensors past it.
+    for mib in (200, 240, 280, 320):
+        out = tmp_path / f"out{mib}"
+        proc = run_cli("shrink", "samples/conv_clip.onnx", "--target", "emulate:fp16", "-o", str(out),
+                       "--no-pack", "--memory-bound", f"{mib}M", timeout=600)
+        if not (proc.returncode == 11 and "the reference (ort) engine ran out" in proc.stderr):
+            break
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["minimal"]["node_names"] == ["block7/bn/sub_mean"]
     assert summary["calls"]["target"] > 3, summary["calls"]  # the packs did meet the bound
     said = [
         line
         for line in proc.stderr.splitlines()
-        if "ran out of its memory bound of 200 MiB" in line
+        if f"ran out of its memory bound of {mib} MiB" in line
     ]
     assert any("candidates ran out" in line and "split in halves" in line for line in said), (
         proc.stderr
