@@ -147,10 +147,11 @@ def apply(limit: int) -> int:
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
-    inherited = [lim for lim in (inherited_limit(),) if lim is not None]
+    inherited = inherited_limit()
     wanted = limit + stack_allowance()
-    resource.setrlimit(resource.RLIMIT_DATA, (min([wanted] + inherited), hard))
-    limit = min([limit] + inherited)
+    if inherited is not None:
+        wanted, limit = min(wanted, inherited), min(limit, inherited)
+    resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
     try:
         with open("/proc/self/oom_score_adj", "w") as handle:
             handle.write("1000")
@@ -185,8 +186,11 @@ def ran_out(*texts: str) -> bool:
     return not asked or max(asked) <= 2 * half_the_memory()
 
 
-def describe(limit: int) -> str:
-    return size_words(limit)
+def ran_out_words(limit: int, words: str) -> str:
+    """'ran out of its memory bound of N (the engine's sentence)': what a worker's result and a
+    --versions cell say of a run the bound stopped (``words``: the engine's output)."""
+    said = failed_words(words)
+    return f"ran out of its memory bound of {size_words(limit)}" + (f" ({said})" if said else "")
 
 
 def failed_words(text: str) -> str:

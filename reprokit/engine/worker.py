@@ -207,7 +207,7 @@ def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float, boun
     if code != 0 or not os.path.exists(result_path):
         log = _tail(stderr_path)
         if bound and code != -signal.SIGKILL and memorybound.ran_out(log):
-            return WorkerResult("memory", meta={"bound": bound}, message=_out_of_memory(bound, _last_line(log)),
+            return WorkerResult("memory", meta={"bound": bound}, message=memorybound.ran_out_words(bound, _last_line(log)),
                                 log=log, seconds=seconds, job_dir=job_dir)
         if code < 0:
             name = signal.Signals(-code).name
@@ -274,15 +274,10 @@ def _child(job_dir: str) -> int:
     result = _run_job(job, job_dir)
     if bound and result["status"] in ("build-error", "error", "crash") and memorybound.ran_out(
             result.get("message", ""), str(result.get("meta", {}).get("detail", ""))):
-        result = {"status": "memory", "message": _out_of_memory(bound, result.get("message", "")),
+        result = {"status": "memory", "message": memorybound.ran_out_words(bound, result.get("message", "")),
                   "meta": {"bound": bound}, "log": result.get("log", "")}
     _write_result(job_dir, result)
     return 0
-
-
-def _out_of_memory(bound: int, words: str) -> str:
-    said = memorybound.failed_words(words)
-    return f"ran out of its memory bound of {memorybound.describe(bound)}" + (f" ({said})" if said else "")
 
 
 def _last_line(log: str) -> str:

@@ -102,9 +102,10 @@ def file_outline(path: str) -> FileOutline:
         if found is not None:
             return found
     model = load_model(path, load_weights=False)
+    identity = _file_identity(path)
     _PARSED.clear()  # one slot: the file read last
-    _PARSED[_file_identity(path)] = model
-    return _OUTLINES[_file_identity(path)]
+    _PARSED[identity] = model
+    return _OUTLINES[identity]
 
 
 # The proto file_outline parsed, kept for the next load_model of that very file, which takes it

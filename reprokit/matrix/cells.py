@@ -132,8 +132,7 @@ def judge_exit(code: int, stdout: str, stderr: str = "", bound: int | None = Non
     "reproduces", an unknown code or an exception is an error, never a verdict. Under a memory
     ``bound``, output saying an allocation failed cannot run: the engine did not run the model."""
     if bound and memorybound.ran_out(stdout, stderr):
-        return Outcome.CANNOT_RUN, (f"repro.py ran out of its memory bound of {memorybound.describe(bound)} "
-                                    f"({memorybound.failed_words(stdout + chr(10) + stderr)})")
+        return Outcome.CANNOT_RUN, "repro.py " + memorybound.ran_out_words(bound, stdout + "\n" + stderr)
     said = _last_verdict_line(stdout)
     if code in VERDICT_EXITS and said.startswith(VERDICT_EXITS[code][1]):
         return VERDICT_EXITS[code][0], said
