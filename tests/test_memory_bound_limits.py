@@ -84,6 +84,16 @@ def test_a_versions_cell_names_the_lower_data_limit_it_inherited(packed, env_cac
     assert "raise ulimit -d" in proc.stderr and "raise --memory-bound" not in proc.stderr
 
 
+def limits() -> list[int]:
+    """pids.max values to try, from 2 up: every one at first, then 1/8 more each, up to what a
+    many-core machine's thread pools need (they grow with the cores)."""
+    values, n = [], 2
+    while n <= 16 * (os.cpu_count() or 1) + 64:
+        values.append(n)
+        n += max(1, n // 8)
+    return values
+
+
 @pytest.fixture
 def pids_cgroup():
     """A pids cgroup of its own (root, cgroup v1 or v2 with the pids controller): ``limit(n)``
@@ -126,7 +136,7 @@ def test_a_thread_limit_is_never_called_memory(pids_cgroup, tmp_path):
     exit 11 (memory), 70 (internal error) or a verdict made from a refused thread."""
     model = save(expand_bomb(16), tmp_path / "small.onnx")
     seen = {}
-    for n in range(2, 40):
+    for n in limits():
         pids_cgroup.limit(n)
         proc = _run(
             "check",
@@ -178,7 +188,7 @@ def test_a_versions_cell_refused_a_thread_cannot_run_and_says_why(
     built = matrix(None)
     assert built.returncode == 0, built.stdout + built.stderr  # the cell reproduces, unlimited
     seen = {}
-    for n in range(2, 60):
+    for n in limits():
         pids_cgroup.limit(n)
         proc = matrix(n)
         seen[n] = proc.returncode
