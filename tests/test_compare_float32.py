@@ -14,8 +14,9 @@ import pytest
 
 from reprokit.engine.layerwise import float_node_outputs
 from reprokit.graph.model import mark_outputs
-from reprokit.standalone.compare import Criterion, Metric, compare_arrays, unrepresentable
+from reprokit.standalone.compare import Criterion, Metric, compare_arrays
 from reprokit.standalone.emulation import emulate_model
+from reprokit.standalone.values import unrepresentable
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 

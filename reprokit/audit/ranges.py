@@ -15,7 +15,8 @@ import numpy as np
 
 from reprokit.engine.layerwise import float_node_outputs
 from reprokit.graph.index import consumers_of
-from reprokit.standalone.compare import RANGE, UNDERFLOW_SHARE, jsonable
+from reprokit.standalone.compare import jsonable
+from reprokit.standalone.values import RANGE, UNDERFLOW_SHARE
 
 # Unit roundoff of each storage type: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8, "fp8": 2.0**-4, "tf32": 2.0**-11}

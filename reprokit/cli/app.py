@@ -20,7 +20,7 @@ from reprokit.cli.progress import Ticker
 from reprokit.console import (
     err,
 )
-from reprokit.engine import enginelog
+from reprokit.engine import enginelog, threadlimit
 from reprokit.errors import ExitCode, ReprokitError
 from reprokit.files import STALE
 from reprokit.graph.dims import say_in_error
@@ -172,6 +172,17 @@ def _exit_within(seconds: float, code: int) -> None:
     threading.Thread(target=watchdog, name="reprokit-exit-watchdog", daemon=True).start()
 
 
+def _no_thread(exc: BaseException) -> None:
+    """reprokit's own thread or process could not start (EAGAIN): exit 4, naming the task limit
+    that refused it, or saying that none is near (then it is memory: a data limit it runs under)."""
+    limit = threadlimit.near_limit()
+    if limit is None:
+        fail(f"reprokit could not start a thread or process ({exc}); no thread or process limit is near its use "
+             "here", "the memory limit reprokit was started under (ulimit -d, a container's) may be what refused "
+             "the thread's stack: raise it, or run fewer processes at once", ExitCode.ENVIRONMENT)
+    fail(f"reprokit could not start a thread or process: {limit} ({exc})", threadlimit.HINT, ExitCode.ENVIRONMENT)
+
+
 def main(argv=None) -> None:
     """Entry point: run the CLI and turn every failure into its exit code."""
     import errno
@@ -213,6 +224,8 @@ def main(argv=None) -> None:
     except OSError as exc:
         if _interrupt_shown_as(exc):
             fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
+        if exc.errno == errno.EAGAIN:  # fork refused (BlockingIOError): a task limit, not a bug
+            _no_thread(exc)
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             where = f" {exc.filename or _OUT}" if exc.filename or _OUT else ""
             fail(f"cannot write{where}: {exc.strerror} (disk full or file size limit)",
@@ -229,5 +242,7 @@ def main(argv=None) -> None:
             traceback.print_exc()
         if _interrupt_shown_as(exc):
             fail("interrupted", interrupted_hint(), ExitCode.INTERRUPTED)
+        if isinstance(exc, RuntimeError) and threadlimit.said_refused(str(exc)):  # can't start new thread
+            _no_thread(exc)
         fail(f"internal error: {exc.__class__.__name__}: {exc}",
               "rerun with --debug and report the traceback", ExitCode.INTERNAL)

@@ -86,7 +86,7 @@ def check(ctx, models, target, layerwise, top, out_dir, as_json, ray_address, gp
     if len(models) > 1 or ray_address or gpus:  # a zoo sweep: one `reprokit check` per model
 
         passed = [a for p in ctx.command.params if p.name not in ("models", "ray_address", "gpus", "jobs", "out_dir",
-                                                                  "as_json") and given(ctx, p.name)
+                                                                  "as_json", "memory_bound") and given(ctx, p.name)
                   for a in as_args(p, ctx.params[p.name])]
         sys.exit(check_many(list(models), passed, out_dir=out_dir, as_json=as_json, ray_address=ray_address,
                             gpus=gpus, jobs=jobs))

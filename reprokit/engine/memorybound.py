@@ -35,6 +35,7 @@ OFF = ("off", "none", "0")
 # map segment" (an engine's shared library refused at a bound of a few MiB: an ImportError) and
 # EAGAIN from a thread whose stack was refused (OpenVINO's compile at 120 MiB: "Resource
 # temporarily unavailable", which was judged a build-error, a verdict; at 130 MiB "can't alloc").
+# EAGAIN is also a limit on threads and processes: callers ask engine/threadlimit.py first.
 _OUT_OF_MEMORY = re.compile(
     r"Failed to allocate|Unable to allocate|MemoryError|bad_alloc|Cannot allocate memory|"
     r"out of memory|failed to map segment|Resource temporarily unavailable|can't alloc",
@@ -186,11 +187,17 @@ def ran_out(*texts: str) -> bool:
     return not asked or max(asked) <= 2 * half_the_memory()
 
 
-def ran_out_words(limit: int, words: str) -> str:
+def ran_out_words(limit: int, words: str, *, inherited: bool = False, configured: int | None = None) -> str:
     """'ran out of its memory bound of N (the engine's sentence)': what a worker's result and a
-    --versions cell say of a run the bound stopped (``words``: the engine's output)."""
+    --versions cell say of a run the bound stopped (``words``: the engine's output). An
+    ``inherited`` limit (lower than the ``configured`` bound, or with none) is named as such."""
     said = failed_words(words)
-    return f"ran out of its memory bound of {size_words(limit)}" + (f" ({said})" if said else "")
+    held = f"ran out of its memory bound of {size_words(limit)}"
+    if inherited:
+        held = (f"ran out of the data limit it was started under, {size_words(limit)} (ulimit -d, a container's: "
+                + ("no --memory-bound" if configured is None else f"lower than --memory-bound's {size_words(configured)}")
+                + ", which never raises it)")
+    return held + (f" ({said})" if said else "")
 
 
 def failed_words(text: str) -> str:

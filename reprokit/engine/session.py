@@ -24,8 +24,9 @@ from reprokit.engine.layerwise import run_layerwise
 from reprokit.engine.oracle import Oracle, Verdict, check_reference_finite
 from reprokit.errors import InputError, UsageError
 from reprokit.graph import dims
-from reprokit.graph.io import check_valid, load_model, save_model
+from reprokit.graph.io import load_model, save_model
 from reprokit.graph.model import InputInfo, check_target_nodes, freeze_input_shapes, input_infos
+from reprokit.graph.validity import check_valid
 from reprokit.spec import marking_changes_engine, parse_target
 from reprokit.standalone.checkpolicy import CheckPolicy
 from reprokit.standalone.compare import Criterion

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reprokit.engine import enginelog, memorybound
+from reprokit.engine import enginelog, memorybound, threadlimit
 from reprokit.engine.backends import create_backend
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.cmd import CmdBackend, CommandCrash, CommandTimeout, call
 from reprokit.engine.tensorfile import Entry, Tensors, load_job_feeds, write_tensors
-from reprokit.errors import EngineUnavailable, ReprokitError
+from reprokit.errors import EngineUnavailable, ExitCode, ReprokitError
 from reprokit.files import read_json
 from reprokit.graph.io import external_locations, stage_external_data
 from reprokit.spec import parse_target
@@ -206,6 +206,10 @@ def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float, boun
     result_path = os.path.join(job_dir, "result.json")
     if code != 0 or not os.path.exists(result_path):
         log = _tail(stderr_path)
+        limit = threadlimit.refused_by_limit(log) if code != -signal.SIGKILL else None
+        if limit:  # an engine that aborts when a thread cannot start (std::system_error)
+            return WorkerResult("unavailable", message=threadlimit.refused_words(limit, log), hint=threadlimit.HINT,
+                                log=log, seconds=seconds, exit_code=int(ExitCode.ENVIRONMENT), job_dir=job_dir)
         if bound and code != -signal.SIGKILL and memorybound.ran_out(log):
             return WorkerResult("memory", meta={"bound": bound}, message=memorybound.ran_out_words(bound, _last_line(log)),
                                 log=log, seconds=seconds, job_dir=job_dir)
@@ -272,8 +276,13 @@ def _child(job_dir: str) -> int:
     if bound:
         bound = memorybound.apply(bound)  # a lower limit the worker inherited is the one that holds
     result = _run_job(job, job_dir)
-    if bound and result["status"] in ("build-error", "error", "crash") and memorybound.ran_out(
-            result.get("message", ""), str(result.get("meta", {}).get("detail", ""))):
+    failed = result["status"] in ("build-error", "error", "crash")
+    words = (result.get("message", ""), str(result.get("meta", {}).get("detail", "")))
+    limit = threadlimit.refused_by_limit(*words) if failed else None  # asked while this process lives
+    if limit:  # a thread refused by a task limit: no verdict, and no memory either
+        result = {"status": "unavailable", "message": threadlimit.refused_words(limit, "\n".join(words)),
+                  "hint": threadlimit.HINT, "exit_code": int(ExitCode.ENVIRONMENT), "log": result.get("log", "")}
+    elif bound and failed and memorybound.ran_out(*words):
         result = {"status": "memory", "message": memorybound.ran_out_words(bound, result.get("message", "")),
                   "meta": {"bound": bound}, "log": result.get("log", "")}
     _write_result(job_dir, result)

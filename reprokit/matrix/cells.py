@@ -12,7 +12,11 @@ not, 2 diverges differently, 3/4 or a failed environment cannot run, anything el
 runs repro.py under the memory bound of engine workers (``Cell.memory_bound``, the driver's
 ``--memory-bound``: ``engine/memorybound.py``): an allocation it refused cannot run, no verdict.
 
-Standard library only (see ``envs``; ``engine.memorybound`` is).
+A cell's data limit is the bound or a lower one its process inherited (``ulimit -d``), and the
+outcome names the one that held; a thread refused by a task limit (``engine/threadlimit.py``) is
+said as such, never as memory.
+
+Standard library only (see ``envs``; ``engine.memorybound`` and ``engine.threadlimit`` are).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from reprokit.engine import memorybound
+from reprokit.engine import memorybound, threadlimit
 from reprokit.matrix.envs import EnvBuildError, EnvRequest, env_in_use, run_process
 
 
@@ -123,16 +127,33 @@ def _run_script(cell: Cell, env, payload: dict, result: dict) -> dict:
                     "outcome": Outcome.CANNOT_RUN.value, "why": f"repro.py ran past {cell.timeout:.0f} s"}
     result.update(run_seconds=round(time.perf_counter() - started, 2), exit_code=done.returncode,
                   output=(done.stdout + done.stderr)[-3000:])
-    outcome, why = judge_exit(done.returncode, done.stdout, done.stderr, cell.memory_bound)
+    outcome, why = judge_exit(done.returncode, done.stdout, done.stderr, **_held(cell))
     return {**result, "outcome": outcome.value, "why": why}
 
 
-def judge_exit(code: int, stdout: str, stderr: str = "", bound: int | None = None) -> tuple[Outcome, str]:
+def _held(cell: Cell) -> dict:
+    """The data limit repro.py really ran under: the cell's bound, or a lower limit this process
+    inherited (ulimit -d, a container's), which the bound never raises; GPU cells run unbounded
+    (engine/memorybound.py says why). ``judge_exit``'s keywords."""
+    inherited = None if cell.needs_gpu else memorybound.inherited_limit()
+    if inherited is not None and (not cell.memory_bound or inherited < cell.memory_bound):
+        return {"bound": inherited, "inherited": True, "configured": cell.memory_bound}
+    return {"bound": cell.memory_bound}
+
+
+def judge_exit(code: int, stdout: str, stderr: str = "", bound: int | None = None, *, inherited: bool = False,
+               configured: int | None = None) -> tuple[Outcome, str]:
     """The outcome a reproducer's exit code and output say; only 1 with its REPRODUCES line is
-    "reproduces", an unknown code or an exception is an error, never a verdict. Under a memory
-    ``bound``, output saying an allocation failed cannot run: the engine did not run the model."""
+    "reproduces", an unknown code or an exception is an error, never a verdict. A thread that a
+    task limit refused, or under a memory ``bound`` an allocation that failed, cannot run: the
+    engine did not run the model (an ``inherited`` bound, lower than the ``configured`` one, is
+    named as the limit that held)."""
+    limit = threadlimit.refused_by_limit(stdout, stderr) if code else None
+    if limit:
+        return Outcome.CANNOT_RUN, "repro.py " + threadlimit.refused_words(limit, stdout + "\n" + stderr)
     if bound and memorybound.ran_out(stdout, stderr):
-        return Outcome.CANNOT_RUN, "repro.py " + memorybound.ran_out_words(bound, stdout + "\n" + stderr)
+        said = memorybound.ran_out_words(bound, stdout + "\n" + stderr, inherited=inherited, configured=configured)
+        return Outcome.CANNOT_RUN, "repro.py " + said
     said = _last_verdict_line(stdout)
     if code in VERDICT_EXITS and said.startswith(VERDICT_EXITS[code][1]):
         return VERDICT_EXITS[code][0], said

@@ -4,7 +4,9 @@ Each model is one ``reprokit check MODEL ... --json`` run by the matrix executor
 one Ray task per model and GPU kind, on workers where reprokit and the target's engine are
 installed); results stream back as they finish and come out as one ``reprokit.check-many/1``
 object (``--json``) or a table. The exit code: 1 when any model diverges, else the first other
-failure's own code, else 0. Judges nothing itself: each verdict is the check's own.
+failure's own code, else 0. Judges nothing itself: each verdict is the check's own. The memory
+bound (``--memory-bound``, ``REPROKIT_MEMORY_BOUND``) is passed in each check's arguments, so a
+Ray worker's check is bounded as a local one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import click
 
 from reprokit.console import err, out
+from reprokit.engine.memorybound import ENV as MEMORY_ENV
 from reprokit.errors import ExitCode, UsageError
 from reprokit.files import parse_json
 from reprokit.matrix.executor import fanout
@@ -37,9 +40,12 @@ def check_many(models: list[str], passed: list[str], *, out_dir: str | None, as_
                 f"'a:1x3 b:2x4', or repeat --input-shapes" if shapes else "check the paths or the glob")
         raise UsageError(f"MODEL {missing[0]} is not a file" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""),
                          hint=hint)
+    # The bound travels in each argv, not the environment: a Ray worker's environment is its
+    # cluster's, not this process's (--memory-bound sets REPROKIT_MEMORY_BOUND here only)
+    bound = os.environ.get(MEMORY_ENV, "").strip()
     argvs = []
     for model in models:
-        argv = ["check", os.path.abspath(model), *passed, "--json"]
+        argv = ["check", os.path.abspath(model), *passed, *(["--memory-bound", bound] if bound else []), "--json"]
         if out_dir:
             argv += ["--out", os.path.join(os.path.abspath(out_dir), _stem(model))]
         argvs.append(argv)

@@ -166,6 +166,12 @@ def _why_hint(rows: list[dict]) -> str:
         return " (uv could not build the environments: is the package index reachable? UV_INDEX_URL picks another)"
     if any("ran past" in w for w in whys):
         return " (repro.py ran past --timeout: give a longer one)"
+    if any("could not start a thread" in w for w in whys):
+        return " (a limit on threads and processes stopped repro.py, not memory: raise it where the cells run " \
+               "(a container's pids limit, ulimit -u) or give fewer --jobs)"
+    if any("data limit it was started under" in w for w in whys):
+        return " (repro.py ran out of the data limit it was started under: raise ulimit -d where the cells run, " \
+               "only for an archive you trust; --memory-bound never raises it)"
     if any("memory bound" in w for w in whys):
         return " (repro.py ran out of its memory bound: raise --memory-bound, only for an archive you trust)"
     return ""

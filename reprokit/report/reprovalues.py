@@ -140,8 +140,8 @@ def _named(items) -> str:
 def embedded_sources() -> dict[str, str]:
     """The standalone modules repro.py embeds verbatim."""
     return {
-        "compare_source": module_source("compare.py"),
-        "emulation_source": module_source("names.py") + "\n\n" + module_source("emulation.py"),
+        "compare_source": module_source("values.py") + "\n\n" + module_source("compare.py"),
+        "emulation_source": "\n\n".join(module_source(name) for name in ("names.py", "emulation.py", "declared.py")),
         "arrays_source": module_source("arrays.py"),
         "policy_source": module_source("checkpolicy.py"),
         "normalize_source": getsource(normalize_message),

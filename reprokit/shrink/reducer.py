@@ -31,7 +31,7 @@ from reprokit.shrink.known import KnownOutcomes
 from reprokit.shrink.ledger import TRIVIAL, BudgetExhausted, CallLedger
 from reprokit.shrink.space import CandidateSpace
 from reprokit.shrink.tally import Tally
-from reprokit.standalone.compare import unrepresentable
+from reprokit.standalone.values import unrepresentable
 
 __all__ = ["BudgetExhausted", "Journal", "Outcome", "PassStats", "Reducer", "TRIVIAL"]
 

@@ -22,13 +22,13 @@ from reprokit.engine.backends.ort import make_session, run_session
 from reprokit.errors import EngineUnavailable, UsageError
 from reprokit.graph.model import name_unnamed_nodes
 from reprokit.spec import OptionDoc, TargetSpec
+from reprokit.standalone.declared import widen_declared
 from reprokit.standalone.emulation import (
     NARROW,
     CannotEmulate,
     emulate_model,
     lift_changes,
     round_through,
-    widen_declared,
 )
 
 

@@ -124,7 +124,7 @@ def _by_cost(reducer, order: list[int], singles: list[frozenset]) -> int | None:
 
 def born_here(reducer, i: int) -> bool:
     """Does node ``i`` make a value the target's storage type cannot hold (beyond its maximum, or
-    mass flush to zero: compare.unrepresentable) from inputs it can hold? Read from the captured
+    mass flush to zero: values.unrepresentable) from inputs it can hold? Read from the captured
     reference activations (cached per tensor by the reducer); False where the target has no narrow
     storage type or an index-free reducer has no values."""
     index = reducer.index
