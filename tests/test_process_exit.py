@@ -115,3 +115,17 @@ def test_the_console_script_keeps_its_output_exit_status_and_cleanup(tmp_path):
         env=env,
     )
     assert usage.returncode == 2 and usage.stderr.startswith("Error:"), usage
+
+
+def test_a_profiled_run_still_gets_its_profile_written(tmp_path):
+    # cProfile (and `coverage run`) write their results when the interpreter ends: such a run
+    # gets the ordinary exit
+    profile = tmp_path / "run.prof"
+    run = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "reprokit", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and "reprokit" in run.stdout, run
+    assert profile.stat().st_size > 0

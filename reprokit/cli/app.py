@@ -193,11 +193,13 @@ def _leave(code: int) -> None:
     0.1-0.3 s on a loaded 2-core machine, which came after summary.json's ``wall_s`` was written
     and so was counted by nobody (issue 39). A non-daemon thread still alive, or a stream that
     cannot be flushed (a closed pipe), gets the ordinary exit: its work and its exit status are
-    the interpreter's to settle, as before."""
+    the interpreter's to settle, as before; so does a process a profiler or coverage tool watches
+    (``python -m cProfile -m reprokit``, ``coverage run``: they write their results at its end)."""
     import atexit
     import threading
 
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    if _watched() or any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                         if t is not threading.main_thread()):
         sys.exit(code)
     atexit._run_exitfuncs()
     try:
@@ -206,6 +208,14 @@ def _leave(code: int) -> None:
     except (OSError, ValueError):
         sys.exit(code)
     os._exit(code)
+
+
+def _watched() -> bool:
+    """A profiler, tracer or (Python 3.12+) monitoring tool is attached to this process."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(tool) for tool in range(6))
 
 
 def _main(argv) -> None:
