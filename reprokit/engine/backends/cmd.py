@@ -170,7 +170,8 @@ class CmdBackend(Backend):
             inputs_path = os.path.join(tmp, "inputs.npz")
             outputs_path = os.path.join(tmp, "outputs.npz")
             stdout_path, stderr_path = os.path.join(tmp, "stdout.log"), os.path.join(tmp, "stderr.log")
-            save_npz(inputs_path, feeds)
+            if "{inputs}" in self.spec.command:  # a pack's feeds can be hundreds of MB: written only when read
+                save_npz(inputs_path, feeds)
             argv = command_argv(
                 self.spec.command, model=model_path, inputs=inputs_path, outputs=outputs_path
             )
