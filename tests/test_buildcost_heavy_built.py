@@ -4,6 +4,8 @@ tables' est. TensorRT build column for reprokit's runs reads it. Checked against
 was really given: every model file that reaches ``Oracle.run_target`` during a real shrink (the
 fp16 emulator on the bundled samples) is counted as it arrives, and the sums must agree, nodes
 and heavy layers both, whatever step made the call (confirm, survey pack, localize, final...).
+The calls whose model holds no heavy layer (``light_calls``/``light_nodes``, priced at the light
+rate) likewise, and against bench/count_check.py's log of a real pass/fail check.
 """
 
 from __future__ import annotations
