@@ -25,9 +25,9 @@ def _est(calls: int, nodes: int) -> str:
 
 def _est_heavy(row: dict) -> str:
     """The estimate of record (buildcost.ESTIMATE): calls, heavy layers built, and the calls of
-    light layers only where the row's log names them (polygraphy's; reprokit's summary.json does
-    not, so its light calls are priced as calls with heavy layers). — for a row recorded before
-    heavy layers were counted."""
+    light layers only where the row names them (polygraphy's from its log, reprokit's from
+    summary.json's build_work; a row recorded before that prices them as calls with heavy layers).
+    — for a row recorded before heavy layers were counted."""
     if row.get("heavy_built") is None:
         return "—"
     seconds = ESTIMATE.seconds(
@@ -73,8 +73,8 @@ def render(payload: dict) -> str:
         "",
         f"Estimated TensorRT build seconds (reprokit/shrink/buildcost.py): *est.*, the estimate of record, "
         f"{ESTIMATE.per_call_s} s a call + {ESTIMATE.per_heavy_s} s a heavy layer built, a call of light layers "
-        f"only {ESTIMATE.per_light_call_s} s + {ESTIMATE.per_light_node_s} s a node (polygraphy's light calls, "
-        "named by its log; reprokit's are priced as calls with heavy layers); *est. per node, old*: "
+        f"only {ESTIMATE.per_light_call_s} s + {ESTIMATE.per_light_node_s} s a node (polygraphy's light calls "
+        "named by its log, reprokit's by summary.json; before it named them, priced as heavy); *est. per node, old*: "
         f"{TENSORRT.per_call_s} s a call + {TENSORRT.per_node_s} s a node built. reprokit runs twice per row: with the target's default packing "
         "(count: the emulator, OpenVINO) and with `--pack-by build-cost` (the policy of trt targets). "
         "The lower bound is reprokit's confirmation of the original plus the result judged alone.",
