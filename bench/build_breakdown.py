@@ -13,9 +13,13 @@ target first, so its lower bound per row is that copy and the result judged alon
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from reprokit.shrink.buildcost import ESTIMATE, TENSORRT
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cost_split  # noqa: E402  (bench/: the floor, priced by the estimate of record)
 
 
 def _est(calls: int, nodes: int) -> str:
@@ -58,13 +62,27 @@ def _polygraphy_calls(row: dict) -> str:
     )
 
 
+def _floor(res: dict) -> tuple[str, str]:
+    """The lower bound's heavy layers and its estimate of record (bench/cost_split.py's floor: one
+    build of the user's model and one of the result); — for a row recorded before they were."""
+    rk = res.get("reprokit") or {}
+    model, result = rk.get("model_work"), rk.get("result_work")
+    if not model or not result or model[1] is None:
+        return "—", "—"
+    return str(model[1] + result[1]), f"{cost_split.floor(model, result):.2f}"
+
+
 def lower_bound(res: dict) -> tuple[int, int] | None:
     """(calls, nodes) reprokit cannot go under on a row: the original's confirmation (one copy of the
-    model it reduces) and the result judged alone (the emulator's targets replay neither)."""
+    model it reduces) and the result judged alone (the emulator's targets replay neither); an
+    accumulated error's result is its printed workaround, a run of the whole model."""
     rk = res.get("reprokit") or {}
     if rk.get("error") or not rk.get("start_nodes"):
         return None
-    return 2, rk["start_nodes"] + (rk.get("minimal_nodes") or 0)
+    result = (
+        rk["start_nodes"] if rk.get("status") == "accumulated" else (rk.get("minimal_nodes") or 0)
+    )
+    return 2, rk["start_nodes"] + result
 
 
 def render(payload: dict) -> str:
@@ -107,8 +125,8 @@ def render(payload: dict) -> str:
         bound = lower_bound(res)
         if bound is not None:
             lines.append(
-                f"| {res['name']} | reprokit's lower bound | {bound[0]} | {bound[1]} | — | — | "
-                f"{_est(*bound)} | the original's confirmation + the result alone |"
+                f"| {res['name']} | reprokit's lower bound | {bound[0]} | {bound[1]} | "
+                f"{' | '.join(_floor(res))} | {_est(*bound)} | the original's confirmation + the result alone |"
             )
     return "\n".join(lines)
 
