@@ -38,6 +38,10 @@ RESULTS = os.path.join(BENCH, "results")
 BIN = os.path.dirname(sys.executable)
 REPROKIT = os.path.join(BIN, "reprokit")
 POLYGRAPHY = os.path.join(BIN, "polygraphy")
+sys.path.insert(0, BENCH)
+
+import cost_split  # noqa: E402  (bench/: fixed vs search, the floor)
+from count_check import model_work, read_log  # noqa: E402
 
 # Runs CMD..., then writes its wall time, exit code and the peak RSS of its process tree to OUT.
 _MEASURE = r"""
@@ -84,7 +88,6 @@ def _picture(name: str, height: int, width: int) -> str:
 
 
 def models() -> list[dict]:
-    sys.path.insert(0, BENCH)
     import planted
 
     with open(os.path.join(ROOT, "samples", "catalog.json")) as handle:
@@ -273,16 +276,23 @@ def run_reprokit(spec: dict, feeds: dict, work: str, pack_by: str | None = None)
         "one_minimal": summary.get("one_minimal"),
         "nodes_built": summary.get("build_work", {}).get("nodes_built"),
         "heavy_built": summary.get("build_work", {}).get("heavy_built"),
+        # calls of light layers only (none before summary.json named them: priced as heavy)
+        "light_calls": summary.get("build_work", {}).get("light_calls"),
+        "light_nodes": summary.get("build_work", {}).get("light_nodes"),
         "built_by": summary.get("build_work", {}).get("by_kind"),
         "signature": summary["signature"]["kind"],
         "steps": summary.get("steps"),
         "activations_mib": dir_mib(os.path.join(out, ".reprokit", "activations")),
         "state_dir_mib": dir_mib(os.path.join(out, ".reprokit")),
         "resources": summary.get("resources"),
+        # (nodes, heavy layers) of one build of the user's model and of the result, for the floor;
+        # an accumulated error's result is a run of the whole model (the printed workaround)
+        "model_work": model_work(spec["path"]),
     }
     if summary["status"] == "accumulated":  # no model is called minimal: the attribution instead
         found = summary["attribution"]
         row.update(common, minimal_nodes=0, minimal_ops=[], kept=True, attribution=found,
+                   result_work=common["model_work"],
                    judged={"kind": "accumulated", "line": f"attribution: {found['diverging_alone']} of "
                            f"{found['nodes_judged_alone']} nodes exceed the tolerance alone; top "
                            + ", ".join(f"{t['node']} {t['error']:.3g}" if not isinstance(t['error'], str)
@@ -291,30 +301,18 @@ def run_reprokit(spec: dict, feeds: dict, work: str, pack_by: str | None = None)
     minimal = os.path.join(out, "minimal.onnx")
     verdict = judge(minimal, os.path.join(out, "reference_outputs.npz"), os.path.join(out, "inputs.npz"),
                     spec["target"], spec["tol"], work)
+    row.update(common)
     row.update({
-        "status": summary["status"],
-        "start_nodes": summary["original"]["nodes"],
-        "calls": summary["calls"]["target"],
-        "reference_calls": summary["calls"]["reference"],
-        "cached": summary["calls"]["cached"],
         "minimal_nodes": summary["minimal"]["nodes"],
         "minimal_ops": summary["minimal"]["ops"],
         "minimal_inputs": summary["minimal"]["inputs"],
         "minimal_outputs": summary["minimal"]["outputs"],
-        "one_minimal": summary.get("one_minimal"),
-        "nodes_built": summary.get("build_work", {}).get("nodes_built"),
-        "heavy_built": summary.get("build_work", {}).get("heavy_built"),
-        "built_by": summary.get("build_work", {}).get("by_kind"),
-        "signature": summary["signature"]["kind"],
         "own_final_kind": summary.get("verdict", {}).get("signature", {}).get("kind"),
         "judged": verdict,
         "kept": verdict["kind"] == feeds["kind"],
         # another kind accepted by the causal test (an Inf that causes the original's mismatch)
         "causal": bool(summary.get("no_slippage", {}).get("accepted", {}).get("shows it: causal test")),
-        "steps": summary.get("steps"),
-        "activations_mib": dir_mib(os.path.join(out, ".reprokit", "activations")),
-        "state_dir_mib": dir_mib(os.path.join(out, ".reprokit")),
-        "resources": summary.get("resources"),
+        "result_work": model_work(minimal),
     })
     return row
 
@@ -366,8 +364,6 @@ def run_polygraphy(spec: dict, feeds: dict, work: str) -> dict:
         row["peak_mib"] = max(row["peak_mib"], m["maxrss_kib"] / 1024)
         row["rc"] = m["rc"]
         # bench/oracle_check.py's lines: nodes and heavy layers per call
-        from count_check import read_log
-
         logged = read_log(call_log)
         row["calls"] = len(logged)
         row["call_nodes"] = [nodes for nodes, _ in logged]
@@ -420,7 +416,8 @@ def ratio(a, b) -> str:
 
 
 HEADER = ["model", "nodes", "target", "tool", "target calls", "nodes built", "build-cost policy: calls, nodes built",
-          "est. TensorRT build, heavy layers (s)", "est. build, per node, old (s)", "wall time (s)", "peak memory (MiB)",
+          "est. TensorRT build, heavy layers (s)", "est. build, per node, old (s)", "est. build: fixed + search (s)",
+          "est. floor (s)", "wall time (s)", "peak memory (MiB)",
           "disk for activations (MiB)", "minimal nodes", "minimal ops", "signature kind kept", "1-minimal"]
 
 
@@ -466,8 +463,8 @@ def build_estimate(row: dict) -> float | None:
 
     if row.get("calls") is None or row.get("heavy_built") is None:
         return None
-    # calls of light layers only are priced apart where the run's log names them (polygraphy's);
-    # reprokit's summary.json does not, so its light calls are priced as calls with heavy layers
+    # calls of light layers only priced apart: polygraphy's from its call log, reprokit's from
+    # summary.json's build_work (a run recorded before it named them: priced as heavy, an upper bound)
     return ESTIMATE.seconds(
         row["calls"], row["heavy_built"], row.get("light_calls") or 0, row.get("light_nodes") or 0
     )
@@ -504,6 +501,57 @@ def cost_cell(res: dict, tool: str) -> str:
     return f"{r['calls']}, {r['nodes_built']}" + ("" if same else f" (answer: {ops_text(r.get('minimal_ops') or [])})")
 
 
+def cost_parts(res: dict) -> tuple[float, float, float] | None:
+    """reprokit's (fixed, search, floor) est. seconds, on the run the estimate reads (trt_row);
+    None where that run failed or was recorded before light calls were named."""
+    r = res.get("reprokit") and trt_row(res, "reprokit")
+    if not r or r.get("error") or not r.get("model_work") or not r.get("result_work") or r["model_work"][1] is None:
+        return None
+    parts = cost_split.split(r.get("steps"), r.get("built_by"), r.get("start_nodes") or r["model_work"][0],
+                             r["model_work"][1])
+    return None if parts is None else (*parts, cost_split.floor(r["model_work"], r["result_work"]))
+
+
+def split_cells(res: dict, tool: str) -> tuple[str, str]:
+    parts = cost_parts(res) if tool == "reprokit" else None
+    return ("—", "—") if parts is None else (f"{parts[0]:.2f} + {parts[1]:.2f}", f"{parts[2]:.2f}")
+
+
+def split_ratio_cells(res: dict) -> tuple[str, str]:
+    """The ratio row: reprokit's search against polygraphy's whole estimate (the restated
+    criterion, ✔ where at most), and the floor against it."""
+    parts, pg = cost_parts(res), build_estimate(res["polygraphy"])
+    if parts is None or pg is None:
+        return "—", "—"
+    return f"search {ratio(parts[1], pg)}" + (" ✔" if parts[1] <= pg else " ✘"), ratio(parts[2], pg)
+
+
+def split_total_cells(both: list[dict]) -> tuple[str, str]:
+    """Fixed + search and the floor over the rows where the split is known, each against
+    polygraphy's estimate over the same rows."""
+    known = [(p, pg) for r in both if (p := cost_parts(r)) is not None and (pg := build_estimate(r["polygraphy"]))]
+    if not known:
+        return "—", "—"
+    fixed, search, low = (sum(p[i] for p, _ in known) for i in range(3))
+    pg = sum(pg for _, pg in known)
+    rows = "" if len(known) == len(both) else f" ({len(known)} of {len(both)} rows)"
+    return (f"{fixed:.1f} + {search:.1f}; search/polygraphy {search:.1f}/{pg:.1f} = {ratio(search, pg)}{rows}",
+            f"{low:.1f}/{pg:.1f} = {ratio(low, pg)}{rows}")
+
+
+def split_lines(both: list[dict]) -> list[str]:
+    """cost_split.above_lines over the rows whose split is known."""
+    rows = []
+    for r in both:
+        parts, rk, pg = cost_parts(r), build_estimate(trt_row(r, "reprokit")), build_estimate(r["polygraphy"])
+        if parts is not None and rk is not None and pg is not None:
+            rows.append((r["name"], rk, parts[0], parts[1], pg))
+    if len(rows) < len(both):
+        return [f"Fixed vs search: known on {len(rows)} of {len(both)} rows (the others recorded before "
+                "summary.json named light calls)."] + (cost_split.above_lines(rows) if rows else [])
+    return cost_split.above_lines(rows)
+
+
 def table(results: list[dict]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for res in results:
@@ -521,11 +569,13 @@ def table(results: list[dict]) -> str:
             if r.get("error"):
                 cells = [res["name"], nodes, target, tool, fmt(r.get("calls")), fmt(r.get("nodes_built")), cost_cell(res, tool),
                          fmt(build_estimate(trt_row(res, tool)), 2), fmt(build_estimate_nodes(trt_row(res, tool)), 2),
+                         *split_cells(res, tool),
                          fmt(r["wall_s"]), fmt(r["peak_mib"], 0), fmt(r.get("activations_mib")),
                          r["error"].replace("|", "/"), "", "", ""]
             elif r.get("status") == "accumulated":
                 cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), cost_cell(res, tool),
                          fmt(build_estimate(trt_row(res, tool)), 2), fmt(build_estimate_nodes(trt_row(res, tool)), 2),
+                         *split_cells(res, tool),
                          fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), "accumulated: attribution",
                          f"fp32-nodes={r['attribution']['fp32_nodes'][:60]}…", "—", "—"]
@@ -536,6 +586,7 @@ def table(results: list[dict]) -> str:
                 one = {True: "yes", False: "no"}.get(r.get("one_minimal"), "—")
                 cells = [res["name"], nodes, target, tool, fmt(r["calls"]), fmt(r.get("nodes_built")), cost_cell(res, tool),
                          fmt(build_estimate(trt_row(res, tool)), 2), fmt(build_estimate_nodes(trt_row(res, tool)), 2),
+                         *split_cells(res, tool),
                          fmt(r["wall_s"]),
                          fmt(r["peak_mib"], 0), fmt(r["activations_mib"]), fmt(r["minimal_nodes"]),
                          ops_text(r["minimal_ops"]), kept, one]
@@ -549,6 +600,7 @@ def table(results: list[dict]) -> str:
             ratio(trt_row(res, "reprokit").get("nodes_built"), pg.get("nodes_built")) if pg_ok else "—",
             ratio(build_estimate(trt_row(res, "reprokit")), build_estimate(pg)) if pg_ok else "—",
             ratio(build_estimate_nodes(trt_row(res, "reprokit")), build_estimate_nodes(pg)) if pg_ok else "—",
+            *(split_ratio_cells(res) if pg_ok else ("—", "—")),
             ratio(rk.get("wall_s"), pg.get("wall_s")) if pg_ok and not pg.get("reused_from")
             else "— (polygraphy's from another run)" if pg_ok else "—",
             "", "", "", "", "", ""]) + " |")
@@ -575,6 +627,7 @@ def table(results: list[dict]) -> str:
             f"{rk_cost_built}/{pg_built} = {ratio(rk_cost_built, pg_built)}",
             f"{rk_est:.1f}/{pg_est:.1f} = {ratio(rk_est, pg_est)}" if heavy_known else "—",
             f"{rk_old:.1f}/{pg_old:.1f} = {ratio(rk_old, pg_old)}",
+            *split_total_cells(both),
             "— (polygraphy's from another run)" if any(r["polygraphy"].get("reused_from") for r in both)
             else f"{rk_wall:.1f}/{pg_wall:.1f} = {ratio(rk_wall, pg_wall)}", "", "", "", "", "", ""]) + " |")
         lines.append("")
@@ -587,9 +640,15 @@ def table(results: list[dict]) -> str:
             over = [f"{name} ({rk:.2f} vs {pg:.2f} s)" for name, rk, pg in pairs if rk > pg]
             lines.append(f"Estimated TensorRT build ({label}) above polygraphy's on {len(over)} of {len(both)} rows"
                          + (f": {', '.join(over)}" if over else "") + ".")
-        lines.append("Calls of light layers only (no heavy layer) are priced apart where the log names them "
-                     "(polygraphy's); reprokit's summary.json does not, so its light calls are priced as calls "
-                     "with heavy layers: an upper bound for reprokit.")
+        lines += split_lines(both)
+        lines.append("Calls of light layers only (no heavy layer) are priced at the light rate, polygraphy's from "
+                     "its call log, reprokit's from summary.json's `light_calls`/`light_nodes` (bench/count_check.py's "
+                     "rule; a run recorded before summary.json named them prices them as calls with heavy layers). "
+                     "*fixed + search*: reprokit's estimate split by summary.json's steps — fixed: "
+                     f"{', '.join(cost_split.FIXED_STEPS)}, and the layers of the original's copies riding in a "
+                     "search step's pack (a confirmation carried by the survey); search: all else. *floor*: one "
+                     "build of the user's model and one of the result (an accumulated error's: the whole model "
+                     "again, the printed workaround) — the least a run that confirms what it reports can cost.")
     return "\n".join(lines)
 
 

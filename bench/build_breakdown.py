@@ -13,9 +13,13 @@ target first, so its lower bound per row is that copy and the result judged alon
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from reprokit.shrink.buildcost import ESTIMATE, TENSORRT
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cost_split  # noqa: E402  (bench/: the floor, priced by the estimate of record)
 
 
 def _est(calls: int, nodes: int) -> str:
@@ -25,9 +29,9 @@ def _est(calls: int, nodes: int) -> str:
 
 def _est_heavy(row: dict) -> str:
     """The estimate of record (buildcost.ESTIMATE): calls, heavy layers built, and the calls of
-    light layers only where the row's log names them (polygraphy's; reprokit's summary.json does
-    not, so its light calls are priced as calls with heavy layers). — for a row recorded before
-    heavy layers were counted."""
+    light layers only where the row names them (polygraphy's from its log, reprokit's from
+    summary.json's build_work; a row recorded before that prices them as calls with heavy layers).
+    — for a row recorded before heavy layers were counted."""
     if row.get("heavy_built") is None:
         return "—"
     seconds = ESTIMATE.seconds(
@@ -58,13 +62,27 @@ def _polygraphy_calls(row: dict) -> str:
     )
 
 
+def _floor(res: dict) -> tuple[str, str]:
+    """The lower bound's heavy layers and its estimate of record (bench/cost_split.py's floor: one
+    build of the user's model and one of the result); — for a row recorded before they were."""
+    rk = res.get("reprokit") or {}
+    model, result = rk.get("model_work"), rk.get("result_work")
+    if not model or not result or model[1] is None:
+        return "—", "—"
+    return str(model[1] + result[1]), f"{cost_split.floor(model, result):.2f}"
+
+
 def lower_bound(res: dict) -> tuple[int, int] | None:
     """(calls, nodes) reprokit cannot go under on a row: the original's confirmation (one copy of the
-    model it reduces) and the result judged alone (the emulator's targets replay neither)."""
+    model it reduces) and the result judged alone (the emulator's targets replay neither); an
+    accumulated error's result is its printed workaround, a run of the whole model."""
     rk = res.get("reprokit") or {}
     if rk.get("error") or not rk.get("start_nodes"):
         return None
-    return 2, rk["start_nodes"] + (rk.get("minimal_nodes") or 0)
+    result = (
+        rk["start_nodes"] if rk.get("status") == "accumulated" else (rk.get("minimal_nodes") or 0)
+    )
+    return 2, rk["start_nodes"] + result
 
 
 def render(payload: dict) -> str:
@@ -73,8 +91,8 @@ def render(payload: dict) -> str:
         "",
         f"Estimated TensorRT build seconds (reprokit/shrink/buildcost.py): *est.*, the estimate of record, "
         f"{ESTIMATE.per_call_s} s a call + {ESTIMATE.per_heavy_s} s a heavy layer built, a call of light layers "
-        f"only {ESTIMATE.per_light_call_s} s + {ESTIMATE.per_light_node_s} s a node (polygraphy's light calls, "
-        "named by its log; reprokit's are priced as calls with heavy layers); *est. per node, old*: "
+        f"only {ESTIMATE.per_light_call_s} s + {ESTIMATE.per_light_node_s} s a node (polygraphy's light calls "
+        "named by its log, reprokit's by summary.json; before it named them, priced as heavy); *est. per node, old*: "
         f"{TENSORRT.per_call_s} s a call + {TENSORRT.per_node_s} s a node built. reprokit runs twice per row: with the target's default packing "
         "(count: the emulator, OpenVINO) and with `--pack-by build-cost` (the policy of trt targets). "
         "The lower bound is reprokit's confirmation of the original plus the result judged alone.",
@@ -107,8 +125,8 @@ def render(payload: dict) -> str:
         bound = lower_bound(res)
         if bound is not None:
             lines.append(
-                f"| {res['name']} | reprokit's lower bound | {bound[0]} | {bound[1]} | — | — | "
-                f"{_est(*bound)} | the original's confirmation + the result alone |"
+                f"| {res['name']} | reprokit's lower bound | {bound[0]} | {bound[1]} | "
+                f"{' | '.join(_floor(res))} | {_est(*bound)} | the original's confirmation + the result alone |"
             )
     return "\n".join(lines)
 

@@ -32,21 +32,27 @@ def read_log(path: str) -> list[tuple[int, int | None]]:
     return calls
 
 
+def model_work(path: str) -> tuple[int, int | None]:
+    """(nodes, heavy layers) of the model file ``path`` — what one build of it makes, by the rule
+    both tools' calls are counted with; heavy None with a reprokit that has no heavy count."""
+    import onnx
+
+    proto = onnx.load(path, load_external_data=False)
+    try:
+        from reprokit.shrink.buildcost import heavy_layers
+    except ImportError:
+        return len(proto.graph.node), None
+    return len(proto.graph.node), heavy_layers(proto)
+
+
 def main(argv: list[str]) -> int:
     log, cmd = argv[0], argv[1:]
     model = next((a for a in cmd if a.endswith(".onnx")), None)
     nodes, heavy = 0, "heavy=0"
     if model and os.path.exists(model):
-        import onnx
-
-        proto = onnx.load(model, load_external_data=False)
-        nodes = len(proto.graph.node)
-        try:
-            from reprokit.shrink.buildcost import heavy_layers
-        except ImportError:  # a reprokit without the count: the line says nothing (read_log: None)
-            heavy = ""
-        else:
-            heavy = f"heavy={heavy_layers(proto)}"
+        nodes, count = model_work(model)
+        # a reprokit without the count logs none (read_log: None)
+        heavy = "" if count is None else f"heavy={count}"
     with open(log, "a") as handle:
         handle.write(f"{time.time():.3f} {model} {nodes} {heavy}".rstrip() + "\n")
     capture = os.environ.get("BENCH_CAPTURE_DIR")

@@ -300,7 +300,7 @@ def compare(paths: list[str], captured: list[str]) -> str:
                     f"{'< 100' if io_low == 0 else '≥ 100'} | {len(part)} | {np.median(ratio):.2f} "
                     f"({min(ratio):.2f}–{max(ratio):.2f}) |"
                 )
-    out += ["", *light_calls(machines, single)]
+    out += ["", *light_calls(machines, single), "", *outputs_term(machines, single)]
     if captured:
         out += ["", *validate(paths, captured)]
     return "\n".join(out)
@@ -344,6 +344,56 @@ def light_calls(machines: dict, single: list[str]) -> list[str]:
             rows = machines[name]
             parts = [rows, [r for r in rows if not r["heavy"]], [r for r in rows if r["heavy"]]]
             cells = [f"{_predicted(price, part)} ({len(part)})" for part in parts]
+            out.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
+    return out
+
+
+def outputs_term(machines: dict, single: list[str]) -> list[str]:
+    """A term for big builds with many outputs (+ c·outputs on calls holding heavy layers) beside
+    the estimate of record, scored per machine on every build and on those of ≥ 100 outputs and
+    fewer apart. Only the H100's lines hold such builds (survey packs); two slopes from them: the
+    one through zero of the H100's builds' excess over the estimate (which also takes in that
+    machine's dearer heavy layers), and the H100's own heavy+outputs fit's outputs price scaled to
+    the H200 by the two machines' heavy prices."""
+    h100 = next((machines[n] for n in single if "h100" in n), None)
+    if h100 is None:
+        return []
+
+    def record(r):
+        return ESTIMATE.call_seconds(r["nodes"], r["heavy"])
+
+    heavy = [r for r in h100 if r["heavy"]]
+    excess = np.array([r["build_s"] - record(r) for r in heavy])
+    outputs = np.array([float(r["outputs"]) for r in heavy])
+    slope = float(np.sum(excess * outputs) / np.sum(outputs * outputs))
+    own, _, _ = fit(h100, ["heavy", "outputs"])
+    scaled = own[2] * ESTIMATE.per_heavy_s / own[1]
+    candidates = {"estimate of record": record}
+    for label, c in (
+        (f"the H100's excess over it, {slope * 1000:.2f} ms", slope),
+        (f"the H100's own fit scaled to the H200, {scaled * 1000:.2f} ms", scaled),
+    ):
+        candidates[f"+ c·outputs, c = {label}"] = lambda r, c=c: (
+            record(r) + (c * r["outputs"] if r["heavy"] else 0)
+        )
+    out = [
+        "A term for big builds with many outputs: R² / median relative error / Σpredicted ÷ Σmeasured "
+        "(builds).",
+        "",
+        "| candidate | machine | all | ≥ 100 outputs | < 100 outputs |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for label, price in candidates.items():
+        for name in single:
+            rows = machines[name]
+            parts = [
+                rows,
+                [r for r in rows if r["outputs"] >= 100],
+                [r for r in rows if r["outputs"] < 100],
+            ]
+            cells = [
+                f"{_predicted(price, part)} ({len(part)})" if part else "— (0)" for part in parts
+            ]
             out.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
     return out
 

@@ -176,9 +176,8 @@ def _tested_workaround(run, reducer, label) -> dict:
     finally:
         stats = reducer.stats["attribution"]
         stats.calls += search.calls
-        stats.nodes_built += search.nodes_built
-        stats.heavy_built += search.heavy_built
-        stats.built_by["fp32-nodes trials"] = stats.built_by.get("fp32-nodes trials", 0) + search.nodes_built
+        stats.add_built(search.built)
+        stats.built_by["fp32-nodes trials"] = stats.built_by.get("fp32-nodes trials", 0) + search.built.nodes_built
 
 
 def _packs_trials(reducer) -> bool:

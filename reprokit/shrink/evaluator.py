@@ -311,8 +311,7 @@ def run_replay_alone(reducer, why: str = "") -> None:
     # its own line in summary.json's steps: "confirm" for a folded confirmation, else "replay"
     stats = reducer.stats.setdefault("confirm" if ride.folded else "replay", PassStats())
     stats.calls, stats.candidates = stats.calls + 1, stats.candidates + 1
-    stats.nodes_built += len(ride.model.graph.node)
-    stats.heavy_built += heavy_layers(ride.model)
+    stats.note_built(len(ride.model.graph.node), heavy_layers(ride.model))
     stats.seconds += time.monotonic() - started
     reducer.original_replay = reducer.original_replay.replace(f"riding with the {ride.carrier}",
                                                               f"in a call of its own (the {ride.carrier} did not "

@@ -117,8 +117,7 @@ def _judged(run, reducer, model, feeds, reference, replays: int, nodes, tried: l
         verdicts.append(run.oracle.run_again(judged, feeds, reference))
     made = run.oracle.stats.target - calls_before
     reducer.stats["final"].calls += made
-    reducer.stats["final"].nodes_built += made * len(nodes)
-    reducer.stats["final"].heavy_built += made * heavy_layers(model)
+    reducer.stats["final"].note_built(len(nodes), heavy_layers(model), calls=made)
     reducer.stats["final"].candidates += 1
     reducer.stats["final"].seconds += time.monotonic() - started
     if label:

@@ -25,14 +25,35 @@ class PassStats:
     invalid: int = 0  # candidates refused before any engine call
     nodes_built: int = 0  # nodes in the models those calls built ("build work")
     heavy_built: int = 0  # their heavy layers (buildcost.heavy_layers): what a TensorRT build pays for
+    # the calls whose model held no heavy layer, and their nodes: buildcost.ESTIMATE prices them
+    # at the light rate (bench/count_check.py counts a check's calls by the same rule)
+    light_calls: int = 0
+    light_nodes: int = 0
     # nodes built per member kind of the packed calls (issue 39: where build work goes): the
     # step's own candidates, the original's copy, the marked copy, riders, speculative members
     built_by: dict = field(default_factory=dict)
 
+    def note_built(self, nodes: int, heavy: int, calls: int = 1) -> None:
+        """``calls`` builds of one model of ``nodes`` nodes holding ``heavy`` heavy layers (the
+        calls themselves are counted by whoever made them)."""
+        self.nodes_built += calls * nodes
+        self.heavy_built += calls * heavy
+        if not heavy:
+            self.light_calls += calls
+            self.light_nodes += calls * nodes
+
+    def add_built(self, other: PassStats) -> None:
+        """The build work ``other`` counted (not its calls), added to this step's."""
+        self.nodes_built += other.nodes_built
+        self.heavy_built += other.heavy_built
+        self.light_calls += other.light_calls
+        self.light_nodes += other.light_nodes
+
     def to_json(self, name: str) -> dict:
         return {"step": name, "calls": self.calls, "candidates": self.candidates, "cached": self.cached,
                 "invalid": self.invalid, "nodes_removed": self.removed, "accepted": self.accepted,
-                "nodes_built": self.nodes_built, "heavy_built": self.heavy_built, "seconds": round(self.seconds, 3),
+                "nodes_built": self.nodes_built, "heavy_built": self.heavy_built,
+                "light_calls": self.light_calls, "light_nodes": self.light_nodes, "seconds": round(self.seconds, 3),
                 "engine_seconds": round(self.seconds, 3)}  # "seconds": the step's wall time, clock.py
 
 

@@ -75,8 +75,7 @@ class CallLedger:
             stats = self.stats.setdefault(self._current, PassStats())
             stats.calls += 1
             stats.candidates += candidates
-            stats.nodes_built += nodes_built
-            stats.heavy_built += heavy_built
+            stats.note_built(nodes_built, heavy_built)
             stats.seconds += seconds
             for kind, nodes in (built_by or {}).items():
                 stats.built_by[kind] = stats.built_by.get(kind, 0) + nodes

@@ -154,6 +154,10 @@ class _BestWriter:
             # all their members), the number to set beside polygraphy's.
             "build_work": {"nodes_built": built,
                            "heavy_built": sum(s.heavy_built for s in reducer.stats.values()),
+                           # calls of light layers only (no heavy one) and their nodes: priced apart
+                           # by buildcost.ESTIMATE, as bench/count_check.py's log prices a check's
+                           "light_calls": sum(s.light_calls for s in reducer.stats.values()),
+                           "light_nodes": sum(s.light_nodes for s in reducer.stats.values()),
                            "per_call": round(built / max(1, stats.target), 1),
                            "candidates_judged": sum(s.candidates for s in reducer.stats.values()),
                            "by_kind": built_by_kind(reducer.stats)},

@@ -112,8 +112,8 @@ def calibrate_packs(reducer, event, ran: tuple | None = None, pending: Calibrati
     failing = pending.failing if pending is not None else None
     why, built, seconds, _, heavy = ran or calibrate(reducer, Extraction(probe_model(reducer.model), dict(PROBE_FEEDS), ["y"]),
                                               failing)
-    reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, nodes_built=built, heavy_built=heavy,
-                                           seconds=seconds)
+    reducer.stats["calibrate"] = PassStats(calls=1, candidates=2, seconds=seconds)
+    reducer.stats["calibrate"].note_built(built, heavy)
     if why is None:
         reducer.no_slippage["packs"] = "packed: the check failed a pack with a failing model after a passing one"
         return

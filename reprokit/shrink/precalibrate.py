@@ -83,8 +83,8 @@ def as_calibration(run, reducer, pre: Precalibrated) -> tuple:
     group = reducer.packing == "group"
     stats = reducer.stats["confirm"]
     stats.calls, stats.seconds = stats.calls - 1, max(0.0, stats.seconds - pre.seconds)
-    stats.nodes_built = stats.calls * len(run.model.graph.node)
-    stats.heavy_built = stats.calls * heavy_layers(run.model)
+    stats.nodes_built = stats.heavy_built = stats.light_calls = stats.light_nodes = 0
+    stats.note_built(len(run.model.graph.node), heavy_layers(run.model), calls=stats.calls)
     if pre.confirms():
         reducer.confirmed = "the calibration pack, its second member (after the Identity probe)"
     why = group_calibration(reducer, pre.pack_verdict) if group else pre.why

@@ -39,7 +39,7 @@ from reprokit.graph.io import external_locations, weights_apart
 from reprokit.graph.pack import model_copies
 from reprokit.shrink.buildcost import heavy_layers
 from reprokit.shrink.fp32_nodes import packable, with_nodes
-from reprokit.shrink.journal import entry_key
+from reprokit.shrink.journal import PassStats, entry_key
 from reprokit.shrink.prefix import bisect_prefix, close_enough, packed_prefix  # noqa: F401  (close_enough: tests')
 from reprokit.standalone.compare import jsonable
 
@@ -123,8 +123,7 @@ class Search:
         self.width = width
         self.packed = pack and packable(target)  # several sets per call (else bisection)
         self.calls = 0
-        self.nodes_built = 0  # nodes in the models those calls built (a packed call: every copy)
-        self.heavy_built = 0  # their heavy layers (buildcost.heavy_layers)
+        self.built = PassStats()  # what those calls built (a packed call: every copy); its calls unused
         self.cached = 0  # trials read back from the journal
         self.trials: list[Trial] = []
         self.tolerance: float | None = None
@@ -176,8 +175,7 @@ class Search:
         oracle = self.oracle_for(spec)
         oracle.weights_dir = self.weights_dir
         self.calls += 1
-        self.nodes_built += nodes
-        self.heavy_built += heavy
+        self.built.note_built(nodes, heavy)
         self.event(f"precision search, call {self.calls}: {what}")
         if self.ledger is not None:
             result = self.ledger.run("precision", "target", oracle, what, path, feeds)

@@ -125,9 +125,6 @@ def severity_floor(verdict) -> float | None:
 
 
 def confirm_stats(oracle, nodes: int, heavy: int):
-    return PassStats(
-        calls=oracle.stats.target,
-        seconds=oracle.stats.target_seconds,
-        nodes_built=oracle.stats.target * nodes,
-        heavy_built=oracle.stats.target * heavy,
-    )
+    stats = PassStats(calls=oracle.stats.target, seconds=oracle.stats.target_seconds)
+    stats.note_built(nodes, heavy, calls=oracle.stats.target)
+    return stats

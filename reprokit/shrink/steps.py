@@ -376,8 +376,8 @@ def _probe(run, reducer, verdict) -> None:
         raise
     finally:
         made = run.oracle.stats.target - before
-        reducer.stats["probe"] = PassStats(calls=made, candidates=made, nodes_built=made,
-                                           seconds=time.monotonic() - started)
+        reducer.stats["probe"] = PassStats(calls=made, candidates=made, seconds=time.monotonic() - started)
+        reducer.stats["probe"].note_built(1, 0, calls=made)  # a one-node Identity model (confirm.py)
         if clock is not None:
             clock.begin(step)
 
