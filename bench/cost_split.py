@@ -1,6 +1,7 @@
 """reprokit's estimated TensorRT build seconds split as issue 39's cost criteria read them: the
 **fixed** part (what every sound run pays: the confirmation, the calibration, the probe, the
-result's runs and replays — summary.json's steps of those names) and the **search** (all else),
+result's runs and replays, an accumulated error's tested workaround — summary.json's steps of
+those names) and the **search** (all else),
 each priced by the estimate of record (reprokit/shrink/buildcost.py ESTIMATE) from what each
 step's calls built: heavy layers, and the calls of light layers only at the light rate. Beside
 them the **floor**: the estimate of the cheapest sound run, one build of the user's model (the
@@ -14,8 +15,10 @@ from __future__ import annotations
 from reprokit.shrink.buildcost import ESTIMATE
 
 # summary.json's steps outside the search (issue 39: "fixed calls: confirm, calibrate, the result
-# twice"; the probe — one call on a one-node Identity model — asks the check, not the model)
-FIXED_STEPS = ("confirm", "calibrate", "probe", "replay", "final")
+# twice"; the probe — one call on a one-node Identity model — asks the check, not the model; and
+# "accumulated errors: <= 4 calls plus the workaround's own calls": an accumulated run's
+# attribution step makes no call but the tested workaround's, each a build of the whole model)
+FIXED_STEPS = ("confirm", "calibrate", "probe", "replay", "final", "attribution")
 
 
 def step_seconds(step: dict) -> float:
