@@ -13,7 +13,9 @@ import tempfile
 from dataclasses import dataclass, field
 
 from reprokit.engine.backends import backend_class
+from reprokit.engine.bug import same_failure
 from reprokit.engine.session import RunOptions, check
+from reprokit.engine.verdict import Kind, Signature
 from reprokit.errors import InputError, ReprokitError
 from reprokit.files import read_json
 from reprokit.report.archive import ARCHIVE_JSON_BYTES, MANIFEST, check_manifest, safe_extract
@@ -29,6 +31,19 @@ class VerifyResult:
     reproduces: bool
     target: str  # what ran here: the user's --target, or the archive's after the trust checks
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def recorded_signature(self) -> Signature:
+        return recorded_signature(self.recorded)
+
+    @property
+    def outcome(self) -> str:
+        """``reproduces``, ``diverges differently`` (it fails here, not as recorded: another
+        kind, or another message for a build error or crash) or ``does not reproduce``; the
+        words of repro.py and of ``verify --versions``'s cells."""
+        if self.reproduces:
+            return "reproduces"
+        return "diverges differently" if self.verdict.diverges else "does not reproduce"
 
 
 # An archive is untrusted input (README: "what verify trusts"): it may name engines and
@@ -189,8 +204,16 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
             model, options.reference_model = twin, model
         result = check(model, chosen, options=options, workdir=os.path.join(tmp, "check"))
         verdict = result.verdict
-        reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
+        # the one rule shrink judged with (engine/bug.same_failure): a build error or crash
+        # reproduces only with the recorded message, as repro.py judges it, never by kind alone
+        reproduces = verdict.diverges and same_failure(recorded_signature(recorded), verdict.signature)
         return VerifyResult(recorded, verdict, reproduces, chosen)
+
+
+def recorded_signature(recorded: dict) -> Signature:
+    """The signature an archive's checked verdict.json records (its shape: ``check_verdict``)."""
+    s = recorded["signature"]
+    return Signature(Kind(s["kind"]), tuple(s.get("outputs", ())), s.get("detail", ""))
 
 
 def open_archive(archive_path: str, tmp: str, *, use: str = "verified") -> tuple[str, dict]:

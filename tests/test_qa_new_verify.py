@@ -1,0 +1,117 @@
+"""``verify`` judges "reproduces" by the one rule shrink judged with (``engine/bug.same_failure``),
+as the archive's own repro.py does — found in the hnew trial of issue 39's round: a pass/fail
+archive (a ``cmd:`` check with ``--fail-regex``), verified with a check that failed *without*
+matching the recorded regex, printed "REPRODUCES" and exited 1, while its repro.py said
+"DIFFERENT FAILURE" (exit 2): verify compared the failure's kind only, so any build error
+"reproduced" any other. A divergence of another kind was printed "DOES NOT REPRODUCE", as if
+the target agreed.
+
+Real runs: x[1,16] -> MatMul(3e4) -> Softmax -> y (tests/models.matmul_overflow_softmax: NaN under
+emulate:fp16), packed with a check command that fails while the model holds a MatMul.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from conftest import run_cli
+
+from tests.models import matmul_overflow_softmax, save
+
+PY = sys.executable
+# Fails, naming the op, while the model holds a MatMul (what the archive records).
+HAS_MATMUL = """
+import sys, onnx
+if any(n.op_type == "MatMul" for n in onnx.load(sys.argv[1]).graph.node):
+    print("FAIL: MatMul present"); sys.exit(1)
+"""
+# Fails on every model, with other words: a different finding than the recorded one.
+OTHER_FAILURE = """
+import sys
+print("out of workspace"); sys.exit(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("passfail")
+    save(matmul_overflow_softmax(), folder / "model.onnx")
+    (folder / "has_matmul.py").write_text(HAS_MATMUL)
+    (folder / "other.py").write_text(OTHER_FAILURE)
+    proc = run_cli(
+        "pack",
+        "model.onnx",
+        "--target",
+        f"cmd:{PY} has_matmul.py {{model}}",
+        "--fail-regex",
+        "FAIL: MatMul",
+        "-o",
+        "report.tar.gz",
+        cwd=folder,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return folder
+
+
+def test_verify_a_failure_that_misses_the_recorded_regex_diverges_differently(packed):
+    # old code: "REPRODUCES", exit 1 — the kind (build-error) alone was compared
+    proc = run_cli(
+        "verify", "report.tar.gz", "--target", f"cmd:{PY} other.py {{model}}", cwd=packed
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "DIVERGES DIFFERENTLY" in proc.stdout and "REPRODUCES\n" not in proc.stdout
+    assert "recorded   build-error (check failed matching /FAIL: MatMul/)" in proc.stdout
+    as_json = run_cli(
+        "verify", "report.tar.gz", "--target", f"cmd:{PY} other.py {{model}}", "--json", cwd=packed
+    )
+    payload = json.loads(as_json.stdout)
+    assert (as_json.returncode, payload["reproduces"], payload["outcome"]) == (
+        0,
+        False,
+        "diverges differently",
+    )
+    # the archive's own repro.py says the same of the same check
+    with tarfile.open(packed / "report.tar.gz") as tar:
+        tar.extractall(packed / "x", filter="data")
+    top = next((packed / "x").iterdir())
+    repro = subprocess.run(
+        [PY, "repro.py", "--target", f"cmd:{PY} {packed / 'other.py'} {{model}}"],
+        cwd=top,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert repro.returncode == 2 and "DIFFERENT FAILURE" in repro.stdout, (
+        repro.stdout + repro.stderr
+    )
+
+
+def test_verify_the_recorded_check_still_reproduces(packed):
+    proc = run_cli(
+        "verify", "report.tar.gz", "--target", f"cmd:{PY} has_matmul.py {{model}}", cwd=packed
+    )
+    assert proc.returncode == 1 and "REPRODUCES" in proc.stdout, proc.stdout + proc.stderr
+    payload = json.loads(
+        run_cli(
+            "verify",
+            "report.tar.gz",
+            "--target",
+            f"cmd:{PY} has_matmul.py {{model}}",
+            "--json",
+            cwd=packed,
+        ).stdout
+    )
+    assert payload["outcome"] == "reproduces"
+
+
+def test_verify_a_divergence_of_another_kind_is_not_called_agreement(packed):
+    # old code: the emulator's NaN printed "DOES NOT REPRODUCE here with this setting"
+    proc = run_cli("verify", "report.tar.gz", "--target", "emulate:fp16", cwd=packed)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "here       nonfinite" in proc.stdout
+    assert "DIVERGES DIFFERENTLY" in proc.stdout and "DOES NOT REPRODUCE" not in proc.stdout
