@@ -115,3 +115,68 @@ def test_verify_a_divergence_of_another_kind_is_not_called_agreement(packed):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "here       nonfinite" in proc.stdout
     assert "DIVERGES DIFFERENTLY" in proc.stdout and "DOES NOT REPRODUCE" not in proc.stdout
+
+
+def endless_loop(n: int = 16):
+    """x[1,n] -> Loop(M=1e12, body: y = y + 1) -> y[1,n]: no answer for hours, in constant memory."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["y_in", "one"], ["y_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("y_in", TensorProto.FLOAT, [1, n]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("y_out", TensorProto.FLOAT, [1, n]),
+        ],
+        [numpy_helper.from_array(np.ones(1, np.float32), "one")],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "c", "x"], ["y"], body=body)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [
+            numpy_helper.from_array(np.array(10**12, np.int64), "M"),
+            numpy_helper.from_array(np.array(True), "c"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_an_archive_cannot_make_verify_wait_past_its_default(tmp_path):
+    """A verdict.json recording a `timeout` verdict with ``"timeout": 1e300`` and a model that
+    never answers: verify waited for ever (old code; 600 s is its own default)."""
+    from conftest import assert_user_error, pack_matmul_softmax
+    from test_qa_archives import edited
+
+    (tmp_path / "p").mkdir()
+    archive = pack_matmul_softmax(tmp_path / "p").archive
+    top = tmp_path / "x"
+    with tarfile.open(archive) as tar:
+        tar.extractall(top, filter="data")
+    verdict = json.loads(next(top.iterdir()).joinpath("verdict.json").read_text())
+    verdict["signature"] = {"kind": "timeout", "outputs": [], "detail": ""}
+    verdict["timeout"] = 1e300
+    hostile = edited(
+        archive,
+        tmp_path,
+        {
+            "model.onnx": endless_loop().SerializeToString(),
+            "verdict.json": json.dumps(verdict).encode(),
+        },
+    )
+    error, hint = assert_user_error(
+        run_cli("verify", hostile, timeout=120), 3, contains="records a timeout of 1e+300 s"
+    )
+    assert "--timeout SECONDS" in hint

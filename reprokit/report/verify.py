@@ -50,6 +50,7 @@ class VerifyResult:
 # settings, never a command to run, a file for an engine to read or write, or a regex that
 # backtracks for ever. Regexes from archives are bounded by shape, not by a timer: a clear
 # refusal beats a `timeout` verdict that reads like the engine's.
+DEFAULT_TIMEOUT = 600.0  # seconds per engine call, and the most an archive may ask for
 MAX_ARCHIVE_REGEX = 200
 MAX_ARCHIVE_REGEX_REPEATS = 3
 
@@ -188,7 +189,7 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
         reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
         policy = archive_policy(recorded, archive_path)
         if timeout is None:
-            timeout = recorded_timeout(recorded)
+            timeout = recorded_timeout(recorded, archive_path)
         if not chosen.strip().lower().startswith("cmd:"):
             policy = CheckPolicy()  # a cmd archive verified under --target ort: nothing to match
         options = RunOptions(reference=reference, metric=criterion["metric"],
@@ -234,10 +235,17 @@ def open_archive(archive_path: str, tmp: str, *, use: str = "verified") -> tuple
     return top, recorded
 
 
-def recorded_timeout(recorded: dict) -> float:
+def recorded_timeout(recorded: dict, archive_path: str = "the archive") -> float:
     """The seconds per engine call to verify with: the packing run's ``--timeout`` when what it
-    recorded is a timeout (600 s would turn a 5 s hang into a ten-minute wait), else 600."""
+    recorded is a timeout (600 s would turn a 5 s hang into a ten-minute wait), else 600. A
+    recorded timeout past 600 s is refused: on an archive's word verify waits no longer than it
+    does by default (1e300 s made a hanging model hang verify for ever); ``--timeout`` chooses."""
     packed = recorded.get("timeout")
     if recorded["signature"]["kind"] == "timeout" and isinstance(packed, (int, float)) and packed > 0:
+        if packed > DEFAULT_TIMEOUT:
+            raise InputError(
+                f"archive {archive_path} records a timeout of {packed:g} s per engine call, longer than "
+                f"verify waits on an archive's word ({DEFAULT_TIMEOUT:g} s)",
+                hint="choose the wait yourself: reprokit verify ARCHIVE --timeout SECONDS")
         return float(packed)
-    return 600.0
+    return DEFAULT_TIMEOUT
