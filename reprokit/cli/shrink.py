@@ -389,9 +389,23 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:,.1f} MiB"
 
 
+def _result_files(out_dir: str, summary: dict) -> list[str]:
+    """The files a finished run's summary says it wrote into OUT (the archive by its own name)."""
+    names = ["minimal.onnx"] if summary.get("status") == "done" else []
+    if summary.get("report"):
+        names.append(os.path.basename(summary["report"]))
+    return names
+
+
 def _say_finished(out_dir: str, summary: dict, as_json: bool) -> None:
     """--resume of a run that already ended with its answer: say so, change nothing (an archive
-    whose repro.py did not reproduce is exit 10 again: nothing changed that)."""
+    whose repro.py did not reproduce is exit 10 again: nothing changed that). A result removed
+    since is no result kept: exit 3 naming what is gone (it said "kept as it is" over nothing)."""
+    gone = [name for name in _result_files(out_dir, summary) if not os.path.exists(os.path.join(out_dir, name))]
+    if gone:
+        raise InputError(f"{out_dir} holds a finished run whose result is gone: {', '.join(gone)} (removed since "
+                         "the run ended)",
+                         hint="shrink again into a new -o directory (the run's captured state went when it ended)")
     if summary.get("report_reproduces") is False and summary.get("report"):
         if not as_json:
             err.print(f"{out_dir} holds a finished run; nothing to continue, the result is kept as it is.")
