@@ -84,3 +84,28 @@ def test_repro_py_gives_no_verdict_on_a_recorded_nan_reference(unpacked):
     ran = repro(unpacked, "--reference", "recorded")
     assert ran.returncode == 4, ran.stdout + ran.stderr
     assert "reference_outputs.npz holds NaN" in ran.stdout and "REPRODUCES" not in ran.stdout
+
+
+def unknown_op(n: int = 16) -> onnx.ModelProto:
+    """x[1,n] -> foo.bar::Baz -> y[1,4]: an op no onnxruntime registers (as an opset or op newer
+    than the onnxruntime installed), so the reference cannot load the model."""
+    graph = helper.make_graph(
+        [helper.make_node("Baz", ["x"], ["y"], domain="foo.bar")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("foo.bar", 1)]
+    )
+    model.ir_version = 8
+    return model
+
+
+def test_repro_py_says_the_reference_cannot_run_not_internal_error(unpacked):
+    onnx.save(unknown_op(), unpacked / "model.onnx")
+    # old code: a traceback and "INTERNAL ERROR in repro.py: nothing was judged.", exit 70
+    ran = repro(unpacked)
+    assert ran.returncode == 4, ran.stdout + ran.stderr
+    assert "the reference (onnxruntime, CPU fp32) fails on model.onnx here" in ran.stdout
+    assert "Traceback" not in ran.stdout + ran.stderr and "INTERNAL ERROR" not in ran.stdout
