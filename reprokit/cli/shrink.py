@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import replace
 
 import click
@@ -197,7 +198,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     except KeyboardInterrupt:
         raise ReprokitError("interrupted after the search, while writing its " + " and ".join(after),
                             hint=f"the minimal model is kept in {out_dir}; write the rest with: "
-                                 f"reprokit shrink --resume {out_dir}",
+                                 f"reprokit shrink --resume {shlex.quote(out_dir)}",
                             exit_code=ExitCode.INTERRUPTED) from None
     clear_after_search(out_dir)
     progress.close()
@@ -250,7 +251,7 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
     None when the run there has finished (said as such). A model changed on disk is exit 3."""
     if given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
         raise UsageError(f"--resume {resume} and -o {out_dir} name different directories",
-                         hint=f"give one of them: reprokit shrink --resume {resume}")
+                         hint=f"give one of them: reprokit shrink --resume {shlex.quote(resume)}")
     out_dir = resume
     saved = shrinking.saved_run(out_dir)
     before = ctx.command.make_context("shrink", list(saved["args"]))
