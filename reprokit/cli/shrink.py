@@ -53,6 +53,7 @@ from reprokit.shrink.runstate import (
     drop_state,
     finished_run,
     mark_after_search,
+    result_gone,
     state_bytes,
     stopped_at_budget,
 )
@@ -390,19 +391,11 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:,.1f} MiB"
 
 
-def _result_files(out_dir: str, summary: dict) -> list[str]:
-    """The files a finished run's summary says it wrote into OUT (the archive by its own name)."""
-    names = ["minimal.onnx"] if summary.get("status") == "done" else []
-    if summary.get("report"):
-        names.append(os.path.basename(summary["report"]))
-    return names
-
-
 def _say_finished(out_dir: str, summary: dict, as_json: bool) -> None:
     """--resume of a run that already ended with its answer: say so, change nothing (an archive
     whose repro.py did not reproduce is exit 10 again: nothing changed that). A result removed
     since is no result kept: exit 3 naming what is gone (it said "kept as it is" over nothing)."""
-    gone = [name for name in _result_files(out_dir, summary) if not os.path.exists(os.path.join(out_dir, name))]
+    gone = result_gone(out_dir, summary)
     if gone:
         raise InputError(f"{out_dir} holds a finished run whose result is gone: {', '.join(gone)} (removed since "
                          "the run ended)",
