@@ -244,13 +244,15 @@ def print_pack(result) -> None:
 def print_verify(result, archive: str) -> None:
     recorded = result.recorded
     out.print(f"[bold]reprokit verify[/] {escape(archive)}: manifest OK")
-    out.print(f"  recorded   {escape(recorded['signature']['kind'])} under {escape(str(recorded['target']))}")
+    out.print(f"  recorded   {escape(result.recorded_signature.describe())} under {escape(str(recorded['target']))}")
     here = result.verdict.signature.describe() if result.verdict.diverges else "agree"
     out.print(f"  here       {escape(here)} under {escape(result.target)}")
     if result.verdict.outputs:
         out.print(error_table(result.verdict.outputs, _error_column(result.verdict)))
     if result.reproduces:
         out.print("[bold red]REPRODUCES[/]")
+    elif result.verdict.diverges:
+        out.print("[bold yellow]DIVERGES DIFFERENTLY[/] here: not the recorded failure, so it does not reproduce")
     else:
         out.print("[bold green]DOES NOT REPRODUCE[/] here with this setting")
 

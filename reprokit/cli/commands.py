@@ -279,7 +279,8 @@ def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpu
     result = verifying.verify(archive, target, timeout=timeout)
     if as_json:
         click.echo(json.dumps({"schema": "reprokit.verify/1", "archive": archive, "target": result.target,
-                               "reproduces": result.reproduces, "recorded": result.recorded,
+                               "reproduces": result.reproduces, "outcome": result.outcome,
+                               "recorded": result.recorded,
                                "verdict": result.verdict.to_json()}, indent=2, default=str))
     else:
         print_verify(result, archive)

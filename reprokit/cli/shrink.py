@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import replace
 
 import click
@@ -52,6 +53,7 @@ from reprokit.shrink.runstate import (
     drop_state,
     finished_run,
     mark_after_search,
+    result_gone,
     state_bytes,
     stopped_at_budget,
 )
@@ -197,7 +199,7 @@ def shrink(ctx, model, target, out_dir, jobs, replays, resume, max_activation_di
     except KeyboardInterrupt:
         raise ReprokitError("interrupted after the search, while writing its " + " and ".join(after),
                             hint=f"the minimal model is kept in {out_dir}; write the rest with: "
-                                 f"reprokit shrink --resume {out_dir}",
+                                 f"reprokit shrink --resume {shlex.quote(out_dir)}",
                             exit_code=ExitCode.INTERRUPTED) from None
     clear_after_search(out_dir)
     progress.close()
@@ -250,7 +252,7 @@ def _resumed(ctx, resume: str, out_dir: str, model, target, flags: dict, kw: dic
     None when the run there has finished (said as such). A model changed on disk is exit 3."""
     if given(ctx, "out_dir") and os.path.abspath(out_dir) != os.path.abspath(resume):
         raise UsageError(f"--resume {resume} and -o {out_dir} name different directories",
-                         hint=f"give one of them: reprokit shrink --resume {resume}")
+                         hint=f"give one of them: reprokit shrink --resume {shlex.quote(resume)}")
     out_dir = resume
     saved = shrinking.saved_run(out_dir)
     before = ctx.command.make_context("shrink", list(saved["args"]))
@@ -391,7 +393,13 @@ def _mib(size: int) -> str:
 
 def _say_finished(out_dir: str, summary: dict, as_json: bool) -> None:
     """--resume of a run that already ended with its answer: say so, change nothing (an archive
-    whose repro.py did not reproduce is exit 10 again: nothing changed that)."""
+    whose repro.py did not reproduce is exit 10 again: nothing changed that). A result removed
+    since is no result kept: exit 3 naming what is gone (it said "kept as it is" over nothing)."""
+    gone = result_gone(out_dir, summary)
+    if gone:
+        raise InputError(f"{out_dir} holds a finished run whose result is gone: {', '.join(gone)} (removed since "
+                         "the run ended)",
+                         hint="shrink again into a new -o directory (the run's captured state went when it ended)")
     if summary.get("report_reproduces") is False and summary.get("report"):
         if not as_json:
             err.print(f"{out_dir} holds a finished run; nothing to continue, the result is kept as it is.")

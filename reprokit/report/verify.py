@@ -13,7 +13,9 @@ import tempfile
 from dataclasses import dataclass, field
 
 from reprokit.engine.backends import backend_class
+from reprokit.engine.bug import same_failure
 from reprokit.engine.session import RunOptions, check
+from reprokit.engine.verdict import Kind, Signature
 from reprokit.errors import InputError, ReprokitError
 from reprokit.files import read_json
 from reprokit.report.archive import ARCHIVE_JSON_BYTES, MANIFEST, check_manifest, safe_extract
@@ -30,11 +32,25 @@ class VerifyResult:
     target: str  # what ran here: the user's --target, or the archive's after the trust checks
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def recorded_signature(self) -> Signature:
+        return recorded_signature(self.recorded)
+
+    @property
+    def outcome(self) -> str:
+        """``reproduces``, ``diverges differently`` (it fails here, not as recorded: another
+        kind, or another message for a build error or crash) or ``does not reproduce``; the
+        words of repro.py and of ``verify --versions``'s cells."""
+        if self.reproduces:
+            return "reproduces"
+        return "diverges differently" if self.verdict.diverges else "does not reproduce"
+
 
 # An archive is untrusted input (README: "what verify trusts"): it may name engines and
 # settings, never a command to run, a file for an engine to read or write, or a regex that
 # backtracks for ever. Regexes from archives are bounded by shape, not by a timer: a clear
 # refusal beats a `timeout` verdict that reads like the engine's.
+DEFAULT_TIMEOUT = 600.0  # seconds per engine call, and the most an archive may ask for
 MAX_ARCHIVE_REGEX = 200
 MAX_ARCHIVE_REGEX_REPEATS = 3
 
@@ -173,7 +189,7 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
         reference = trusted_archive_spec(recorded.get("reference", "ort"), "reference", archive_path)
         policy = archive_policy(recorded, archive_path)
         if timeout is None:
-            timeout = recorded_timeout(recorded)
+            timeout = recorded_timeout(recorded, archive_path)
         if not chosen.strip().lower().startswith("cmd:"):
             policy = CheckPolicy()  # a cmd archive verified under --target ort: nothing to match
         options = RunOptions(reference=reference, metric=criterion["metric"],
@@ -189,8 +205,16 @@ def verify(archive_path: str, target: str | None = None, *, timeout: float | Non
             model, options.reference_model = twin, model
         result = check(model, chosen, options=options, workdir=os.path.join(tmp, "check"))
         verdict = result.verdict
-        reproduces = verdict.diverges and verdict.kind.value == recorded["signature"]["kind"]
+        # the one rule shrink judged with (engine/bug.same_failure): a build error or crash
+        # reproduces only with the recorded message, as repro.py judges it, never by kind alone
+        reproduces = verdict.diverges and same_failure(recorded_signature(recorded), verdict.signature)
         return VerifyResult(recorded, verdict, reproduces, chosen)
+
+
+def recorded_signature(recorded: dict) -> Signature:
+    """The signature an archive's checked verdict.json records (its shape: ``check_verdict``)."""
+    s = recorded["signature"]
+    return Signature(Kind(s["kind"]), tuple(s.get("outputs", ())), s.get("detail", ""))
 
 
 def open_archive(archive_path: str, tmp: str, *, use: str = "verified") -> tuple[str, dict]:
@@ -211,10 +235,17 @@ def open_archive(archive_path: str, tmp: str, *, use: str = "verified") -> tuple
     return top, recorded
 
 
-def recorded_timeout(recorded: dict) -> float:
+def recorded_timeout(recorded: dict, archive_path: str = "the archive") -> float:
     """The seconds per engine call to verify with: the packing run's ``--timeout`` when what it
-    recorded is a timeout (600 s would turn a 5 s hang into a ten-minute wait), else 600."""
+    recorded is a timeout (600 s would turn a 5 s hang into a ten-minute wait), else 600. A
+    recorded timeout past 600 s is refused: on an archive's word verify waits no longer than it
+    does by default (1e300 s made a hanging model hang verify for ever); ``--timeout`` chooses."""
     packed = recorded.get("timeout")
     if recorded["signature"]["kind"] == "timeout" and isinstance(packed, (int, float)) and packed > 0:
+        if packed > DEFAULT_TIMEOUT:
+            raise InputError(
+                f"archive {archive_path} records a timeout of {packed:g} s per engine call, longer than "
+                f"verify waits on an archive's word ({DEFAULT_TIMEOUT:g} s)",
+                hint="choose the wait yourself: reprokit verify ARCHIVE --timeout SECONDS")
         return float(packed)
-    return 600.0
+    return DEFAULT_TIMEOUT

@@ -137,6 +137,15 @@ def finished_run(out_dir: str) -> dict | None:
     return summary
 
 
+def result_gone(out_dir: str, summary: dict) -> list[str]:
+    """The files a finished run's summary says it wrote into OUT (minimal.onnx, the archive by its
+    own name) that are no longer there."""
+    names = ["minimal.onnx"] if summary.get("status") == "done" else []
+    if summary.get("report"):
+        names.append(os.path.basename(summary["report"]))
+    return [name for name in names if not os.path.exists(os.path.join(out_dir, name))]
+
+
 AFTER = "after-search.json"  # in OUT/.reprokit while a finished search's audit or archive is unwritten
 
 

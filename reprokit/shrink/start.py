@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 
@@ -65,7 +66,7 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     state_dir = os.path.join(out_dir, STATE_DIR)
     if not resume and os.path.exists(os.path.join(state_dir, "journal.jsonl")):
         raise InputError(f"{out_dir} already holds a shrink run",
-                         hint=f"continue it with --resume {out_dir}, or choose another -o directory")
+                         hint=f"continue it with --resume {shlex.quote(out_dir)}, or choose another -o directory")
     os.makedirs(state_dir, exist_ok=True)
     user_target = target
     target = _with_timing_cache(target, state_dir)

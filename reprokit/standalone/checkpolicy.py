@@ -92,3 +92,15 @@ class CheckPolicy:
         if code != 0 or code in self.fail_codes:  # --fail-code 0: a check that fails by exiting 0
             return FAIL, f"check command exit code {code}"
         return PASS, ""
+
+
+_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
+
+
+def missing_module(output: str) -> str | None:
+    """The module a Python check could not import, when that is the last thing it said (its
+    traceback's last line): the check never looked at the model, whatever its exit status would
+    mean — reprokit's exit 4, repro.py's "cannot run here", never a failure of the model."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    found = _NO_MODULE.fullmatch(lines[-1]) if lines else None
+    return found.group(1) if found else None

@@ -21,7 +21,7 @@ from reprokit.engine.backends.base import Availability, Backend, BuildError, Run
 from reprokit.errors import EngineUnavailable, InputError, ReprokitError, UsageError
 from reprokit.spec import OptionDoc, TargetSpec
 from reprokit.standalone.arrays import load_npz, save_npz
-from reprokit.standalone.checkpolicy import FAIL, OTHER, CheckPolicy
+from reprokit.standalone.checkpolicy import FAIL, OTHER, CheckPolicy, missing_module
 from reprokit.standalone.compare import DEFAULT_TOLERANCE
 
 # What a check command may declare it runs at: the keys of the default tolerance table.
@@ -193,6 +193,14 @@ class CmdBackend(Backend):
                 raise CommandCrash(f"check command killed by {name}\n{tail}", name)
             if code != 0:
                 _raise_if_script_missing(argv, tail)
+                missing = missing_module(tail) if match is None else None
+                if missing:  # the check never ran: an environment error, not a verdict
+                    raise EngineUnavailable(
+                        f"the check command could not import {missing!r} here (ModuleNotFoundError): it "
+                        "never checked the model",
+                        hint=f"install {missing} for the Python the check runs with, or name that Python "
+                        "in --target 'cmd:/path/to/python ...'",
+                    )
             verdict, detail = self.policy.decide(code, match is not None)
             if verdict == FAIL:
                 # The class of the failure (exit status, or the regexes that matched) is its

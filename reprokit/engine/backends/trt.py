@@ -131,7 +131,7 @@ class TrtBackend(Backend):
         try:
             module, rtx = load_tensorrt()
         except EngineUnavailable as exc:  # the CLI adds install_hint; RTX needs other wheels
-            extra = f"; {exc.hint}" if exc.hint != cls.install_hint else ""
+            extra = f"; {exc.hint}" if not exc.hint.startswith(cls.install_hint) else ""
             return Availability(False, None, exc.message + extra)
         version = str(getattr(module, "__version__", "?"))
         typing = (

@@ -31,6 +31,10 @@ RTX_HINT = (
     "pip install tensorrt-rtx-cu13 (POLYGRAPHY_USE_TENSORRT_RTX=1 "
     "asks for TensorRT-RTX); or unset POLYGRAPHY_USE_TENSORRT_RTX and pip install 'reprokit[tensorrt]'"
 )
+NO_GPU_HINT = (  # appended to the install hint on a machine without an NVIDIA driver
+    " — on a machine with an NVIDIA GPU; here, without one, --target emulate:fp16 emulates TensorRT's "
+    "fp16 storage on the CPU (emulate:typed for a model you converted to fp16, as TensorRT 11 builds it)"
+)
 _NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
 # TensorRT's words when the GPU or its driver, not the model, is the problem.
 GPU_REFUSED = re.compile(
@@ -245,6 +249,15 @@ def refuse_other_quantization(spec: TargetSpec, model) -> None:
         )
 
 
+def nvidia_driver_present() -> bool:
+    """Whether this machine shows an NVIDIA driver (its kernel module, a device node or
+    nvidia-smi): without one no TensorRT, installed or not, can build here."""
+    import shutil
+
+    return (os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0")
+            or shutil.which("nvidia-smi") is not None)
+
+
 def load_tensorrt():
     """Import the TensorRT module polygraphy will use; return (module, rtx)."""
     import importlib
@@ -260,10 +273,13 @@ def load_tensorrt():
             errors.append(f"{name}: {exc.__class__.__name__}: {exc}")
     if module is None:
         what = "TensorRT-RTX (POLYGRAPHY_USE_TENSORRT_RTX=1)" if rtx else "TensorRT"
-        raise EngineUnavailable(
-            f"{what} is not importable here ({'; '.join(errors)})",
-            hint=RTX_HINT if rtx else TRT_HINT,
-        )
+        hint = RTX_HINT if rtx else TRT_HINT
+        no_gpu = ""
+        if not nvidia_driver_present():  # installing it would not help here: say so
+            no_gpu = ("; and this machine has no NVIDIA GPU driver (no /proc/driver/nvidia, no nvidia-smi): "
+                      f"{what} cannot run here, installed or not")
+            hint += NO_GPU_HINT
+        raise EngineUnavailable(f"{what} is not importable here ({'; '.join(errors)}){no_gpu}", hint=hint)
     version = str(getattr(module, "__version__", "0"))
     if rtx:  # polygraphy imports "tensorrt_rtx"; the bindings wheel alone has another name
         sys.modules.setdefault("tensorrt_rtx", module)
