@@ -24,6 +24,7 @@ class ExitCode(enum.IntEnum):
     NO_ANSWER = 9  # verify --versions: no release could run, or --bisect judged fewer than two
     ARCHIVE_NOT_REPRODUCED = 10  # shrink/pack: the archive was written, its repro.py did not reproduce here
     MEMORY_BOUND = 11  # an engine process ran out of its memory bound (engine/memorybound.py): no verdict
+    DIVERGES_DIFFERENTLY = 12  # verify: it fails here, but not as recorded (another kind or message)
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; best-so-far results are kept on disk
     INTERNAL = 70  # a bug in reprokit: rerun with --debug and report it
 

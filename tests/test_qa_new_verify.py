@@ -63,7 +63,7 @@ def test_verify_a_failure_that_misses_the_recorded_regex_diverges_differently(pa
     proc = run_cli(
         "verify", "report.tar.gz", "--target", f"cmd:{PY} other.py {{model}}", cwd=packed
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 12, proc.stdout + proc.stderr
     assert "DIVERGES DIFFERENTLY" in proc.stdout and "REPRODUCES\n" not in proc.stdout
     assert "recorded   build-error (check failed matching /FAIL: MatMul/)" in proc.stdout
     as_json = run_cli(
@@ -71,7 +71,7 @@ def test_verify_a_failure_that_misses_the_recorded_regex_diverges_differently(pa
     )
     payload = json.loads(as_json.stdout)
     assert (as_json.returncode, payload["reproduces"], payload["outcome"]) == (
-        0,
+        12,
         False,
         "diverges differently",
     )
@@ -112,7 +112,7 @@ def test_verify_the_recorded_check_still_reproduces(packed):
 def test_verify_a_divergence_of_another_kind_is_not_called_agreement(packed):
     # old code: the emulator's NaN printed "DOES NOT REPRODUCE here with this setting"
     proc = run_cli("verify", "report.tar.gz", "--target", "emulate:fp16", cwd=packed)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 12, proc.stdout + proc.stderr
     assert "here       nonfinite" in proc.stdout
     assert "DIVERGES DIFFERENTLY" in proc.stdout and "DOES NOT REPRODUCE" not in proc.stdout
 

@@ -284,7 +284,10 @@ def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpu
                                "verdict": result.verdict.to_json()}, indent=2, default=str))
     else:
         print_verify(result, archive)
-    sys.exit(ExitCode.DIVERGES if result.reproduces else ExitCode.OK)
+    # a failure here that is not the recorded one is neither the bug nor agreement: its own code, so a
+    # script triaging archives never reads it as 'does not reproduce' (0) or 'reproduces' (1)
+    sys.exit(ExitCode.DIVERGES if result.reproduces else
+             ExitCode.DIVERGES_DIFFERENTLY if result.outcome == "diverges differently" else ExitCode.OK)
 
 
 @cli.command()
