@@ -68,3 +68,15 @@ def test_the_hint_of_a_run_interrupted_while_packing_runs_as_printed(tmp_path):
     resumed = run_cli(*argv[1:], cwd=tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert (tmp_path / OUT / "report.tar.gz").exists()
+
+
+def test_the_hint_of_a_budget_spent_before_any_removal_runs_as_printed(tmp_path):
+    # old code (final.py): "reprokit shrink --resume my out --max-calls 0", which the shell splits
+    save(matmul_overflow_softmax(), tmp_path / "model.onnx")
+    proc = run_cli("shrink", "model.onnx", "--target", "emulate:fp16", "--seed", "3", "--max-calls", "2",
+                   "-o", OUT, cwd=tmp_path, timeout=300)
+    _, hint = assert_user_error(proc, 8, contains="no node was removed")
+    argv = printed_command(hint)
+    assert argv[argv.index("--resume") + 1] == OUT, hint
+    again = run_cli(*argv[1:], cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr

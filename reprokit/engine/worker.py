@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reprokit.engine import enginelog, memorybound, threadlimit
+from reprokit.engine import enginelog, lifeline, memorybound, threadlimit
 from reprokit.engine.backends import create_backend
 from reprokit.engine.backends.base import BuildError
 from reprokit.engine.backends.cmd import CmdBackend, CommandCrash, CommandTimeout, call
@@ -112,6 +112,7 @@ def run_in_worker(
         "build_only": build_only,
         "weights_dir": os.path.abspath(weights_dir) if weights_dir else None,
         "memory_bound": _bound_for(spec),
+        "parent": os.getpid(),  # the worker dies with this process (engine/lifeline.py)
     }
     with open(os.path.join(job_dir, "job.json"), "w") as handle:
         json.dump(job, handle)
@@ -272,6 +273,7 @@ def _child(job_dir: str) -> int:
     """Child side: bound its memory, run the job, write result.json. Engine crashes kill this
     process, by design; an allocation refused at the bound is status "memory"."""
     job = read_json(os.path.join(job_dir, "job.json"))
+    lifeline.tie_to_parent(job.get("parent"))
     bound = job.get("memory_bound")
     if bound:
         bound = memorybound.apply(bound)  # a lower limit the worker inherited is the one that holds

@@ -13,6 +13,7 @@ Must not search: it only judges what the passes and the shapes pass hand it.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 
@@ -235,7 +236,7 @@ def _nothing_removed(run, reducer, writer, final, verdict, reference, note: str)
                  reference=reference, note=(note + "; " if note else "") + f"nothing removed: {why}")
     raise NothingRemoved(
         f"the bug is confirmed ({reducer.signature.describe()}) but no node was removed: {why}",
-        hint=(f"continue with a larger budget: reprokit shrink --resume {run.out_dir} --max-calls 0"
+        hint=(f"continue with a larger budget: reprokit shrink --resume {shlex.quote(run.out_dir)} --max-calls 0"
               if reducer.stopped else "name the failure with --fail-regex, or try --one-by-one; "
               f"{run.out_dir}/summary.json says what was tried"))
 
