@@ -129,13 +129,13 @@ def run_in_worker(
 
 
 def _bound_for(spec: str) -> int | None:
-    """The memory bound of a worker for ``spec``: None for GPU engines and check commands (a
-    spec that does not parse is the job's result, said by the child)."""
+    """The memory bound of a worker for ``spec``: None for check commands (a spec that does not
+    parse is the job's result, said by the child)."""
     try:
         parsed = parse_target(spec)
     except ReprokitError:
         return None
-    return memorybound.configured() if memorybound.bounds(parsed) else None
+    return memorybound.bound_for(parsed, memorybound.configured())
 
 
 def _run_inline(job: dict, job_dir: str, stderr_path: str, timeout: float, env: dict) -> WorkerResult:
