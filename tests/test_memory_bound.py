@@ -176,15 +176,74 @@ def test_a_model_within_the_bound_runs_and_the_bound_is_the_workers(tmp_path, mo
     assert resource.getrlimit(resource.RLIMIT_DATA)[0] != 512 << 20
 
 
-def test_gpu_engines_and_check_commands_are_not_bounded(monkeypatch):
+def test_gpu_engines_are_bounded_never_below_their_floor_and_check_commands_not(monkeypatch):
+    """Measured on an H200 (bench/results/gpu_memory_bound.md): the CUDA provider takes 1.1-1.7
+    GiB of host data, TensorRT-RTX's build 0.85 GiB, and both hung under 512 MiB: a GPU worker's
+    bound is the one in force, never below GPU_FLOOR. Old code: GPU workers had none."""
+    monkeypatch.setenv(memorybound.ENV, "8G")
+    assert _bound_for("ort:cuda,fp16") == _bound_for("trt:fp16") == _bound_for("ort") == 8 << 30
     monkeypatch.setenv(memorybound.ENV, "1G")
     assert _bound_for("emulate:fp16") == _bound_for("ort") == _bound_for("openvino:bf16") == 1 << 30
-    assert _bound_for("trt:fp16") is None and _bound_for("ort:cuda,fp16") is None
+    assert _bound_for("trt:fp16") == _bound_for("ort:cuda") == memorybound.GPU_FLOOR == 2 << 30
     assert _bound_for("cmd:python check.py {model}") is None
     monkeypatch.setenv(memorybound.ENV, "off")
-    assert _bound_for("ort") is None
+    assert _bound_for("ort") is None and _bound_for("ort:cuda") is None
     monkeypatch.delenv(memorybound.ENV)
-    assert _bound_for("ort") == memorybound.default_bound() > 0
+    assert _bound_for("ort") == _bound_for("ort:cuda") == memorybound.default_bound() > 0
+    # onnxruntime's CUDA arena words a GPU out-of-memory as its CPU one does: a GPU worker's
+    # message names both, never the host bound alone (the cause reprokit cannot tell apart)
+    assert [_bound_for(s, gpu=True) for s in ("ort:cuda", "trt:fp16", "ort", "emulate:fp16", "cmd:x {model}")] == [
+        True, True, False, False, False]
+    said = "Failed to allocate memory for requested buffer of size 1073741824"
+    assert memorybound.ran_out_words(2 << 30, said, gpu=True).startswith(
+        "ran out of memory: its host memory bound of 2 GiB, or the GPU's own memory (Failed to allocate")
+    assert memorybound.ran_out_words(2 << 30, said) .startswith("ran out of its memory bound of 2 GiB (")
+
+
+def host_bomb(rows: int) -> onnx.ModelProto:
+    """An Expand the CUDA provider cannot run (strings): host memory, 32 bytes an element."""
+    # x[1,16] -> Cast(string) -> Expand([rows,16]) -> Cast(float) -> ReduceMean(0) -> Add(x) -> y[1,16]
+    return make(
+        [
+            helper.make_node("Cast", ["x"], ["s"], to=TensorProto.STRING, name="to_string"),
+            helper.make_node("Expand", ["s", "shape"], ["big"], name="expand"),
+            helper.make_node("Cast", ["big"], ["f"], to=TensorProto.FLOAT, name="cast"),
+            helper.make_node("ReduceMean", ["f"], ["m"], name="mean", axes=[0], keepdims=1),
+            helper.make_node("Add", ["m", "x"], ["y"], name="add"),
+        ],
+        [vi("x", [1, 16])],
+        [vi("y", [1, 16])],
+        [numpy_helper.from_array(np.array([rows, 16], np.int64), "shape")],
+    )
+
+
+@pytest.mark.gpu
+def test_a_cuda_worker_stops_a_host_allocation_at_its_bound(tmp_path, monkeypatch):
+    """ort:cuda runs the string Expand on the CPU side of the CUDA session: 4 GiB asked under a
+    2 GiB bound is "memory", where the old code's unbounded worker allocated it all."""
+    feeds = str(tmp_path / "feeds.npz")
+    save_npz(feeds, {"x": np.full((1, 16), 0.5, np.float32)})
+    monkeypatch.setenv(memorybound.ENV, "2G")
+    small = run_in_worker(
+        "ort:cuda", save(host_bomb(1 << 10), tmp_path / "small.onnx"), feeds, str(tmp_path / "a")
+    )
+    assert small.status == "ok", small.message
+    big = run_in_worker(
+        "ort:cuda", save(host_bomb(8 << 20), tmp_path / "big.onnx"), feeds, str(tmp_path / "b")
+    )
+    assert (big.status, big.meta.get("bound")) == ("memory", 2 << 30), big.message
+
+
+def test_the_host_bomb_allocates_on_the_host(tmp_path, monkeypatch):
+    """What the gpu test above relies on, shown on the CPU: the string Expand's one allocation
+    is refused at the worker's bound (1 GiB asked, 32 bytes an element, under 512 MiB)."""
+    feeds = str(tmp_path / "feeds.npz")
+    save_npz(feeds, {"x": np.full((1, 16), 0.5, np.float32)})
+    monkeypatch.setenv(memorybound.ENV, "512M")
+    big = run_in_worker(
+        "ort", save(host_bomb(2 << 20), tmp_path / "big.onnx"), feeds, str(tmp_path / "b")
+    )
+    assert (big.status, big.meta.get("bound")) == ("memory", 512 << 20), big.message
 
 
 def test_a_bad_bound_is_a_usage_error(tmp_path):

@@ -15,8 +15,11 @@ bytes", numpy: MemoryError). ``RLIMIT_AS`` is not used: it counts address space 
 worker also asks the OOM killer to take it first (``oom_score_adj`` 1000): were the machine short
 before the bound is reached, the engine process goes, not a process of the user's.
 
-GPU engines (``trt``, ``ort:cuda``) are not bounded: their drivers map host memory the bound
-would count, untested here; a check command (``cmd:``) is the user's own process.
+GPU engines (``trt``, ``ort:cuda``) are bounded too, on their host memory (what their drivers map
+as private writable memory counts; the GPU's own memory does not), never below ``GPU_FLOOR``:
+measured on an H200 (bench/results/gpu_memory_bound.md), their footprint is 0.85-1.7 GiB, and
+under a bound of 512 MiB their driver hung instead of failing. A check command (``cmd:``) is the
+user's own process: not bounded; nor are ``verify --versions``'s GPU cells (matrix/run.py: not measured).
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ _OUT_OF_MEMORY = re.compile(
 # The engines' own footprint before any model (measured on the attention sample: the emulator
 # needs 110 MiB, OpenVINO 160 MiB on 2 cores); a bound below it fails in the engine, not the model.
 ENGINE_FLOOR = 160 << 20
+# A GPU engine's own host memory before any model (measured on the H200, bench/results/
+# gpu_memory_bound.md: the CUDA provider's session 1.1 GiB of VmData, 1.4-1.7 GiB after a sample's
+# run, which failed under a 1 GiB bound; TensorRT-RTX's build 0.85 GiB; under 512 MiB both hung in
+# the driver, never answering): a smaller bound is raised to it for them, never a hang.
+GPU_FLOOR = 2 << 30
 # The largest bound kept (4 EiB): setrlimit takes below 2**63, and the thread stacks are added on top.
 _LARGEST = 1 << 62
 
@@ -112,9 +120,18 @@ def configured() -> int | None:
     return parse_bound(os.environ.get(ENV, ""))
 
 
-def bounds(spec) -> bool:
-    """Is an engine worker for ``spec`` (a TargetSpec) bounded? CPU engines only."""
-    return spec.engine in ("ort", "emulate", "openvino") and not spec.has("cuda")
+def bound_for(spec, bound: int | None) -> int | None:
+    """The bound of an engine worker for ``spec`` (a TargetSpec) when ``bound`` is in force: every
+    engine's worker is bounded (a check command is the user's own process: never), a GPU engine's
+    (``trt``, ``ort:cuda``) at least ``GPU_FLOOR``, which its driver needs before any model."""
+    if not bound or spec.engine not in ("ort", "emulate", "openvino", "trt"):
+        return None
+    return max(bound, GPU_FLOOR) if on_gpu(spec) else bound
+
+
+def on_gpu(spec) -> bool:
+    """Does a parsed target run on the GPU (``trt``, ``ort:cuda``)?"""
+    return spec.engine == "trt" or spec.has("cuda")
 
 
 def stack_allowance() -> int:
@@ -187,12 +204,18 @@ def ran_out(*texts: str) -> bool:
     return not asked or max(asked) <= 2 * half_the_memory()
 
 
-def ran_out_words(limit: int, words: str, *, inherited: bool = False, configured: int | None = None) -> str:
+def ran_out_words(limit: int, words: str, *, inherited: bool = False, configured: int | None = None,
+                  gpu: bool = False) -> str:
     """'ran out of its memory bound of N (the engine's sentence)': what a worker's result and a
     --versions cell say of a run the bound stopped (``words``: the engine's output). An
-    ``inherited`` limit (lower than the ``configured`` bound, or with none) is named as such."""
+    ``inherited`` limit (lower than the ``configured`` bound, or with none) is named as such. A
+    ``gpu`` engine's words may be the GPU's own out-of-memory (onnxruntime's CUDA arena says
+    "Failed to allocate" as its CPU one does): both are named, since reprokit cannot tell them
+    apart from the words (bench/results/gpu_memory_bound.md)."""
     said = failed_words(words)
     held = f"ran out of its memory bound of {size_words(limit)}"
+    if gpu:
+        held = f"ran out of memory: its host memory bound of {size_words(limit)}, or the GPU's own memory"
     if inherited:
         held = (f"ran out of the data limit it was started under, {size_words(limit)} (ulimit -d, a container's: "
                 + ("no --memory-bound" if configured is None else f"lower than --memory-bound's {size_words(configured)}")

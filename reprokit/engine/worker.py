@@ -112,6 +112,7 @@ def run_in_worker(
         "build_only": build_only,
         "weights_dir": os.path.abspath(weights_dir) if weights_dir else None,
         "memory_bound": _bound_for(spec),
+        "on_gpu": _bound_for(spec, gpu=True),  # its out-of-memory words may be the GPU's (ran_out_words)
         "parent": os.getpid(),  # the worker dies with this process (engine/lifeline.py)
     }
     with open(os.path.join(job_dir, "job.json"), "w") as handle:
@@ -126,17 +127,17 @@ def run_in_worker(
     if code is None:
         return WorkerResult("timeout", message=f"no answer within {timeout:g} s; the process group was killed",
                             log=_tail(stderr_path), seconds=seconds, job_dir=job_dir)
-    return _read_result(job_dir, code, stderr_path, seconds, job["memory_bound"])
+    return _read_result(job_dir, code, stderr_path, seconds, job["memory_bound"], job["on_gpu"])
 
 
-def _bound_for(spec: str) -> int | None:
-    """The memory bound of a worker for ``spec``: None for GPU engines and check commands (a
-    spec that does not parse is the job's result, said by the child)."""
+def _bound_for(spec: str, gpu: bool = False):
+    """The memory bound of a worker for ``spec``: None for check commands (a spec that does not
+    parse is the job's result, said by the child); with ``gpu``, whether it runs on the GPU."""
     try:
         parsed = parse_target(spec)
     except ReprokitError:
-        return None
-    return memorybound.configured() if memorybound.bounds(parsed) else None
+        return False if gpu else None
+    return memorybound.on_gpu(parsed) if gpu else memorybound.bound_for(parsed, memorybound.configured())
 
 
 def _run_inline(job: dict, job_dir: str, stderr_path: str, timeout: float, env: dict) -> WorkerResult:
@@ -200,7 +201,8 @@ def _waited(argv: list[str], out, err, env: dict, timeout: float) -> int | None:
     return None if expired.is_set() and code == -signal.SIGKILL else code  # not one that ended just then
 
 
-def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float, bound: int | None = None) -> WorkerResult:
+def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float, bound: int | None = None,
+                 gpu: bool = False) -> WorkerResult:
     """The child's result.json as a WorkerResult; a crash when it died without writing one (at
     its memory bound ``bound`` when its last words say an allocation failed: an engine that aborts
     on std::bad_alloc)."""
@@ -212,7 +214,7 @@ def _read_result(job_dir: str, code: int, stderr_path: str, seconds: float, boun
             return WorkerResult("unavailable", message=threadlimit.refused_words(limit, log), hint=threadlimit.HINT,
                                 log=log, seconds=seconds, exit_code=int(ExitCode.ENVIRONMENT), job_dir=job_dir)
         if bound and code != -signal.SIGKILL and memorybound.ran_out(log):
-            return WorkerResult("memory", meta={"bound": bound}, message=memorybound.ran_out_words(bound, _last_line(log)),
+            return WorkerResult("memory", meta={"bound": bound}, message=memorybound.ran_out_words(bound, _last_line(log), gpu=gpu),
                                 log=log, seconds=seconds, job_dir=job_dir)
         if code < 0:
             name = signal.Signals(-code).name
@@ -285,7 +287,8 @@ def _child(job_dir: str) -> int:
         result = {"status": "unavailable", "message": threadlimit.refused_words(limit, "\n".join(words)),
                   "hint": threadlimit.HINT, "exit_code": int(ExitCode.ENVIRONMENT), "log": result.get("log", "")}
     elif bound and failed and memorybound.ran_out(*words):
-        result = {"status": "memory", "message": memorybound.ran_out_words(bound, result.get("message", "")),
+        result = {"status": "memory", "message": memorybound.ran_out_words(bound, result.get("message", ""),
+                                                                                  gpu=bool(job.get("on_gpu"))),
                   "meta": {"bound": bound}, "log": result.get("log", "")}
     _write_result(job_dir, result)
     return 0
