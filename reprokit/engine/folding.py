@@ -30,7 +30,7 @@ from reprokit.engine.gsfold import gs_passes, infer_shapes
 from reprokit.engine.ortfold import ort_fold
 from reprokit.engine.worker import run_in_worker
 from reprokit.errors import ReferenceFailure, ReprokitError
-from reprokit.graph.index import has_bodies, inferred_value_info
+from reprokit.graph.index import has_bodies
 from reprokit.graph.io import external_locations, save_model
 from reprokit.graph.model import mark_outputs, name_unnamed_nodes, node_label
 from reprokit.standalone.arrays import save_npz
@@ -151,16 +151,22 @@ def marked_names(model, within: int, workdir: str) -> list[str] | None:
     """Every node output of ``model``, when their tensors (estimated from static shapes, as the
     capture estimates them) fit ``within`` bytes and twice that is free on disk; else None."""
     names = list(dict.fromkeys(o for node in model.graph.node for o in node.output if o))
-    known = inferred_value_info(model)
+    known = _value_infos(model)
     size = sum(tensor_bytes(known[n]) for n in names if n in known)
     return names if size <= within and 2 * size < shutil.disk_usage(workdir).free else None
+
+
+def _value_infos(folded) -> dict:
+    """The folded model's value infos by name: :func:`fold_constants` inferred them already (on
+    a view without the weights' bytes); inferring them again would hand the whole model to onnx."""
+    return {vi.name: vi for vi in list(folded.graph.value_info) + list(folded.graph.output)}
 
 
 def _run_marked(folded, feeds: dict, run, workdir: str, base_dir: str | None, marked: list[str]):
     """The folded model's check run with ``marked`` as outputs too: (the folded model's own
     file, the run's WorkerResult with its tensor file kept). The unmarked file the run's steps
     load is written while the worker runs (a Swin's is 110 MB)."""
-    marked_path = save_model(mark_outputs(folded, marked), os.path.join(workdir, "folded.marked.onnx"),
+    marked_path = save_model(mark_outputs(folded, marked, _value_infos(folded)), os.path.join(workdir, "folded.marked.onnx"),
                              base_dir=base_dir)
     fetched = marked + [o.name for o in folded.graph.output if o.name not in set(marked)]  # an output no node makes
     pending = in_background("fold-check", run, marked_path, feeds, marked=fetched)
