@@ -141,3 +141,34 @@ def test_a_capture_that_needs_several_runs_does_not_take_the_check_run(tmp_path,
     assert not any(
         "fold-check" in str(p) for p in (tmp_path / "out").rglob("*.bin")
     )  # no kept run left
+
+
+def test_a_fold_that_changes_the_outputs_is_refused_and_its_marked_run_discarded(tmp_path):
+    """The unfolded model's outputs as the check knows them are not what the folded model
+    computes (given here as 1.5 times them, as a wrong fold would make them differ): the fold is
+    refused in the same words as without marking, and the marked run's tensors leave no file."""
+    model = _overflow_after_folded_bias()
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)}
+    runner = folding.reference_runner("ort", str(tmp_path / "check"))
+    right = runner(_saved(model, tmp_path), feeds)
+    wrong = {"y": right["y"] * 1.5}
+    notes = []
+    for within in (1 << 30, None):  # marked (the capture's run), then as it was
+        result = folding.checked_fold(
+            model,
+            feeds,
+            runner,
+            str(tmp_path / f"fold-{within}"),
+            reference_outputs=wrong,
+            capture_within=within,
+        )
+        assert not result.folded and result.capture is None
+        notes.append(result.note)
+    assert notes[0] == notes[1] and "computes something else (output 'y' differs" in notes[0], notes
+    assert not list((tmp_path / "check").rglob("*.bin")), list((tmp_path / "check").rglob("*"))
+
+
+def _saved(model, tmp_path) -> str:
+    path = str(tmp_path / "given.onnx")
+    onnx.save(model, path)
+    return path

@@ -109,7 +109,8 @@ def checked_fold(model, feeds: dict, run: Callable[..., dict], workdir: str, *,
     the fold runs here: the run does not depend on the fold. ``capture_within``: the folded
     model's check run marks every node output too when they fit this many bytes, and a fold
     that passes hands that run on (``Folded.capture``): a shrink's capture is then that run, not
-    a third run of the reference (:class:`reprokit.engine.activations.CheckCapture`)."""
+    a third run of the reference (:class:`reprokit.engine.activations.CheckCapture`). When that
+    marked run fails, the folded model is run as it is, and that run decides (and words) a refusal."""
     pending = None
     if reference_outputs is None and model_path and os.path.getsize(model_path) >= OVERLAP_BYTES and will_fold(model):
         pending = in_background("fold-check", run, model_path, feeds)
@@ -128,12 +129,16 @@ def checked_fold(model, feeds: dict, run: Callable[..., dict], workdir: str, *,
         except ReprokitError:
             return Folded(model, False)  # the model itself fails: the caller's own run says so
     marked = marked_names(folded, capture_within, workdir) if capture_within else None
-    try:
-        if marked:
+    path, kept = "", None
+    if marked:
+        try:
             path, kept = _run_marked(folded, feeds, run, workdir, base_dir, marked)
             outputs = {name: kept.outputs[name] for name in reference_outputs if name in kept.outputs}
-        else:
-            path, kept = save_model(folded, os.path.join(workdir, "folded.onnx"), base_dir=base_dir), None
+        except ReprokitError:
+            pass  # every tensor marked may be what failed (memory, time): the plain check below decides
+    try:
+        if kept is None:
+            path = path or save_model(folded, os.path.join(workdir, "folded.onnx"), base_dir=base_dir)
             outputs = run(path, feeds)
     except ReprokitError as exc:
         return Folded(model, False, f"{SKIPPED}: the folded model fails on the reference "
@@ -166,8 +171,8 @@ def _run_marked(folded, feeds: dict, run, workdir: str, base_dir: str | None, ma
     """The folded model's check run with ``marked`` as outputs too: (the folded model's own
     file, the run's WorkerResult with its tensor file kept). The unmarked file the run's steps
     load is written while the worker runs (a Swin's is 110 MB)."""
-    marked_path = save_model(mark_outputs(folded, marked, _value_infos(folded)), os.path.join(workdir, "folded.marked.onnx"),
-                             base_dir=base_dir)
+    marked_path = save_model(mark_outputs(folded, marked, _value_infos(folded)),
+                             os.path.join(workdir, "folded.marked.onnx"), base_dir=base_dir)
     fetched = marked + [o.name for o in folded.graph.output if o.name not in set(marked)]  # an output no node makes
     pending = in_background("fold-check", run, marked_path, feeds, marked=fetched)
     try:
