@@ -154,11 +154,14 @@ def checked_fold(model, feeds: dict, run: Callable[..., dict], workdir: str, *,
 
 def marked_names(model, within: int, workdir: str) -> list[str] | None:
     """Every node output of ``model``, when their tensors (estimated from static shapes, as the
-    capture estimates them) fit ``within`` bytes and twice that is free on disk; else None."""
+    capture estimates them) fit ``within`` bytes and twice that is free on disk; else None —
+    also when a tensor's size is unknown (the capture's own chunks then bound each run)."""
     names = list(dict.fromkeys(o for node in model.graph.node for o in node.output if o))
     known = _value_infos(model)
-    size = sum(tensor_bytes(known[n]) for n in names if n in known)
-    return names if size <= within and 2 * size < shutil.disk_usage(workdir).free else None
+    sizes = [tensor_bytes(known[n]) if n in known else 0 for n in names]
+    if not all(sizes):
+        return None
+    return names if sum(sizes) <= within and 2 * sum(sizes) < shutil.disk_usage(workdir).free else None
 
 
 def _value_infos(folded) -> dict:
