@@ -133,6 +133,30 @@ def _mib(value: int) -> str:
     return f"{value / 2**20:,.0f} MiB" if value < 2**30 else f"{value / 2**30:,.2f} GiB"
 
 
+class CheckCapture:
+    """A reference run that marked every node output of the model it checked (the fold's check
+    run: ``engine/folding.checked_fold``), its tensor file kept: a capture of the same tensors on
+    the same feeds in one run takes it (:meth:`take`) instead of running the reference again.
+    Whoever holds one discards it when no capture took it."""
+
+    def __init__(self, result, names: frozenset, feeds: dict):
+        self.result, self.names, self.feeds = result, names, feeds
+
+    def take(self, chunk: list[str], feeds: dict):
+        """The run's WorkerResult when it holds exactly ``chunk`` of the very ``feeds`` (the
+        input sample the capture runs on: several samples may have moved it), once; else None."""
+        result = self.result
+        if result is None or feeds is not self.feeds or set(chunk) != self.names or set(result.outputs) != self.names:
+            return None
+        self.result = None
+        return result
+
+    def discard(self) -> None:
+        if self.result is not None:
+            self.result.discard()
+            self.result = None
+
+
 def tensor_bytes(value_info) -> int:
     """Bytes of a tensor from its inferred type and static shape; 0 when unknown."""
     from onnx import helper

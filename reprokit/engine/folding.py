@@ -16,20 +16,23 @@ fold runs the reference in a worker process (:func:`reference_runner`). Owns no 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from concurrent.futures import wait
 from dataclasses import dataclass
 
 import numpy as np
 
+from reprokit.engine.activations import CheckCapture, tensor_bytes
 from reprokit.engine.background import in_background
 from reprokit.engine.enginelog import captured
+from reprokit.engine.gsfold import gs_passes, infer_shapes
 from reprokit.engine.ortfold import ort_fold
 from reprokit.engine.worker import run_in_worker
 from reprokit.errors import ReferenceFailure, ReprokitError
 from reprokit.graph.index import has_bodies
 from reprokit.graph.io import external_locations, save_model
-from reprokit.graph.model import name_unnamed_nodes, node_label
+from reprokit.graph.model import mark_outputs, name_unnamed_nodes, node_label
 from reprokit.standalone.arrays import save_npz
 
 SKIPPED = "constant folding skipped"
@@ -41,6 +44,7 @@ class Folded:
     folded: bool
     note: str = ""  # why folding was skipped (empty when it was used or there was nothing to fold)
     path: str = ""  # the folded model's file, the one the check ran (when folded)
+    capture: CheckCapture | None = None  # the check's run with every node output marked (when asked)
 
 
 def folding_changed(before, after) -> bool:
@@ -91,9 +95,9 @@ def failure_words(exc: ReprokitError) -> str:
     return re.sub(r"^the reference \([^)]*\) fails on this model: ", "", text)[:300]
 
 
-def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: str, *,
+def checked_fold(model, feeds: dict, run: Callable[..., dict], workdir: str, *,
                  reference_outputs: dict | None = None, base_dir: str | None = None,
-                 model_path: str | None = None) -> Folded:
+                 model_path: str | None = None, capture_within: int | None = None) -> Folded:
     """Fold ``model``'s constants and keep the result only when it agrees with ``model`` on
     ``feeds``. ``run(path, feeds)`` runs the reference and returns its outputs (raising a
     ReprokitError when the engine fails). ``reference_outputs``: the unfolded model's, when the
@@ -102,7 +106,11 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
     never the folded copy) — from ``model_path`` when the caller has ``model`` in that file
     already (a Swin's 110 MB are not written a second time), else from a copy saved here.
     A large file that will fold (:func:`will_fold`) has its reference run in its worker while
-    the fold runs here: the run does not depend on the fold."""
+    the fold runs here: the run does not depend on the fold. ``capture_within``: the folded
+    model's check run marks every node output too when they fit this many bytes, and a fold
+    that passes hands that run on (``Folded.capture``): a shrink's capture is then that run, not
+    a third run of the reference (:class:`reprokit.engine.activations.CheckCapture`). When that
+    marked run fails, the folded model is run as it is, and that run decides (and words) a refusal."""
     pending = None
     if reference_outputs is None and model_path and os.path.getsize(model_path) >= OVERLAP_BYTES and will_fold(model):
         pending = in_background("fold-check", run, model_path, feeds)
@@ -120,17 +128,62 @@ def checked_fold(model, feeds: dict, run: Callable[[str, dict], dict], workdir: 
             reference_outputs = pending.result() if pending is not None else run(unfolded_path, feeds)
         except ReprokitError:
             return Folded(model, False)  # the model itself fails: the caller's own run says so
-    path = save_model(folded, os.path.join(workdir, "folded.onnx"), base_dir=base_dir)
+    marked = marked_names(folded, capture_within, workdir) if capture_within else None
+    path, kept = "", None
+    if marked:
+        try:
+            path, kept = _run_marked(folded, feeds, run, workdir, base_dir, marked)
+            outputs = {name: kept.outputs[name] for name in reference_outputs if name in kept.outputs}
+        except ReprokitError:
+            pass  # every tensor marked may be what failed (memory, time): the plain check below decides
     try:
-        outputs = run(path, feeds)
+        if kept is None:
+            path = path or save_model(folded, os.path.join(workdir, "folded.onnx"), base_dir=base_dir)
+            outputs = run(path, feeds)
     except ReprokitError as exc:
         return Folded(model, False, f"{SKIPPED}: the folded model fails on the reference "
                                     f"({failure_words(exc)}); the model runs unfolded")
     why = disagreement(reference_outputs, outputs)
     if why:
+        if kept is not None:
+            kept.discard()
         return Folded(model, False, f"{SKIPPED}: the folded model computes something else ({why}); "
                                     "the model runs unfolded")
-    return Folded(folded, True, path=path)
+    return Folded(folded, True, path=path, capture=CheckCapture(kept, frozenset(marked), feeds) if kept else None)
+
+
+def marked_names(model, within: int, workdir: str) -> list[str] | None:
+    """Every node output of ``model``, when their tensors (estimated from static shapes, as the
+    capture estimates them) fit ``within`` bytes and twice that is free on disk; else None —
+    also when a tensor's size is unknown (the capture's own chunks then bound each run)."""
+    names = list(dict.fromkeys(o for node in model.graph.node for o in node.output if o))
+    known = _value_infos(model)
+    sizes = [tensor_bytes(known[n]) if n in known else 0 for n in names]
+    if not all(sizes):
+        return None
+    return names if sum(sizes) <= within and 2 * sum(sizes) < shutil.disk_usage(workdir).free else None
+
+
+def _value_infos(folded) -> dict:
+    """The folded model's value infos by name: :func:`fold_constants` inferred them already (on
+    a view without the weights' bytes); inferring them again would hand the whole model to onnx."""
+    return {vi.name: vi for vi in list(folded.graph.value_info) + list(folded.graph.output)}
+
+
+def _run_marked(folded, feeds: dict, run, workdir: str, base_dir: str | None, marked: list[str]):
+    """The folded model's check run with ``marked`` as outputs too: (the folded model's own
+    file, the run's WorkerResult with its tensor file kept). The unmarked file the run's steps
+    load is written while the worker runs (a Swin's is 110 MB)."""
+    marked_path = save_model(mark_outputs(folded, marked, _value_infos(folded)),
+                             os.path.join(workdir, "folded.marked.onnx"), base_dir=base_dir)
+    fetched = marked + [o.name for o in folded.graph.output if o.name not in set(marked)]  # an output no node makes
+    pending = in_background("fold-check", run, marked_path, feeds, marked=fetched)
+    try:
+        path = save_model(folded, os.path.join(workdir, "folded.onnx"), base_dir=base_dir)
+    finally:
+        wait([pending])
+        os.remove(marked_path)
+    return path, pending.result()
 
 
 # A model file this large has the unfolded model's reference run beside the fold (checked_fold);
@@ -162,16 +215,21 @@ def reference_runner(spec: str, workdir: str, *, timeout: float = 600.0, weights
     the seconds its runs took so far."""
     counter = [0]
 
-    def run(path: str, feeds: dict) -> dict:
+    def run(path: str, feeds: dict, marked: list[str] | None = None):
+        """The outputs as arrays; ``marked``: those tensors as outputs, and the WorkerResult
+        itself returned, its tensor file kept (the caller discards or hands it on)."""
         counter[0] += 1
         job = os.path.join(workdir, f"fold-check-{counter[0]}")
         os.makedirs(job, exist_ok=True)
         feeds_path = save_npz(os.path.join(job, "feeds.npz"), feeds)
-        result = run_in_worker(spec, path, feeds_path, job, timeout=timeout, weights_dir=weights_dir)
+        result = run_in_worker(spec, path, feeds_path, job, timeout=timeout, weights_dir=weights_dir,
+                               output_names=marked)
         run.seconds += result.seconds
         if result.status != "ok":
             result.discard()
             raise ReferenceFailure(f"{result.status}: {result.message}")
+        if marked:
+            return result
         outputs = {k: np.array(v) for k, v in result.outputs.items()}
         result.discard()
         return outputs
@@ -188,44 +246,56 @@ NO_FOLD_HINT = "--no-fold-constants reduces the model as given"
 
 
 def fold_prepared(model, path: str, feeds: dict, options, workdir: str, base_dir: str, notes: list[str],
-                  spent: list[float] | None = None):
+                  spent: list[float] | None = None, capture_within: int | None = None):
     """Fold the model's constants when the folded one agrees with it on the reference
     (``session.prepare``): the frozen model of ``--input-shapes``, and shrink's model by default
     (polygraphy's ``surgeon sanitize --fold-constants``; node names stay the user's, so a folded
     minimal model names the user's nodes). Returns the model and the file engines load — never
     the user's own file rewritten; says in ``notes`` what was done and adds the check's
-    reference runs' seconds to ``spent`` (engine time, not reprokit's own)."""
+    reference runs' seconds to ``spent`` (engine time, not reprokit's own). ``capture_within``:
+    see :func:`checked_fold`; the folded model's marked check run is returned third when the
+    folded model is the one returned (else None: it was discarded)."""
     frozen = f"froze input shapes {options.input_shapes}" if options.input_shapes else ""
     kept = sorted({n.op_type for n in model.graph.node} & _KEPT_UNFOLDED)
     if external_locations(model) or (kept and not frozen):
         if frozen:
             notes.append(frozen)
-        return model, path
+        return model, path, None
     run = reference_runner(options.reference, os.path.join(workdir, "fold-check"), timeout=options.timeout,
                            weights_dir=base_dir)
     # ``path`` holds ``model`` as it is (the user's file, or the frozen copy just saved)
-    result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir, model_path=path)
+    result = checked_fold(model, feeds, run, os.path.join(workdir, "fold-check"), base_dir=base_dir, model_path=path,
+                          capture_within=capture_within)
     if spent is not None:
         spent.append(run.seconds)
+    model, path, used = _chosen(model, path, result, frozen, notes, workdir)
+    if result.capture is not None and not used:
+        result.capture.discard()  # the model runs unfolded: the folded model's capture is no capture of it
+    return model, path, result.capture if used else None
+
+
+def _chosen(model, path: str, result: Folded, frozen: str, notes: list[str], workdir: str):
+    """After the fold's check: the model the run goes on with, its file, and whether it is the
+    folded one."""
     if result.folded and not frozen and _only_constant_nodes(model, result.model):
         # nothing computed folds, Constant nodes would only become initializers: an engine builds
         # the same, and the user's Constant node (a clamped -inf, say) stays a node it can name
-        return model, path
+        return model, path, False
     if result.folded and not frozen and _outputs_folded(model, result.model):
         # every output constant (a model with no inputs): the engine would compute nothing
         notes.append(f"{SKIPPED}: it would turn the model's outputs into constants; the model runs unfolded")
-        return model, path
+        return model, path, False
     if result.folded:
         before, after = len(model.graph.node), len(result.model.graph.node)
         notes.append(frozen + " and folded constants" if frozen else
                      f"constants folded before the survey ({before} → {after} nodes, as polygraphy's surgeon "
                      f"sanitize --fold-constants does; node names are the model's own): {NO_FOLD_HINT}")
         prepared = os.path.join(workdir, "prepared.onnx")
-        os.replace(result.path, prepared)  # the file the check ran: saved once, not serialized again
-        return result.model, prepared
+        os.replace(result.path, prepared)  # the folded model's file (its check ran it or a marked copy): saved once
+        return result.model, prepared, True
     if frozen or result.note:
         notes.append("; ".join(filter(None, [frozen, result.note])))
-    return model, path
+    return model, path, False
 
 
 def _only_constant_nodes(before, after) -> bool:
@@ -270,97 +340,14 @@ def fold_constants(model, source_path: str | None = None):
     with captured("constant folding (onnxruntime in process)"):
         folded = ort_fold(onnx, named, source_path)
         if folded is None:
-            folded = _gs_passes(onnx, named)
+            folded = gs_passes(onnx, named)
     if folded is None:  # folding is an optimization: keep the model as it was
         return model
     folded.ir_version = ir_version
     del folded.opset_import[:]
     folded.opset_import.extend(opsets)
     try:
-        folded = _infer_shapes(onnx, folded)
+        folded = infer_shapes(onnx, folded)
     except Exception:
         pass
     return folded
-
-
-def _gs_passes(onnx, folded):
-    """onnx-graphsurgeon's folding as polygraphy's sanitize runs it: shapes inferred before
-    each pass (gs folds a Shape only where it knows the shape), passes until nothing more folds
-    — each pass's folded shapes let the next fold what read them. None when gs fails."""
-    import onnx_graphsurgeon as gs
-
-    try:
-        import onnxruntime
-
-        onnxruntime.set_default_logger_severity(3)  # gs folds with onnxruntime in this process
-    except Exception:
-        pass
-    try:
-        for _ in range(FOLD_PASSES):
-            before = len(folded.graph.node)
-            folded = _fold_pass(onnx, gs, folded)
-            if len(folded.graph.node) >= before:
-                break
-    except Exception:
-        return None
-    return folded
-
-
-FOLD_PASSES = 8
-
-
-def _fold_pass(onnx, gs, model):
-    try:
-        model = _infer_shapes(onnx, model)
-    except Exception:
-        pass  # gs folds what it can without the shapes
-    folded = _gs_fold(gs, model, flatten=True)
-    # gs's flattening of nested If nodes with constant conditions can drop a branch output
-    # (silero-vad: "'/model/decoder/If_1_output_1' is not ... output of a previous node");
-    # folding without flattening still folds the shape arithmetic. Only a model with bodies is
-    # checked: onnx's checker serializes the whole model, weights and all, on every pass
-    if any(has_bodies(node) for node in model.graph.node) and not _well_formed(onnx, folded):
-        folded = _gs_fold(gs, model, flatten=False)
-    return folded
-
-
-_FLOATS = frozenset({1, 10, 11, 16})  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
-
-
-def _infer_shapes(onnx, model):
-    """onnx's shape inference, run on a view of ``model`` whose float weights of 1 KiB or more
-    have no bytes (marked external): it reads their dims and type, and the data only of shape
-    inputs (small integer tensors, kept). onnx hands the whole model to C++ and back as bytes,
-    weights and all; a Swin's 110 MB made that a second per pass. The inferred value infos are
-    set on ``model`` itself (the fold's own copy). A model with bodies is inferred as it is."""
-    if any(has_bodies(node) for node in model.graph.node):
-        return onnx.shape_inference.infer_shapes(model)
-    view = onnx.ModelProto()
-    view.CopyFrom(model)
-    for init in view.graph.initializer:
-        if init.data_type in _FLOATS and init.HasField("raw_data") and len(init.raw_data) >= 1024:
-            init.ClearField("raw_data")
-            init.data_location = onnx.TensorProto.EXTERNAL
-            entry = init.external_data.add()
-            entry.key, entry.value = "location", "reprokit-shape-view"  # never read: nothing loads it
-    inferred = onnx.shape_inference.infer_shapes(view)
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(inferred.graph.value_info)
-    del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
-    return model
-
-
-def _gs_fold(gs, model, *, flatten: bool):
-    graph = gs.import_onnx(model)
-    graph.fold_constants(error_ok=True, flatten_subgraphs=flatten).cleanup().toposort()
-    return gs.export_onnx(graph, do_type_check=False)
-
-
-def _well_formed(onnx, model) -> bool:
-    """Does every node read a tensor something defines (onnx's checker, no shape inference)?"""
-    try:
-        onnx.checker.check_model(model)
-    except Exception:
-        return False
-    return True

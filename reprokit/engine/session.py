@@ -45,6 +45,9 @@ class Prepared:
     file_nodes: int = 0  # nodes in the user's file, before --input-shapes folded any constants
     samples: list[Feeds] = field(default_factory=list)  # every sample, when --inputs holds several
     reference_seconds: float = 0.0  # the reference's runs that checked a fold (engine time)
+    # the folded model's check run with every node output marked, for shrink's capture to take
+    # (engine/activations.CheckCapture; None when not asked, not folded or too large)
+    check_capture: object = None
     sample_verdicts: list = field(default_factory=list)  # SampleVerdict per sample
 
 
@@ -82,11 +85,13 @@ class RunOptions:
 
 
 def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample: bool = False,
-            fold: bool = False) -> Prepared:
+            fold: bool = False, capture_within: int | None = None) -> Prepared:
     """Load and validate the model, freeze shapes if asked, make or load the feeds.
     ``every_sample``: a multi-sample --inputs without --sample gives ``samples`` (feeds: the
     first), for callers that judge each one (reprokit/samples.py). ``fold``: fold constants even
-    without --input-shapes (shrink's default), checked on the reference like a frozen model's."""
+    without --input-shapes (shrink's default), checked on the reference like a frozen model's.
+    ``capture_within``: a folded model's check run marks every node output when they fit this
+    many bytes, and is kept as ``check_capture`` (shrink's capture, one reference run fewer)."""
     dims.forget()  # the sizes chosen for this model, named by any error that follows
     model = load_model(model_path, load_weights=False)
     check_valid(model, model_path)  # an invalid model is the user's file's fault, said before any engine runs
@@ -110,10 +115,13 @@ def prepare(model_path: str, options: RunOptions, workdir: str, *, every_sample:
         feeds = random_feeds(infos, seed=options.seed, shapes=options.input_shapes,
                              val_ranges=options.val_ranges, hints=dims.metadata_hints(model))
     spent: list[float] = []
+    kept = None
     if options.input_shapes or fold:  # folded only where the folded model computes the same (one check)
-        model, path = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes, spent)
+        model, path, kept = fold_prepared(model, path, feeds.arrays, options, workdir, base_dir, notes, spent,
+                                          capture_within)
     notes.extend(feeds.notes)
-    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples, reference_seconds=sum(spent))
+    return Prepared(model, path, infos, feeds, notes, base_dir, file_nodes, samples, reference_seconds=sum(spent),
+                    check_capture=kept)
 
 
 def load_ignored(path: str) -> dict[str, np.ndarray]:

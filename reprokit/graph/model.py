@@ -190,14 +190,15 @@ def float_tensor_names(model) -> set[str]:
 OBSERVE_KEY = "reprokit.observe"
 
 
-def mark_outputs(model, names: list[str]):
-    """Copy of the model with ``names`` added as graph outputs (types from shape inference)."""
+def mark_outputs(model, names: list[str], known: dict | None = None):
+    """Copy of the model with ``names`` added as graph outputs (types from shape inference, or
+    from ``known``: value infos by name the caller has already)."""
     import onnx
     from onnx import helper
 
     marked = onnx.ModelProto()
     marked.CopyFrom(model)
-    known = inferred_value_info(model)
+    known = inferred_value_info(model) if known is None else known
     existing = {o.name for o in marked.graph.output}
     for name in names:
         if name in existing:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from reprokit.engine import floatref, quantized, twinrun
-from reprokit.engine.activations import ActivationStore, tensor_bytes
+from reprokit.engine.activations import ActivationStore, CheckCapture, tensor_bytes
 from reprokit.engine.backends import backend_class
 from reprokit.engine.recall import verdict_from_json
 from reprokit.engine.session import RunOptions, admit_target, make_oracle, prepare
@@ -57,11 +57,14 @@ class _Run:
         return self.prepared.feeds.arrays
 
 
-def open_run(model_path, target, out_dir, options, resume, event, clock, run_args=(), search=None) -> _Run:
+def open_run(model_path, target, out_dir, options, resume, event, clock, run_args=(), search=None,
+             capture_within: int | None = None) -> _Run:
     """State folder, oracle, model and feeds. Constant subgraphs are folded first, as polygraphy's
     ``surgeon sanitize --fold-constants`` does (``search["fold_constants"]``, on by default; the
     folded model is used only when the reference computes the same with it, and keeps the user's
-    node names); the confirming call then judges the folded model the search reduces."""
+    node names); the confirming call then judges the folded model the search reduces.
+    ``capture_within``: the capture's bound on one run's tensors; a folded model's check run whose
+    tensors fit it marks them all and is the capture (:func:`capture`), not a run of its own."""
     started = time.monotonic()
     state_dir = os.path.join(out_dir, STATE_DIR)
     if not resume and os.path.exists(os.path.join(state_dir, "journal.jsonl")):
@@ -77,7 +80,9 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     check_target_nodes(judged, target)
     admit_target(model_path, target)
     fold = (search or {}).get("fold_constants", True) and not converted and parse_target(target).engine != "cmd"
-    prepared = prepare(judged, options, state_dir, every_sample=True, fold=fold)
+    captured = resume and os.path.exists(os.path.join(state_dir, "activations", ActivationStore.INDEX))
+    prepared = prepare(judged, options, state_dir, every_sample=True, fold=fold,
+                       capture_within=None if captured else capture_within)
     oracle.stats.reference_seconds += prepared.reference_seconds  # the fold's check ran the reference
     if converted:
         prepared.notes.append(twinrun.attach(oracle, prepared.model, prepared.path, converted))
@@ -103,6 +108,8 @@ def open_run(model_path, target, out_dir, options, resume, event, clock, run_arg
     levels = open_levels(model, oracle, prepared.feeds.arrays, models_dir, event, prepared.path)
     if levels:  # capture on the deepest opening: it holds every tensor of the shallower ones
         model = levels[-1][0]
+        if prepared.check_capture is not None:
+            prepared.check_capture.discard()  # the folded model's tensors, not the opened one's
     event("capturing reference activations")
     return _Run(model_path, target, user_target, options, out_dir, state_dir, models_dir, oracle, prepared, model,
                 GraphIndex.build(model), Journal(os.path.join(state_dir, "journal.jsonl")), event, started,
@@ -161,16 +168,29 @@ def keep_verdicts(oracle, path: str, resume: bool) -> None:
         verdict.to_json(), default=str))})  # an engine's metadata may hold what JSON cannot
 
 
-def capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event) -> ActivationStore:
-    """Every node output of the reference, on disk, in as many runs as the memory budget needs."""
+def capture(oracle, model, index, feeds, names, state_dir, models_dir, resume, limits, event,
+            checked: CheckCapture | None = None) -> ActivationStore:
+    """Every node output of the reference, on disk, in as many runs as the memory budget needs.
+    ``checked``: the folded model's check run with every node output marked (``model`` is that
+    folded model, its control flow not opened); when the capture is that one run of the same
+    tensors on the same feeds, it is taken, not run again (counted as the capture's reference
+    call; its seconds were counted with the fold's check)."""
     capture_dir = os.path.join(state_dir, "activations")
-    if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
-        return ActivationStore.open(capture_dir)
-    sizes = {n: tensor_bytes(index.value_info[n]) for n in names if n in index.value_info}
+    try:
+        if resume and os.path.exists(os.path.join(capture_dir, ActivationStore.INDEX)):
+            return ActivationStore.open(capture_dir)
+        sizes = {n: tensor_bytes(index.value_info[n]) for n in names if n in index.value_info}
 
-    def run_chunk(chunk):
-        path = save_model(mark_outputs(model, chunk), os.path.join(models_dir, "capture.onnx"))
-        return oracle.run_reference(path, feeds, chunk)
+        def run_chunk(chunk):
+            taken = checked.take(chunk, feeds) if checked is not None else None
+            if taken is not None:
+                oracle.stats.reference += 1
+                return taken
+            path = save_model(mark_outputs(model, chunk), os.path.join(models_dir, "capture.onnx"))
+            return oracle.run_reference(path, feeds, chunk)
 
-    return ActivationStore.capture(run_chunk, names, sizes, capture_dir, chunk_bytes=limits.capture_chunk_bytes,
-                                   max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
+        return ActivationStore.capture(run_chunk, names, sizes, capture_dir, chunk_bytes=limits.capture_chunk_bytes,
+                                       max_disk_bytes=limits.max_activation_disk_bytes, on_event=event)
+    finally:
+        if checked is not None:
+            checked.discard()  # a run no chunk took

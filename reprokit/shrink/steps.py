@@ -90,8 +90,9 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
     search = {"localize": localize_first, "pack": pack_candidates, "search_accumulated": search_accumulated,
               "accept_milder": accept_milder, "keep_inputs": keep_inputs, "keep_outputs": keep_outputs,
               "shrink_shapes": shrink_shapes, "fold_constants": fold_constants}
+    within = min(limits.capture_chunk_bytes, limits.max_activation_disk_bytes or limits.capture_chunk_bytes)
     run = open_run(model_path, target, out_dir, options, resume, on_event or (lambda text: None), clock, run_args,
-                    search)
+                   search, capture_within=within)
     run.shrink_shapes = shrink_shapes
     # a pass/fail check's confirming call reads no reference value: it runs beside the capture
     beside = ConfirmBeside(run) if confirms_beside_capture(run, resume) else None
@@ -100,7 +101,7 @@ def shrink(model_path: str, target: str, out_dir: str, *, options: RunOptions | 
         store = reprokit_built(
             "capturing reference activations (every tensor marked as an output)",
             lambda: capture(run.oracle, run.model, run.index, run.feeds, [t for outs in run.index.node_outputs for t in outs],
-                             run.state_dir, run.models_dir, resume, limits, run.event),
+                             run.state_dir, run.models_dir, resume, limits, run.event, run.prepared.check_capture),
             run.oracle, run.prepared.path, run.feeds)
         run.event("capturing reference activations: done")
         graph_outputs = {name: store.get(name) for name in run.index.graph_outputs if name in store}
