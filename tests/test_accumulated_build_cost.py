@@ -67,13 +67,12 @@ def biased_mlp(layers: int = 24):
     return sm.make(nodes, [sm.vi("x", [8, 64])], [sm.vi(h, [8, 64])], inits)
 
 
-def test_build_cost_builds_no_pair_whose_producer_is_exact_alone(tmp_path):
-    """On OpenVINO (bf16, tolerance 0.003: each MatMul's error alone about 0.0025, the model's
-    0.005) the run is accumulated either way. Packed by build cost, the pairs whose producer
-    computed the reference's values exactly alone are not built (each is its consumer alone,
-    judged in the survey) and the note says so; the drift window is the count run's. On the code
-    before this change every one of the 71 pairs was built (142 nodes)."""
+@pytest.fixture(scope="module")
+def biased_runs(tmp_path_factory) -> dict:
+    """The biased MLP shrunk on OpenVINO (bf16, tolerance 0.003) packed by count and by build
+    cost: each run's summary.json."""
     pytest.importorskip("openvino", reason="OpenVINO not installed")
+    tmp_path = tmp_path_factory.mktemp("biased")
     model = sm.save(biased_mlp(), tmp_path / "mlp.onnx")
     feeds = str(tmp_path / "x.npz")
     np.savez(feeds, x=np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32))
@@ -83,7 +82,16 @@ def test_build_cost_builds_no_pair_whose_producer_is_exact_alone(tmp_path):
         shrink(model, "openvino:bf16", str(out), options=RunOptions(inputs=feeds, tolerance=0.003),
                limits=Limits(pack_by=pack_by))
         runs[pack_by] = json.loads((out / "summary.json").read_text())
-    by_count, by_cost = runs["count"], runs["build-cost"]
+    return runs
+
+
+def test_build_cost_builds_no_pair_whose_producer_is_exact_alone(biased_runs):
+    """On OpenVINO (bf16, tolerance 0.003: each MatMul's error alone about 0.0025, the model's
+    0.005) the run is accumulated either way. Packed by build cost, the pairs whose producer
+    computed the reference's values exactly alone are not built (each is its consumer alone,
+    judged in the survey) and the note says so; the drift window is the count run's. On the code
+    before this change every one of the 71 pairs was built (142 nodes)."""
+    by_count, by_cost = biased_runs["count"], biased_runs["build-cost"]
     assert by_count["status"] == by_cost["status"] == "accumulated"
     skipped = by_cost["attribution"].get("exact_pairs_not_built", 0)
     assert skipped >= 1 and f"{skipped} pairs were not built" in by_cost["note"]
@@ -91,3 +99,20 @@ def test_build_cost_builds_no_pair_whose_producer_is_exact_alone(tmp_path):
     assert by_cost["build_work"]["by_kind"]["pairs: asked"] == 2 * (pairs - skipped)
     window, same = by_cost["window"], by_count["window"]
     assert window is not None and (window["start"], window["nodes"]) == (same["start"], same["nodes"])
+
+
+def test_build_cost_asks_the_rounds_inside_a_hit_one_pack_a_size(biased_runs):
+    """The same biased MLP on OpenVINO (bf16, tolerance 0.003), packed by build cost: after the
+    first tiling's hit, each refinement round asks each window size in one pack, not in the
+    per-node fit's chunks of a few windows (each paying a call's fixed part for a few heavy
+    layers). The drift window is the count run's; the drift window step makes at most 7 calls (on
+    the code before this change 14, building the same 130 heavy layers)."""
+    by_count, by_cost = biased_runs["count"], biased_runs["build-cost"]
+    assert by_count["status"] == by_cost["status"] == "accumulated"
+    window, same = by_cost["window"], by_count["window"]
+    assert window is not None and (window["start"], window["nodes"]) == (same["start"], same["nodes"])
+    assert window["error"] > window["tolerance"] == 0.003  # it drifts on its own
+    step = next(s for s in by_cost["steps"] if s["step"] == "drift window")
+    # the first tiling (eighths, quarters, halves: chunks until the hit), then one call a size for
+    # each round inside the hit, and the window judged alone
+    assert 1 <= step["calls"] <= 7, step
