@@ -118,14 +118,15 @@ def test_births_are_read_from_the_reference_values(captured, tmp_path, target, b
     assert found == born
 
 
-def test_chunks_double_where_the_budget_binds(captured, tmp_path):
-    """Chunks of the expected-cost optimum where the calls suffice; where the budget binds, the
-    first keeps that size and each next doubles, covering the sequence within the calls; where
-    even that needs more calls, chunks of total/calls."""
+def test_chunks_double_after_the_first(captured, tmp_path):
+    """The first chunk of the expected-cost optimum, each next one doubling, covering the
+    sequence within the calls (a sequence of one chunk: nothing to double); where even that needs
+    more calls, chunks of total/calls."""
     first = TENSORRT.chunk_nodes(916)
-    assert TENSORRT.chunks(916) == (first, False)
-    assert TENSORRT.chunks(916, calls=50) == (first, False)
+    assert TENSORRT.chunks(916) == (first, True)
+    assert TENSORRT.chunks(916, calls=50) == (first, True)
     assert TENSORRT.chunks(916, calls=4) == (first, True)
+    assert TENSORRT.chunks(4) == (4, False)  # one chunk holds it all
     sizes, left, size = [], 916, first
     while left > 0:
         sizes.append(min(size, left))

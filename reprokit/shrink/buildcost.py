@@ -49,18 +49,18 @@ class BuildCost:
 
     def chunks(self, total: int, calls: int | None = None) -> tuple[int, bool]:
         """(the first chunk's candidate nodes, whether each next chunk doubles) for a sequence of
-        ``total`` nodes judged until its first hit in at most ``calls`` chunks. Chunks of
-        :meth:`chunk_nodes` where the calls suffice; where the budget would make every chunk larger,
-        the first keeps that size and each next one doubles (about log2 of total/first chunks): a
-        hit early in the order — births first, pairs likeliest first, rungs smallest first — then
-        costs one small chunk, not a budget-sized one (PP-OCRv4 rec's pairs: 230 nodes built for
-        the 11th pair), and a sequence without a hit costs fewer calls. Where even doubling needs
-        more calls than ``calls``, chunks of total/calls."""
+        ``total`` nodes judged until its first hit in at most ``calls`` chunks. The first chunk of
+        :meth:`chunk_nodes`, each next one doubling (about log2 of total/first chunks): a hit
+        early in the order — births first, pairs likeliest first, rungs smallest first — costs one
+        small chunk (PP-OCRv4 rec's pairs: 230 nodes built for the 11th pair), and a sequence
+        without a hit costs log2 calls, not total/first: by the estimate of record a call's fixed
+        part is worth ~7 heavy layers, about what one first-size chunk holds, so a chunk of
+        that size per call paid the builder twice (PP-OCRv4 det under openvino:bf16: the survey's
+        330 singles 9 -> 4 calls, the same heavy layers built). Where even doubling needs more
+        calls than ``calls``, chunks of total/calls."""
         best = self.chunk_nodes(total)
-        if calls is None or -(-total // best) <= calls:
-            return best, False
-        if math.ceil(math.log2(total / best + 1)) <= calls:
-            return best, True
+        if calls is None or math.ceil(math.log2(total / best + 1)) <= calls:
+            return best, total > best
         return self.chunk_nodes(total, calls), False
 
 

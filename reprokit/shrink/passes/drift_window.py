@@ -49,6 +49,14 @@ ROUNDS = 4  # refinement rounds after the first tiling: each is one packed call,
 # asks that hit's halves (PP-OCRv4 rec under openvino:bf16: the 31 sixteenths, 775 nodes, held
 # no window that drifts).
 FIRST_BY_COST = 8
+# Packed by build cost, the rounds inside a hit ask each size's windows in one pack, not in the
+# per-node fit's chunks (buildcost.TENSORRT.chunk_nodes: 3 windows of 6 nodes a call there): a
+# window inside a hit holds a few heavy layers, a call's fixed part is worth ~7 of them
+# (buildcost.ESTIMATE), and a round inside a hit usually finds nothing smaller, so every chunk of
+# it is built anyway. PP-OCRv4 rec under openvino:bf16: the drift window 11 -> 7 calls, 69 -> 80
+# heavy layers, est. 0.96 -> 0.84 s, the same 12-node window. The first tiling (eighths of the
+# whole graph, 50 nodes each there) keeps its chunks: its hit comes early in the order.
+REFINE_ONE_PACK = True
 
 
 @dataclass(frozen=True)
@@ -71,13 +79,16 @@ def _tiles(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
     return [(a, size) for a in starts]
 
 
-def _ask(reducer, order: list[int], tiles: list[tuple[int, int]], known: list, peak=None, bar=None):
+def _ask(reducer, order: list[int], tiles: list[tuple[int, int]], known: list, peak=None, bar=None,
+         chunked: bool = True):
     """(the tiles asked, their outcomes): smallest first, stopping at the first pack with a hit —
     a later pack's larger windows cannot be smaller than that hit (windows left unjudged are
     None); none larger than a window already known to drift (``known``: each tile's cached
     outcome, one that rode along earlier). Packed by build cost, the tiles the marked run puts
-    over the bar (``peak``) are asked first, until their first hit; only where none drifts the
-    others, in one pack (where the budget leaves room for both)."""
+    over the bar (``peak``) are asked first, until their first hit, each size a sequence of
+    chunks (``chunked``, the first tiling) or of one pack (the rounds inside a hit: see
+    :data:`REFINE_ONE_PACK`); only where none drifts the others, in one pack (where the budget
+    leaves room for both)."""
     drifts = [s for (_, s), o in zip(tiles, known) if o is not None and o.interesting]
     if drifts:
         tiles = [t for t in tiles if t[1] <= min(drifts)]
@@ -96,7 +107,7 @@ def _ask(reducer, order: list[int], tiles: list[tuple[int, int]], known: list, p
         left = reducer.calls_left()
         group = [t for t in pending if t[1] == pending[0][1]] if left is None or left >= 4 else pending
         pending = pending[len(group):]
-        outcome.update(zip(group, reducer.verdicts(cut(group), stop_at_hit=True)))
+        outcome.update(zip(group, reducer.verdicts(cut(group), stop_at_hit=chunked)))
         if any(outcome[t] is not None and outcome[t].interesting for t in group):
             break
     hits = [t[1] for t, o in outcome.items() if o is not None and o.interesting]
@@ -224,7 +235,8 @@ def run(reducer, rounds: int = ROUNDS) -> Window | None:
         if reducer.build_cost is None:  # by build cost a rider pays up to 4 nodes: here, hundreds of them
             reducer.ride_if_free([order[a:a + s] for a, s in _next_rounds(likely, n, seen, bar, peak) if may((a, s))],
                                  quiet=True)
-        tiles, outcomes = _ask(reducer, order, tiles, known, peak, bar)
+        chunked = best is None or not REFINE_ONE_PACK  # the first tiling; or the rounds inside a hit
+        tiles, outcomes = _ask(reducer, order, tiles, known, peak, bar, chunked=chunked)
         reducer.take_riders()  # those that found no room (or no call to ride in) are asked when needed
         for tile, o in [*judged, *zip(tiles, outcomes)]:
             if o is not None and o.error is not None:
