@@ -7,6 +7,9 @@ the optional packages are installed, MobileNetV2 quantized by onnxruntime's quan
 
 from __future__ import annotations
 
+import json
+import math
+
 import models
 import numpy as np
 import onnx
@@ -449,3 +452,24 @@ def test_an_accumulated_quantized_run_packs_its_drift_window_judged_in_the_shrin
     assert "in quantization steps where the model quantizes the output" in issue  # not "against 0.0001"
     verified = cli("verify", str(out / "report.tar.gz"), timeout=300)
     assert verified.returncode == 1 and "REPRODUCES" in verified.stdout
+
+
+def test_a_build_error_on_a_residual_qdq_stack_is_searched_unit_by_unit(tmp_path, cli):
+    """A residual QDQ stack (each stage's input Q read by a DequantizeLinear at both ends of the
+    stage) with a quantized all-zero bias Add OpenVINO 2026.4 cannot compile (issue 39, as on the
+    quantized rapidocr classifier): the conflict search asks only windows that keep every Q/DQ unit
+    whole and counts the bias's unit as computing. The old code read each window cut through a
+    spanning unit as a pass (31 conflict calls here, 126 on the classifier) and searched without
+    the bias unit first; now the search stays within the module's pair bound, 2⌈log2 n⌉ + 3."""
+    pytest.importorskip("openvino", reason="openvino is not installed")
+    model = models.qdq_chain_zero_bias_add()
+    path = models.save(model, tmp_path / "stack.onnx")
+    out = tmp_path / "out"
+    shrunk = cli("shrink", path, "--target", "openvino:f32", "-o", str(out), timeout=600)
+    assert shrunk.returncode == 0, shrunk.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["minimal"]["node_names"]) == sorted([
+        "mm10_QuantizeLinear", "mm10_DequantizeLinear", "bias_QuantizeLinear", "bias_DequantizeLinear", "add"])
+    assert summary["one_minimal"] is True
+    conflict = sum(s["calls"] for s in summary["steps"] if s["step"] == "conflict")
+    assert conflict <= 2 * math.ceil(math.log2(len(model.graph.node))) + 3, summary["steps"]

@@ -74,7 +74,8 @@ def _halving(n: int) -> int:
 
 def run(reducer) -> bool:
     """Accept a minimal set of nodes that shows the signature alone; True when found."""
-    order = reducer.ordered()
+    whole = _whole_units(reducer)
+    order = _atoms(reducer, reducer.ordered())
     if len(order) < 3:
         return False
     data = computed(reducer, order)
@@ -95,7 +96,9 @@ def run(reducer) -> bool:
     passed: list[frozenset] = []
 
     def asked(nodes: frozenset) -> bool:
+        nodes = whole(nodes)
         if reducer.test(nodes):
+            narrowed(nodes)
             return True
         passed.append(nodes)
         return False
@@ -104,17 +107,18 @@ def run(reducer) -> bool:
         producers = _producers(reducer)
         found = None
         if data is not None:  # the computing nodes first; a miss is no contradiction
-            found = _find(asked, data, producers, narrowed, known=False)
-            if found is not None and not reducer.test(found):
+            found = _find(asked, data, producers, None, known=False)
+            if found is not None and not reducer.test(whole(found)):
                 found = None  # a node of a constant subgraph is needed: every node, as before
         if found is None:
-            found = _find(asked, order, producers, narrowed)
+            found = _find(asked, order, producers, None)
     except BudgetExhausted:
         keep_smallest()  # a run stopped at the budget keeps the smallest failing window
         raise
     if found is None:
         keep_smallest()
         return False
+    found = whole(found)
     if not reducer.test(found):  # from the cache when the search's last question was this set
         reducer.contradictions += 1  # the search's own answers disagree: not monotone, or flaky
         keep_smallest()
@@ -146,12 +150,17 @@ def computed(reducer, order: list[int]) -> list[int] | None:
     shape arithmetic of every ``Pad`` — are most of its nodes (MobileNetV2: 942 of 1,094); a
     window without them is fed their values as initializers (graph/extract.py), as a folded
     model is, so a build error or fusion among the computing nodes shows the same and each
-    question builds a fraction of the nodes. Searched first; a search whose answer does not fail
-    alone (a node of a constant subgraph is needed) is followed by the search over every node."""
+    question builds a fraction of the nodes. A quantized constant (a bias's QuantizeLinear →
+    DequantizeLinear unit) counts as computing: an engine's int8 transformations match the Q/DQ
+    pattern, which a folded float initializer is not (a 1,185-node QDQ classifier's build error
+    needs its bias unit: without it the first search could only miss, issue 39). Searched first;
+    a search whose answer does not fail alone (a node of a constant subgraph is needed) is
+    followed by the search over every node."""
     index = reducer.index
     if index is None:
         return None
-    data = [n for n in order if any(t not in index.constants for t in index.node_outputs[n])]
+    units = index.units or {}
+    data = [n for n in order if n in units or any(t not in index.constants for t in index.node_outputs[n])]
     return data if 3 <= len(data) < len(order) else None
 
 
@@ -165,6 +174,42 @@ def _clear_inside_passes(reducer, found: frozenset, passed: list[frozenset]) -> 
         if rest and reducer.cached(rest) is None and any(rest <= seen for seen in passed):
             reducer.record(rest, Outcome(False, "agree", "inside a set that passed (conflict-set search)", None,
                                          inferred=True))
+
+
+def _atoms(reducer, order: list[int]) -> list[int]:
+    """``order`` with each Q/DQ unit down to its first node (:func:`_whole_units` puts the rest
+    back in every question): the searches bisect units, never a unit's halves — a window of a
+    unit's Q alone is the unit again, a question asked twice."""
+    units = getattr(reducer.index, "units", None)
+    if not units:
+        return order
+    seen: set[int] = set()
+    kept = []
+    for node in order:
+        if node in units:
+            if units[node] & seen:
+                continue
+            seen.update(units[node])
+        kept.append(node)
+    return kept
+
+
+def _whole_units(reducer):
+    """nodes → nodes with every Q/DQ unit they touch whole (GraphIndex.units). Every question is
+    asked so: a window cut through a unit is invalid (known.py), and read as a pass it told the
+    bisections that each node before the cut was needed — a 1,185-node QDQ classifier's build
+    error took 126 calls, each window one node smaller (issue 39). Closing is monotone, so the
+    searches' assumption (a superset of a failing set fails) holds for the closed question."""
+    units = getattr(reducer.index, "units", None)
+    if not units:
+        return frozenset
+
+    def whole(nodes) -> frozenset:
+        closed = set(nodes)
+        for node in nodes:
+            closed.update(units.get(node, ()))
+        return frozenset(closed)
+    return whole
 
 
 def _producers(reducer):
