@@ -104,7 +104,7 @@ def run(reducer) -> bool:
         return False
 
     try:
-        producers = _producers(reducer)
+        producers = _producers(reducer, order)
         found = None
         if data is not None:  # the computing nodes first; a miss is no contradiction
             found = _find(asked, data, producers, None, known=False)
@@ -212,12 +212,26 @@ def _whole_units(reducer):
     return whole
 
 
-def _producers(reducer):
-    """node → the nodes that produce its inputs (the fusion guess); None without a graph index."""
+def _producers(reducer, order: list[int]):
+    """node → the nodes that produce its inputs (the fusion guess); None without a graph index.
+    In a quantized model a node of ``order`` stands for its Q/DQ unit (:func:`_atoms`): what feeds
+    any node of the unit, named by the node of ``order`` that stands for it — an op's producers
+    are DequantizeLinear nodes, which never stand for their unit (its Q comes first)."""
     index = reducer.index
     if index is None:
         return None
-    return lambda node: {p for t in index.node_inputs[node] if (p := index.producer.get(t)) is not None}
+    units = index.units or {}
+    stands = {member: node for node in order for member in units.get(node, (node,))}
+
+    def producers(node: int) -> set[int]:
+        found = set()
+        for member in units.get(node, (node,)):
+            for tensor in index.node_inputs[member]:
+                p = index.producer.get(tensor)
+                if p is not None and stands.get(p, p) != node:
+                    found.add(stands.get(p, p))
+        return found
+    return producers
 
 
 def _heard(test, narrowed):
