@@ -95,6 +95,9 @@ def run(reducer) -> bool:
 
     passed: list[frozenset] = []
 
+    def seen() -> frozenset | None:
+        return smallest[0] if smallest else None
+
     def asked(nodes: frozenset) -> bool:
         nodes = whole(nodes)
         if reducer.test(nodes):
@@ -107,11 +110,11 @@ def run(reducer) -> bool:
         producers = _producers(reducer, order)
         found = None
         if data is not None:  # the computing nodes first; a miss is no contradiction
-            found = _find(asked, data, producers, None, known=False)
+            found = _find(asked, data, producers, seen, known=False)
             if found is not None and not reducer.test(whole(found)):
                 found = None  # a node of a constant subgraph is needed: every node, as before
         if found is None:
-            found = _find(asked, order, producers, None)
+            found = _find(asked, order, producers, seen)
     except BudgetExhausted:
         keep_smallest()  # a run stopped at the budget keeps the smallest failing window
         raise
@@ -129,19 +132,26 @@ def run(reducer) -> bool:
     return found == reducer.best
 
 
-def _find(asked, order: list[int], producers, narrowed, known: bool = True) -> frozenset | None:
+def _find(asked, order: list[int], producers, seen=None, known: bool = True) -> frozenset | None:
     """Halving from ``HALVE_FROM`` nodes on, else (or when the halves' answers left no set that
     fails alone) the bisection over all of ``order``, its repeated questions cached. ``known``:
     all of ``order`` is known to fail; else it is asked before the bisection, which assumes it
-    (None when it passes), and a halving that ends on a set that does not fail costs no more."""
+    (None when it passes), and a halving that ends on a set that does not fail costs no more.
+    ``seen()`` (optional): the smallest set seen failing so far; after a halving that missed (more
+    than one necessary node on a side: a chain fusion with a distant partner) the bisection runs
+    inside it, not over all of ``order`` again (the quantized rapidocr classifier: issue 39)."""
     found = None
     if len(order) >= HALVE_FROM:
-        found = halve(asked, order, producers=producers, narrowed=narrowed)
-    if found is not None:
-        return found
+        found = halve(asked, order, producers=producers)
+        if found is not None:
+            return found
+        window = seen() if seen is not None else None
+        inside = [node for node in order if window is not None and node in window]
+        if inside and len(inside) < len(order):
+            return search(asked, inside, producers)
     if not known and not asked(frozenset(order)):
         return None
-    return search(asked, order, producers, narrowed)
+    return search(asked, order, producers)
 
 
 def computed(reducer, order: list[int]) -> list[int] | None:
