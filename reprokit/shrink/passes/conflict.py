@@ -35,7 +35,7 @@ initializers where a window leaves them out), then, when that answer does not fa
 every node.
 
 In a quantized model the searches work on Q/DQ units (:func:`_atoms`): a unit stands as its first
-node, every question holds it whole (:func:`_whole_units`), and an op's producers are named by the
+node, every question holds it whole (:func:`whole_units`), and an op's producers are named by the
 units that feed it. A window cut through a unit is an invalid candidate that the searches would
 read as a pass (on the quantized rapidocr classifier: 126 calls, each window one node smaller).
 
@@ -79,7 +79,7 @@ def _halving(n: int) -> int:
 
 def run(reducer) -> bool:
     """Accept a minimal set of nodes that shows the signature alone; True when found."""
-    whole = _whole_units(reducer)
+    whole = whole_units(reducer)
     order = _atoms(reducer, reducer.ordered())
     if len(order) < 3:
         return False
@@ -192,7 +192,7 @@ def _clear_inside_passes(reducer, found: frozenset, passed: list[frozenset]) -> 
 
 
 def _atoms(reducer, order: list[int]) -> list[int]:
-    """``order`` with each Q/DQ unit down to its first node (:func:`_whole_units` puts the rest
+    """``order`` with each Q/DQ unit down to its first node (:func:`whole_units` puts the rest
     back in every question): the searches bisect units, never a unit's halves — a window of a
     unit's Q alone is the unit again, a question asked twice."""
     units = getattr(reducer.index, "units", None)
@@ -209,7 +209,7 @@ def _atoms(reducer, order: list[int]) -> list[int]:
     return kept
 
 
-def _whole_units(reducer):
+def whole_units(reducer):
     """nodes → nodes with every Q/DQ unit they touch whole (GraphIndex.units). Every question is
     asked so: a window cut through a unit is invalid (known.py), and read as a pass it told the
     bisections that each node before the cut was needed — a 1,185-node QDQ classifier's build
