@@ -97,13 +97,16 @@ def _with_context(reducer, node: int, whole=frozenset) -> bool:
     """The named node fails only with what feeds it (an unknown rank or type made upstream: an
     If whose branches differ, a dynamic input): its ancestors within 1, 2, 4 … 32 hops, one call
     each, until one reproduces or the cone stops growing."""
-    cone, depth = frozenset([node]), 0
+    cone, reached, depth = frozenset([node]), frozenset([node]), 0
     while depth < 32 and reducer.smaller(cone):
         depth = max(1, depth * 2)
-        grown = whole(_ancestors(reducer, node, depth))
-        if grown == cone:
+        grown = _ancestors(reducer, node, depth)
+        if grown == reached:  # the cone stops growing (units closed: a DQ's Q adds no hop)
             break
-        cone = grown
+        reached = grown
+        if whole(grown) == cone:
+            continue
+        cone = whole(grown)
         if reducer.smaller(cone) and reducer.test(cone):
             reducer.accept(cone, f"the node the engine's message names, with its inputs' producers ({depth} hops)")
             return True
