@@ -21,7 +21,9 @@ a zero scale (a NaN reference) — which TensorRT-RTX 1.7 builds as it is (docs/
 - ``vit``: HuggingFace ViT from a config (a transformer: MatMul, Softmax, LayerNorm, GELU),
   uint8 activations, int8 per-tensor weights;
 - ``ppocr_det``: the PP-OCRv4 text detector shipped in the ``rapidocr_onnxruntime`` wheel (a
-  DBNet detector), uint8 activations, int8 per-channel weights.
+  DBNet detector), uint8 activations, int8 per-channel weights;
+- ``ppocr_cls``: the text-direction classifier of the same wheel (1x3x48x192), every op
+  quantize_static knows, int8: OpenVINO 2026.4 fails to compile it (a build error to shrink).
 
 Needs ``torch`` and ``transformers`` (the first two) and ``rapidocr_onnxruntime`` (the third);
 a model whose package is missing is skipped with a message. Must not be imported by reprokit.
@@ -122,10 +124,26 @@ def make_ppocr_det(path: str) -> None:
     onnx.save(model, path)
 
 
+def make_ppocr_cls(path: str) -> None:
+    import onnx
+    import rapidocr_onnxruntime
+
+    source = Path(rapidocr_onnxruntime.__file__).parent / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+    model = onnx.load(str(source))
+    # static 1x3x48x192, the classifier's own input size (a text line)
+    for dim, size in zip(model.graph.input[0].type.tensor_type.shape.dim, (1, 3, 48, 192)):
+        dim.Clear()
+        dim.dim_value = size
+    onnx.save(model, path)
+
+
 RECIPES = {
     "mobilenetv2": Recipe("mobilenetv2", make_mobilenetv2, "int8", per_channel=True),
     "vit": Recipe("vit", make_vit, "uint8", per_channel=False, op_types=("Conv", "MatMul", "Gemm")),
     "ppocr_det": Recipe("ppocr_det", make_ppocr_det, "uint8", per_channel=True, op_types=("Conv",), image=True),
+    # every op quantize_static knows (its default), int8: OpenVINO 2026.4 refuses to compile it
+    # ("index '0' out of range" on an Add of two DequantizeLinear outputs), a build error to shrink
+    "ppocr_cls": Recipe("ppocr_cls", make_ppocr_cls, "int8", per_channel=False, image=True),
 }
 
 

@@ -292,3 +292,51 @@ def qdq_zero_bias_add(n: int = 16) -> onnx.ModelProto:
     relu = qdq("relu", 4.0 / 255, 0)
     nodes.append(helper.make_node("Identity", [relu], ["y"], name="out"))
     return make(nodes, [vi("x", [1, 4, n])], [vi("y", [1, 4, n])], inits)
+
+
+
+
+def qdq_chain_zero_bias_add(blocks: int = 16, at: int = 11, n: int = 8, zero: bool = True) -> onnx.ModelProto:
+    """A residual stack of quantized MatMul layers as quantize_static writes it with every op
+    quantized (int8 weights, uint8 activations): each stage's input QuantizeLinear is read by two
+    DequantizeLinear nodes, one at the stage's start, one at its residual Add four layers later —
+    a Q/DQ unit that spans the stage. After layer ``at``, :func:`qdq_zero_bias_add`'s Add of a
+    quantized all-zero bias, which OpenVINO 2026.4 fails to compile (``zero=False``: none)."""
+    # x -> Q -> DQ -> [MatMul(DQ(W_i)) -> Q/DQ] x 4 -> Add(., DQ(stage input's Q)) -> Q -> ... -> y
+    #      (after layer ``at``: -> Add(., DQ(Q(bias = 0))) -> Q/DQ)
+    rng = np.random.default_rng(7)
+    inits, nodes = [], []
+
+    def quantize(tensor: str, scale: float, point: int) -> str:
+        inits.extend([const(f"{tensor}_scale", scale), numpy_helper.from_array(np.array(point, np.uint8), f"{tensor}_zero")])
+        nodes.append(helper.make_node("QuantizeLinear", [tensor, f"{tensor}_scale", f"{tensor}_zero"], [f"{tensor}_q"],
+                                      name=f"{tensor}_QuantizeLinear"))
+        return tensor
+
+    def dequantize(tensor: str, reader: str = "") -> str:
+        nodes.append(helper.make_node("DequantizeLinear", [f"{tensor}_q", f"{tensor}_scale", f"{tensor}_zero"],
+                                      [f"{tensor}_dq{reader}"], name=f"{tensor}_DequantizeLinear{reader}"))
+        return f"{tensor}_dq{reader}"
+
+    stage = quantize("x", 4.0 / 255, 128)
+    x = dequantize(stage)
+    for i in range(blocks):
+        w = rng.uniform(-1, 1, (n, n)).astype(np.float32) / np.sqrt(n)
+        w_scale = np.float32(np.abs(w).max() / 127)
+        inits.extend([numpy_helper.from_array(np.round(w / w_scale).astype(np.int8), f"w{i}_q"),
+                      const(f"w{i}_scale", w_scale), numpy_helper.from_array(np.array(0, np.int8), f"w{i}_zero")])
+        nodes.append(helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_scale", f"w{i}_zero"], [f"w{i}"],
+                                      name=f"w{i}_DequantizeLinear"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"mm{i}"], name=f"matmul{i}"))
+        x = dequantize(quantize(f"mm{i}", 8.0 / 255, 128))
+        if zero and i + 1 == at:
+            inits.append(const("bias", np.zeros(n)))
+            bias = dequantize(quantize("bias", 1.0, 0))
+            nodes.append(helper.make_node("Add", [bias, x], ["add"], name="add"))
+            x = dequantize(quantize("add", 8.0 / 255, 128))
+        if (i + 1) % 4 == 0:  # the residual Add: the stage input's second DequantizeLinear
+            nodes.append(helper.make_node("Add", [x, dequantize(stage, "_skip")], [f"res{i}"], name=f"res{i}"))
+            stage = quantize(f"res{i}", 8.0 / 255, 128)
+            x = dequantize(stage)
+    nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
+    return make(nodes, [vi("x", [1, 4, n])], [vi("y", [1, 4, n])], inits)

@@ -7,6 +7,10 @@ the optional packages are installed, MobileNetV2 quantized by onnxruntime's quan
 
 from __future__ import annotations
 
+import json
+import math
+import sys
+
 import models
 import numpy as np
 import onnx
@@ -275,16 +279,16 @@ def test_shrink_keeps_qdq_units_whole_and_the_minimal_reproduces_under_verify(tm
     shrunk = cli("shrink", path, "--target", "openvino:f32", "-o", str(out), timeout=600)
     assert shrunk.returncode == 0, shrunk.stderr[-2000:]
     minimal = onnx.load(str(out / "minimal.onnx"))
-    # the Add with exactly its Q/DQ units: the survey judged each op with its units (the old code,
-    # judging nodes alone, ended at 8 nodes, MatMul included, 1-minimality not proven)
+    # the Add with the Q/DQ units that feed it: the named step asks the nodes OpenVINO names
+    # (the Add, the DequantizeLinear nodes it reads) with their units whole (judging nodes alone,
+    # an older code ended at 8 nodes, MatMul included; the survey's regions at 7, the Add's
+    # output unit included)
     assert {n.name for n in minimal.graph.node} == {
         "bias_QuantizeLinear",
         "bias_DequantizeLinear",
         "mm_QuantizeLinear",
         "mm_DequantizeLinear",
         "add",
-        "add_QuantizeLinear",
-        "add_DequantizeLinear",
     }
     index = GraphIndex.build(minimal)
     for node in minimal.graph.node:
@@ -449,3 +453,41 @@ def test_an_accumulated_quantized_run_packs_its_drift_window_judged_in_the_shrin
     assert "in quantization steps where the model quantizes the output" in issue  # not "against 0.0001"
     verified = cli("verify", str(out / "report.tar.gz"), timeout=300)
     assert verified.returncode == 1 and "REPRODUCES" in verified.stdout
+
+
+OV_COMPILES = """import sys
+import openvino as ov
+try:
+    ov.Core().compile_model(ov.Core().read_model(sys.argv[1]), "CPU")
+except Exception as exc:  # silent: no node names for the named step, the conflict search decides
+    sys.exit(1 if "out of range" in str(exc) else 0)
+"""
+
+
+@pytest.mark.parametrize("check", ["openvino:f32", "cmd"])
+def test_a_build_error_on_a_residual_qdq_stack_is_searched_unit_by_unit(tmp_path, cli, check):
+    """A residual QDQ stack (each stage's input Q read by a DequantizeLinear at both ends of the
+    stage) with a quantized all-zero bias Add OpenVINO 2026.4 cannot compile (issue 39, as on the
+    quantized rapidocr classifier). Every question keeps the Q/DQ units whole: the named step
+    (OpenVINO names the Add and the DequantizeLinear nodes feeding it) asks the Add with its
+    units; a `cmd:` check that prints no names leaves it to the conflict search, which bisects
+    units and counts the bias's unit as computing. The old code read each window cut through a
+    spanning unit as a pass: 45 target calls (conflict 31) on openvino:f32, 126 conflict calls
+    on the classifier. Bound: the module's pair bound, 2⌈log2 n⌉ + 3, for the whole search."""
+    pytest.importorskip("openvino", reason="openvino is not installed")
+    model = models.qdq_chain_zero_bias_add()
+    path = models.save(model, tmp_path / "stack.onnx")
+    target = check
+    if check == "cmd":
+        script = tmp_path / "compiles.py"
+        script.write_text(OV_COMPILES)
+        target = f"cmd:{sys.executable} {script} {{model}}"
+    out = tmp_path / "out"
+    shrunk = cli("shrink", path, "--target", target, "-o", str(out), timeout=600)
+    assert shrunk.returncode == 0, shrunk.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["minimal"]["node_names"]) == sorted([
+        "mm10_QuantizeLinear", "mm10_DequantizeLinear", "bias_QuantizeLinear", "bias_DequantizeLinear", "add"])
+    assert summary["one_minimal"] is True
+    search = sum(s["calls"] for s in summary["steps"] if s["step"] in ("named", "conflict"))
+    assert search <= 2 * math.ceil(math.log2(len(model.graph.node))) + 3, summary["steps"]

@@ -34,6 +34,11 @@ model's inputs (:func:`computed`: a torch export's constant subgraphs are most o
 initializers where a window leaves them out), then, when that answer does not fail alone, over
 every node.
 
+In a quantized model the searches work on Q/DQ units (:func:`_atoms`): a unit stands as its first
+node, every question holds it whole (:func:`whole_units`), and an op's producers are named by the
+units that feed it. A window cut through a unit is an invalid candidate that the searches would
+read as a pass (on the quantized rapidocr classifier: 126 calls, each window one node smaller).
+
 The result is verified alone before it is accepted (usually from the cache): a check that is not
 monotone (a node set that fails while a superset passes) can make the search end on a set that
 does not fail; it is then left to the window and ddmin passes, and counted as a contradiction.
@@ -74,7 +79,8 @@ def _halving(n: int) -> int:
 
 def run(reducer) -> bool:
     """Accept a minimal set of nodes that shows the signature alone; True when found."""
-    order = reducer.ordered()
+    whole = whole_units(reducer)
+    order = _atoms(reducer, reducer.ordered())
     if len(order) < 3:
         return False
     data = computed(reducer, order)
@@ -94,27 +100,33 @@ def run(reducer) -> bool:
 
     passed: list[frozenset] = []
 
+    def seen() -> frozenset | None:
+        return smallest[0] if smallest else None
+
     def asked(nodes: frozenset) -> bool:
+        nodes = whole(nodes)
         if reducer.test(nodes):
+            narrowed(nodes)
             return True
         passed.append(nodes)
         return False
 
     try:
-        producers = _producers(reducer)
+        producers = _producers(reducer, order)
         found = None
         if data is not None:  # the computing nodes first; a miss is no contradiction
-            found = _find(asked, data, producers, narrowed, known=False)
-            if found is not None and not reducer.test(found):
+            found = _find(asked, data, producers, seen, known=False)
+            if found is not None and not reducer.test(whole(found)):
                 found = None  # a node of a constant subgraph is needed: every node, as before
         if found is None:
-            found = _find(asked, order, producers, narrowed)
+            found = _find(asked, order, producers, seen)
     except BudgetExhausted:
         keep_smallest()  # a run stopped at the budget keeps the smallest failing window
         raise
     if found is None:
         keep_smallest()
         return False
+    found = whole(found)
     if not reducer.test(found):  # from the cache when the search's last question was this set
         reducer.contradictions += 1  # the search's own answers disagree: not monotone, or flaky
         keep_smallest()
@@ -125,19 +137,26 @@ def run(reducer) -> bool:
     return found == reducer.best
 
 
-def _find(asked, order: list[int], producers, narrowed, known: bool = True) -> frozenset | None:
+def _find(asked, order: list[int], producers, seen=None, known: bool = True) -> frozenset | None:
     """Halving from ``HALVE_FROM`` nodes on, else (or when the halves' answers left no set that
     fails alone) the bisection over all of ``order``, its repeated questions cached. ``known``:
     all of ``order`` is known to fail; else it is asked before the bisection, which assumes it
-    (None when it passes), and a halving that ends on a set that does not fail costs no more."""
+    (None when it passes), and a halving that ends on a set that does not fail costs no more.
+    ``seen()`` (optional): the smallest set seen failing so far; after a halving that missed (more
+    than one necessary node on a side: a chain fusion with a distant partner) the bisection runs
+    inside it, not over all of ``order`` again (the quantized rapidocr classifier: issue 39)."""
     found = None
     if len(order) >= HALVE_FROM:
-        found = halve(asked, order, producers=producers, narrowed=narrowed)
-    if found is not None:
-        return found
+        found = halve(asked, order, producers=producers)
+        if found is not None:
+            return found
+        window = seen() if seen is not None else None
+        inside = [node for node in order if window is not None and node in window]
+        if inside and len(inside) < len(order):
+            return search(asked, inside, producers)
     if not known and not asked(frozenset(order)):
         return None
-    return search(asked, order, producers, narrowed)
+    return search(asked, order, producers)
 
 
 def computed(reducer, order: list[int]) -> list[int] | None:
@@ -146,12 +165,17 @@ def computed(reducer, order: list[int]) -> list[int] | None:
     shape arithmetic of every ``Pad`` — are most of its nodes (MobileNetV2: 942 of 1,094); a
     window without them is fed their values as initializers (graph/extract.py), as a folded
     model is, so a build error or fusion among the computing nodes shows the same and each
-    question builds a fraction of the nodes. Searched first; a search whose answer does not fail
-    alone (a node of a constant subgraph is needed) is followed by the search over every node."""
+    question builds a fraction of the nodes. A quantized constant (a bias's QuantizeLinear →
+    DequantizeLinear unit) counts as computing: an engine's int8 transformations match the Q/DQ
+    pattern, which a folded float initializer is not (a 1,185-node QDQ classifier's build error
+    needs its bias unit: without it the first search could only miss, issue 39). Searched first;
+    a search whose answer does not fail alone (a node of a constant subgraph is needed) is
+    followed by the search over every node."""
     index = reducer.index
     if index is None:
         return None
-    data = [n for n in order if any(t not in index.constants for t in index.node_outputs[n])]
+    units = index.units or {}
+    data = [n for n in order if n in units or any(t not in index.constants for t in index.node_outputs[n])]
     return data if 3 <= len(data) < len(order) else None
 
 
@@ -167,12 +191,62 @@ def _clear_inside_passes(reducer, found: frozenset, passed: list[frozenset]) -> 
                                          inferred=True))
 
 
-def _producers(reducer):
-    """node → the nodes that produce its inputs (the fusion guess); None without a graph index."""
+def _atoms(reducer, order: list[int]) -> list[int]:
+    """``order`` with each Q/DQ unit down to its first node (:func:`whole_units` puts the rest
+    back in every question): the searches bisect units, never a unit's halves — a window of a
+    unit's Q alone is the unit again, a question asked twice."""
+    units = getattr(reducer.index, "units", None)
+    if not units:
+        return order
+    seen: set[int] = set()
+    kept = []
+    for node in order:
+        if node in units:
+            if units[node] & seen:
+                continue
+            seen.update(units[node])
+        kept.append(node)
+    return kept
+
+
+def whole_units(reducer):
+    """nodes → nodes with every Q/DQ unit they touch whole (GraphIndex.units). Every question is
+    asked so: a window cut through a unit is invalid (known.py), and read as a pass it told the
+    bisections that each node before the cut was needed — a 1,185-node QDQ classifier's build
+    error took 126 calls, each window one node smaller (issue 39). Closing is monotone, so the
+    searches' assumption (a superset of a failing set fails) holds for the closed question."""
+    units = getattr(reducer.index, "units", None)
+    if not units:
+        return frozenset
+
+    def whole(nodes) -> frozenset:
+        closed = set(nodes)
+        for node in nodes:
+            closed.update(units.get(node, ()))
+        return frozenset(closed)
+    return whole
+
+
+def _producers(reducer, order: list[int]):
+    """node → the nodes that produce its inputs (the fusion guess); None without a graph index.
+    In a quantized model a node of ``order`` stands for its Q/DQ unit (:func:`_atoms`): what feeds
+    any node of the unit, named by the node of ``order`` that stands for it — an op's producers
+    are DequantizeLinear nodes, which never stand for their unit (its Q comes first)."""
     index = reducer.index
     if index is None:
         return None
-    return lambda node: {p for t in index.node_inputs[node] if (p := index.producer.get(t)) is not None}
+    units = index.units or {}
+    stands = {member: node for node in order for member in units.get(node, (node,))}
+
+    def producers(node: int) -> set[int]:
+        found = set()
+        for member in units.get(node, (node,)):
+            for tensor in index.node_inputs[member]:
+                p = index.producer.get(tensor)
+                if p is not None and stands.get(p, p) != node:
+                    found.add(stands.get(p, p))
+        return found
+    return producers
 
 
 def _heard(test, narrowed):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from reprokit.shrink.passes.conflict import whole_units
+
 # More nodes than this named by op type alone means the message names a kind, not a place.
 MAX_BY_OP = 16
 ALONE = 3  # at most this many named nodes are asked alone, one call each, before any group test
@@ -52,7 +54,10 @@ def run(reducer, message: str) -> bool:
     nodes, by_op = _suspects(reducer, message)
     if not nodes or not reducer.smaller(nodes):
         return False
-    candidates = [frozenset([i]) for i in nodes]
+    # a quantized model: each candidate holds the Q/DQ units it touches whole (OpenVINO names a
+    # DequantizeLinear as the Multiply it becomes; alone it is an invalid candidate, not a pass)
+    whole = whole_units(reducer)
+    candidates = [whole([i]) for i in nodes]
     # Asked alone first, one call of one node each: a few named nodes (a fusion's two), or the
     # earliest node of a type the message names ("No importer registered for op: Erf" is usually
     # true of each). Group testing them would build a pack, and for a check command a
@@ -69,27 +74,39 @@ def run(reducer, message: str) -> bool:
         return True
     if hit is None and len(nodes) > 1:
         # A message that names several nodes often names a fusion of them: together, connected.
-        together = frozenset(nodes)
+        together = whole(nodes)
         if reducer.test(together):
             reducer.accept(together, "the nodes the engine's message names, together")
             return True
     if hit is None:
-        return _with_context(reducer, nodes[0])
+        return _with_context(reducer, _context_node(reducer, nodes), whole)
     reducer.accept(candidates[hit], "the node the engine's message names")
     return True
 
 
-def _with_context(reducer, node: int) -> bool:
+def _context_node(reducer, nodes: list[int]) -> int:
+    """The named node whose inputs' producers are tried: the first, or in a quantized model the
+    latest named node outside the Q/DQ units — the op the message is about; the units it names
+    are its inputs' (a dequantized bias Add on the rapidocr classifier, issue 39)."""
+    units = getattr(reducer.index, "units", None) or {}
+    plain = [n for n in nodes if n not in units]
+    return plain[-1] if units and plain else nodes[0]
+
+
+def _with_context(reducer, node: int, whole=frozenset) -> bool:
     """The named node fails only with what feeds it (an unknown rank or type made upstream: an
     If whose branches differ, a dynamic input): its ancestors within 1, 2, 4 … 32 hops, one call
     each, until one reproduces or the cone stops growing."""
-    cone, depth = frozenset([node]), 0
+    cone, reached, depth = frozenset([node]), frozenset([node]), 0
     while depth < 32 and reducer.smaller(cone):
         depth = max(1, depth * 2)
         grown = _ancestors(reducer, node, depth)
-        if grown == cone:
+        if grown == reached:  # the cone stops growing (units closed: a DQ's Q adds no hop)
             break
-        cone = grown
+        reached = grown
+        if whole(grown) == cone:
+            continue
+        cone = whole(grown)
         if reducer.smaller(cone) and reducer.test(cone):
             reducer.accept(cone, f"the node the engine's message names, with its inputs' producers ({depth} hops)")
             return True
