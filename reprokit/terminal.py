@@ -8,12 +8,13 @@ Must not format verdicts or tables (``console.py`` does); only the CLI prints.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 
 from rich.console import Console
 from rich.segment import Segment
+
+from reprokit.standalone.streams import outlive_closed_pipes  # the console script's streams
 
 __all__ = ["err", "out", "outlive_closed_pipes"]
 
@@ -47,50 +48,6 @@ class _TrimmedLines:
 
     def flush(self) -> None:
         self._stream.flush()
-
-
-class _ClosedPipeProof:
-    """A process stream (stdout, stderr) whose reader may go away first (`reprokit check ... | head
-    -1`): the first write or flush that meets the closed pipe points the file descriptor at the
-    null device and the command goes on to its own end and exit code. Click turned the
-    BrokenPipeError into exit 1, which reads as DIVERGES / REPRODUCES: a lie about a model that
-    agrees, and a command that stopped half-way (its files unwritten)."""
-
-    def __init__(self, stream):
-        self._wrapped = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._wrapped.write(text)
-        except BrokenPipeError:
-            self._to_null()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._wrapped.flush()
-        except BrokenPipeError:
-            self._to_null()
-            self._wrapped.flush()  # what the buffer held goes to the null device
-
-    def _to_null(self) -> None:
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, self._wrapped.fileno())
-        finally:
-            os.close(null)
-
-    def __getattr__(self, name: str):
-        return getattr(self._wrapped, name)
-
-
-def outlive_closed_pipes() -> None:
-    """The console script's streams survive a reader that closed them (called once, by the CLI's
-    process entry point; tests and library callers keep their own streams)."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _ClosedPipeProof):
-            setattr(sys, name, _ClosedPipeProof(stream))
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -1,7 +1,7 @@
 """A reader that closes reprokit's output early (`reprokit check ... | head -1`, `reprokit shrink ...
 2>&1 | head -3`) changes neither what the command does nor its exit code: before, click turned the
 first BrokenPipeError into exit 1 — DIVERGES for a model that agrees — and a shrink whose stderr
-was closed stopped at its next progress line, its result never written (terminal._ClosedPipeProof)."""
+was closed stopped at its next progress line, its result never written (standalone/streams.py)."""
 
 from __future__ import annotations
 
@@ -102,3 +102,40 @@ def test_a_shrink_whose_output_is_closed_still_writes_its_result(tmp_path):
     assert python_m.returncode == 1, (
         python_m.stderr
     )  # `python -m reprokit` agrees with the console script
+
+
+def test_an_archives_repro_py_whose_output_is_closed_keeps_its_verdict(tmp_path):
+    # packed under emulate:fp16 (the overflow), then its repro.py run with stdout closed at once:
+    # under ort it agrees (exit 0), under emulate:fp16 it reproduces (exit 1)
+    import tarfile
+
+    model = save(
+        matmul_overflow(), tmp_path / "m.onnx"
+    )  # x[1,16] -> MatMul(3e4) -> y : inf in fp16
+    env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
+    packed = subprocess.run(
+        [reprokit_exe(), "pack", model, "--target", "emulate:fp16", "-o", "r.tar.gz"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert packed.returncode == 0, packed.stderr
+    with tarfile.open(tmp_path / "r.tar.gz") as archive:
+        archive.extractall(tmp_path / "x", filter="data")
+    (folder,) = (tmp_path / "x").iterdir()
+    for target, code in (("ort", 0), ("emulate:fp16", 1)):
+        proc = subprocess.Popen(
+            [sys.executable, "repro.py", "--target", target],
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        proc.stdout.close()
+        said = proc.stderr.read()
+        assert proc.wait(timeout=600) == code, (
+            said
+        )  # ort was 1 ('REPRODUCES') with a BrokenPipeError traceback
+        assert "Traceback" not in said
