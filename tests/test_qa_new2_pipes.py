@@ -139,3 +139,32 @@ def test_an_archives_repro_py_whose_output_is_closed_keeps_its_verdict(tmp_path)
             said
         )  # ort was 1 ('REPRODUCES') with a BrokenPipeError traceback
         assert "Traceback" not in said
+
+
+def test_a_command_started_with_its_output_descriptors_closed_keeps_its_code(tmp_path):
+    # `reprokit ... >&-`: Python opens no sys.stdout (None); was exit 70 (AttributeError) or 1, a traceback
+    model = _relu(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
+
+    def closed(redirect: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", f'exec "$0" "$@" {redirect}', reprokit_exe(), *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    agree = closed(">&-", "check", model, "--target", "ort")
+    assert agree.returncode == 0 and "Traceback" not in agree.stderr, agree.stderr
+    assert closed(">&-", "backends").returncode == 0
+    overflow = save(
+        matmul_overflow(), tmp_path / "m.onnx"
+    )  # x[1,16] -> MatMul(3e4) -> y : inf in fp16
+    shrunk = closed(
+        ">&- 2>&-", "shrink", overflow, "--target", "emulate:fp16", "--no-pack", "-o", "out"
+    )
+    assert shrunk.returncode == 0
+    with open(tmp_path / "out" / "summary.json") as handle:
+        assert json.load(handle)["status"] == "done"

@@ -47,8 +47,26 @@ class ClosedPipeProof:
 
 def outlive_closed_pipes() -> None:
     """Wrap this process's stdout and stderr (once; a program's entry point calls it, never a
-    library: tests and callers keep their own streams)."""
-    for name in ("stdout", "stderr"):
+    library: tests and callers keep their own streams). A stream Python could not open, its
+    descriptor closed at the start (``reprokit check ... >&-``), gets the null device on that
+    descriptor: writing to None was an AttributeError, and the first file the run opened would
+    have taken descriptor 1 — an engine's own output written into it."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
         stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, ClosedPipeProof):
+        if stream is None:
+            stream = _null_stream(fd)
+            setattr(sys, name, stream)
+        if not isinstance(stream, ClosedPipeProof):
             setattr(sys, name, ClosedPipeProof(stream))
+
+
+def _null_stream(fd: int):
+    try:
+        os.fstat(fd)
+    except OSError:  # closed: the null device takes its place
+        null = os.open(os.devnull, os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        return open(fd, "w", closefd=False)  # noqa: SIM115  (the process's stream, for its whole life)
+    return open(os.devnull, "w")  # noqa: SIM115  (open, but Python gave it no stream)
