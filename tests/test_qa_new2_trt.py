@@ -57,3 +57,15 @@ def test_the_stand_in_of_a_trt_target_without_a_gpu_has_its_precision(tmp_path):
         assert (
             f"no CPU engine emulates TensorRT's {words}" in hint and "--target emulate" not in hint
         ), hint
+
+
+def test_ort_cuda_without_a_gpu_says_there_is_none_and_what_runs_here(tmp_path):
+    # the same machine, onnxruntime's CUDA provider: its hint said only 'pip install onnxruntime-gpu'
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has a CUDA provider: the missing-build error cannot show")
+    save(matmul_overflow(), tmp_path / "m.onnx")  # x[1,16] -> MatMul(3e4) -> y
+    hint = _hint("ort:cuda,bf16", tmp_path)
+    assert "pip install 'reprokit[gpu]'" in hint and _stand_in(hint) == "emulate:bf16"
+    assert "no CPU engine emulates onnxruntime-gpu's TF32" in _hint("ort:cuda", tmp_path)

@@ -39,22 +39,23 @@ NO_GPU_HINT = (  # appended to the install hint on a machine without an NVIDIA d
 )
 
 
-def no_gpu_hint(spec=None) -> str:
-    """What runs here instead of TensorRT, for this target's precision: the emulator of the same
-    storage (trt:bf16 is emulate:bf16 — emulate:fp16 would judge another precision), or, for a
-    precision nothing emulates (TF32/fp32 matmuls, int8, fp8), that none does."""
+def no_gpu_hint(spec=None, engine: str = "TensorRT") -> str:
+    """What runs here instead of ``engine`` on a GPU, for this target's precision: the emulator of
+    the same storage (trt:bf16 is emulate:bf16 — emulate:fp16 would judge another precision), or,
+    for a precision nothing emulates (TF32/fp32 matmuls, int8, fp8), that none does."""
     if spec is None:
         return NO_GPU_HINT
     narrow = [flag for flag in ("fp8", "int8", "bf16", "fp16") if spec.has(flag)]
     if narrow in (["fp16"], ["bf16"]):
         kept = spec.get("fp32-nodes")  # the emulator keeps the same nodes in fp32, same syntax
         stand_in = shlex.quote(f"emulate:{narrow[0]}" + (f",fp32-nodes={kept}" if kept else ""))
+        typed = (f" (emulate:typed for a model you converted to {narrow[0]}, as TensorRT 11 builds it)"
+                 if engine == "TensorRT" else "")
         return (f" — on a machine with an NVIDIA GPU; here, without one, --target {stand_in} emulates "
-                f"TensorRT's {narrow[0]} storage on the CPU (emulate:typed for a model you converted to "
-                f"{narrow[0]}, as TensorRT 11 builds it)")
-    what = "+".join(narrow) if narrow else ("fp32" if spec.has("no-tf32") else "TF32 (trt's default)")
-    return (f" — on a machine with an NVIDIA GPU; here no CPU engine emulates TensorRT's {what} (emulate:fp16 "
-            "and emulate:bf16 stand in for its fp16 and bf16 storage only)")
+                f"{engine}'s {narrow[0]} storage on the CPU{typed}")
+    what = "+".join(narrow) if narrow else ("fp32" if spec.has("no-tf32") else "TF32 (the default)")
+    return (f" — on a machine with an NVIDIA GPU; here no CPU engine emulates {engine}'s {what} (emulate:fp16 "
+            "and emulate:bf16 stand in for fp16 and bf16 storage only)")
 
 
 _NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
