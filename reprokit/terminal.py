@@ -14,7 +14,9 @@ import sys
 from rich.console import Console
 from rich.segment import Segment
 
-__all__ = ["err", "out"]
+from reprokit.standalone.streams import outlive_closed_pipes  # the console script's streams
+
+__all__ = ["err", "out", "outlive_closed_pipes"]
 
 
 class _TrimmedLines:

@@ -7,11 +7,21 @@ audit, verify, env, matrix clean, backends),
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 
 
 def _early_interrupt(signum, frame):  # until main() installs the real handlers
+    if "--json" in sys.argv[1:]:  # scripts read stdout: one object, whatever failed (as app.fail)
+        said = {
+            "schema": "reprokit.error/1",
+            "error": "interrupted",
+            "hint": "nothing was started yet",
+            "exit_code": 130,
+        }
+        os.write(1, (json.dumps(said, indent=2) + "\n").encode())
     os.write(2, b"Error: interrupted\nHint: nothing was started yet\n")
     os._exit(130)
 

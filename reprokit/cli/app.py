@@ -15,7 +15,7 @@ import traceback
 
 import click
 
-from reprokit import __version__
+from reprokit import __version__, terminal
 from reprokit.cli.progress import Ticker
 from reprokit.console import (
     err,
@@ -187,6 +187,8 @@ def main(argv=None) -> None:
     """Entry point: run the CLI and turn every failure into its exit code. As the console script
     (``argv`` None) the process then ends at once (``_leave``); called with ``argv`` (a library
     user, a test) it returns or raises SystemExit as before."""
+    if argv is None:
+        terminal.outlive_closed_pipes()  # `reprokit check ... | head -1` keeps the verdict's exit code
     try:
         _main(argv)
     except SystemExit as exc:

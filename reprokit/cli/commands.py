@@ -264,7 +264,8 @@ def audit(model, target, out_dir, no_sweep, no_explain, ranges_only, as_json, fo
 @FORCE
 def verify(archive, target, timeout, as_json, versions, bisect, ray_address, gpus, jobs, out_path, force,
            run_archive_code):
-    """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no.
+    """Does the divergence in a report ARCHIVE reproduce here? Exit 1 yes, 0 no (the outputs agree),
+    12 it fails here but not as recorded (another kind, or another build-error message).
     With --versions: on which engine releases? A table in a new archive: exit 0 when at least one
     release ran, 9 when none could (nothing written) or --bisect judged fewer than two."""
     if versions is None and (bisect or ray_address or gpus or out_path or force or run_archive_code):

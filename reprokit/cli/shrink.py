@@ -359,14 +359,19 @@ def _audit_and_pack(result, model, target, options, out_dir: str, progress, cloc
 
         packed = pack_accumulated(result, model, target, options, fmt=fmt, redact=redact, on_event=progress)
         if packed is not None:
-            result.notes.extend(packed.notes)
+            _add_notes(result.notes, packed.notes)
     if not no_pack and not accumulated:
         progress("packing the report archive")
         clock.begin("pack")
         packed = shrinking.pack_result(result, target, options, fmt=fmt, redact=redact, on_event=progress,
                                        audit=audited)
         result.summary["report"] = packed.archive
-        result.notes.extend(packed.notes)
+        _add_notes(result.notes, packed.notes)
+
+
+def _add_notes(notes: list[str], more: list[str]) -> None:
+    """The pack's notes the shrink has not said (a degenerate reference's warning: said by both)."""
+    notes.extend(note for note in more if note.casefold() not in {said.casefold() for said in notes})
 
 
 def _end_state(out_dir: str, keep: bool, as_json: bool, why: str = "(--keep-state)") -> None:

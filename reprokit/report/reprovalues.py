@@ -142,7 +142,7 @@ def embedded_sources() -> dict[str, str]:
     return {
         "compare_source": module_source("values.py") + "\n\n" + module_source("compare.py"),
         "emulation_source": "\n\n".join(module_source(name) for name in ("names.py", "emulation.py", "declared.py")),
-        "arrays_source": module_source("arrays.py"),
+        "arrays_source": module_source("arrays.py") + "\n\n" + module_source("streams.py"),
         "policy_source": module_source("checkpolicy.py"),
         "normalize_source": getsource(normalize_message),
     }

@@ -269,7 +269,7 @@ class OrtBackend(Backend):
                 )
             return [(wanted, options), "CPUExecutionProvider"]
         if self.spec.has("cuda"):
-            require_cuda_build()
+            require_cuda_build(self.spec)
             return [cuda_provider(use_tf32=not self.spec.has("no-tf32")), "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
 

@@ -18,6 +18,7 @@ import sys
 
 from reprokit.convert import convert_float_model_report
 from reprokit.engine.backends.base import BuildError
+from reprokit.engine.backends.trt_setup import no_gpu_hint, nvidia_driver_present
 from reprokit.engine.envinfo import gpu_info, onnxruntime_build
 from reprokit.errors import EngineUnavailable, InputError
 from reprokit.files import read_json
@@ -34,18 +35,25 @@ def cuda_provider(use_tf32: bool) -> tuple[str, dict]:
     return CUDA, {"use_tf32": "1" if use_tf32 else "0"}
 
 
-def require_cuda_build() -> None:
-    """EngineUnavailable (exit 4) when this onnxruntime has no CUDA provider at all."""
+def require_cuda_build(spec=None) -> None:
+    """EngineUnavailable (exit 4) when this onnxruntime has no CUDA provider at all; on a machine
+    without an NVIDIA driver it says so (installing onnxruntime-gpu would not help) and the hint
+    names what runs here for ``spec``'s precision, as for TensorRT."""
     import onnxruntime as ort
 
     available = ort.get_available_providers()
     if CUDA not in available:
         build = onnxruntime_build()
+        no_gpu, hint = "", INSTALL_HINT
+        if not nvidia_driver_present():
+            no_gpu = ("; and this machine has no NVIDIA GPU driver (no /proc/driver/nvidia, no nvidia-smi): the "
+                      "CUDA provider cannot run here, installed or not")
+            hint += no_gpu_hint(spec, "onnxruntime-gpu")
         raise EngineUnavailable(
             f"onnxruntime-gpu is not installed here: {build.get('package') or 'onnxruntime'} "
             f"{build.get('version') or ort.__version__} has no CUDA execution provider "
-            f"(providers: {', '.join(available)})",
-            hint=INSTALL_HINT,
+            f"(providers: {', '.join(available)}){no_gpu}",
+            hint=hint,
         )
 
 

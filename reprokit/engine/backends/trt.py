@@ -144,7 +144,7 @@ class TrtBackend(Backend):
         import onnx
 
         self.refuse_containers(feeds)
-        module, rtx = load_tensorrt()
+        module, rtx = load_tensorrt(self.spec)
         version = str(getattr(module, "__version__", "?"))
         model = onnx.load(model_path, load_external_data=False)
         settings = builder_settings(self.spec, version, rtx, has_qdq=has_qdq(model))

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 
@@ -32,9 +33,31 @@ RTX_HINT = (
     "asks for TensorRT-RTX); or unset POLYGRAPHY_USE_TENSORRT_RTX and pip install 'reprokit[tensorrt]'"
 )
 NO_GPU_HINT = (  # appended to the install hint on a machine without an NVIDIA driver
-    " — on a machine with an NVIDIA GPU; here, without one, --target emulate:fp16 emulates TensorRT's "
-    "fp16 storage on the CPU (emulate:typed for a model you converted to fp16, as TensorRT 11 builds it)"
+    " — on a machine with an NVIDIA GPU; here, without one, --target emulate:fp16 or emulate:bf16 emulates "
+    "TensorRT's fp16 or bf16 storage on the CPU (emulate:typed for a model you converted to fp16, as "
+    "TensorRT 11 builds it)"
 )
+
+
+def no_gpu_hint(spec=None, engine: str = "TensorRT") -> str:
+    """What runs here instead of ``engine`` on a GPU, for this target's precision: the emulator of
+    the same storage (trt:bf16 is emulate:bf16 — emulate:fp16 would judge another precision), or,
+    for a precision nothing emulates (TF32/fp32 matmuls, int8, fp8), that none does."""
+    if spec is None:
+        return NO_GPU_HINT
+    narrow = [flag for flag in ("fp8", "int8", "bf16", "fp16") if spec.has(flag)]
+    if narrow in (["fp16"], ["bf16"]):
+        kept = spec.get("fp32-nodes")  # the emulator keeps the same nodes in fp32, same syntax
+        stand_in = shlex.quote(f"emulate:{narrow[0]}" + (f",fp32-nodes={kept}" if kept else ""))
+        typed = (f" (emulate:typed for a model you converted to {narrow[0]}, as TensorRT 11 builds it)"
+                 if engine == "TensorRT" else "")
+        return (f" — on a machine with an NVIDIA GPU; here, without one, --target {stand_in} emulates "
+                f"{engine}'s {narrow[0]} storage on the CPU{typed}")
+    what = "+".join(narrow) if narrow else ("fp32" if spec.has("no-tf32") else "TF32 (the default)")
+    return (f" — on a machine with an NVIDIA GPU; here no CPU engine emulates {engine}'s {what} (emulate:fp16 "
+            "and emulate:bf16 stand in for fp16 and bf16 storage only)")
+
+
 _NARROW_FLAGS = ("fp16", "bf16", "int8", "fp8")
 # TensorRT's words when the GPU or its driver, not the model, is the problem.
 GPU_REFUSED = re.compile(
@@ -258,8 +281,9 @@ def nvidia_driver_present() -> bool:
             or shutil.which("nvidia-smi") is not None)
 
 
-def load_tensorrt():
-    """Import the TensorRT module polygraphy will use; return (module, rtx)."""
+def load_tensorrt(spec=None):
+    """Import the TensorRT module polygraphy will use; return (module, rtx). ``spec``, the target
+    being run, words the hint of a machine without a GPU (none: a listing's generic words)."""
     import importlib
 
     rtx = rtx_requested()
@@ -278,7 +302,7 @@ def load_tensorrt():
         if not nvidia_driver_present():  # installing it would not help here: say so
             no_gpu = ("; and this machine has no NVIDIA GPU driver (no /proc/driver/nvidia, no nvidia-smi): "
                       f"{what} cannot run here, installed or not")
-            hint += NO_GPU_HINT
+            hint += no_gpu_hint(spec)
         raise EngineUnavailable(f"{what} is not importable here ({'; '.join(errors)}){no_gpu}", hint=hint)
     version = str(getattr(module, "__version__", "0"))
     if rtx:  # polygraphy imports "tensorrt_rtx"; the bindings wheel alone has another name
