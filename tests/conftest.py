@@ -41,6 +41,18 @@ def reprokit_exe() -> str:
     return str(exe)
 
 
+def extract_data(archive, dest) -> None:
+    """``archive.extractall(dest)`` (a tarfile.TarFile) with the "data" filter where this Python
+    has it (3.12, and the 3.10.12 / 3.11.4 security releases): Debian 12's Python 3.11.2, which
+    ``requires-python`` admits, lacks the ``filter`` argument. The archives are the tests' own."""
+    import tarfile
+
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(dest, filter="data")
+    else:
+        archive.extractall(dest)
+
+
 def run_cli(*args: str, cwd=None, timeout: float = 180, env: dict | None = None):
     """Run the installed ``reprokit`` command; return the CompletedProcess (text)."""
     child_env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}

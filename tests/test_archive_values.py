@@ -19,7 +19,7 @@ import tarfile
 import numpy as np
 import onnx
 import pytest
-from conftest import run_cli
+from conftest import extract_data, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 N, M = 256, 64
@@ -99,7 +99,7 @@ def archive(tmp_path_factory):
     )
     top = folder / "x"
     with tarfile.open(result.archive) as tar:
-        tar.extractall(top, filter="data")
+        extract_data(tar, top)
     return result, folder, next(top.iterdir())
 
 

@@ -17,7 +17,7 @@ import sys
 import tarfile
 
 import shrink_models as sm
-from conftest import run_cli
+from conftest import extract_data, run_cli
 
 PY = sys.executable
 
@@ -52,7 +52,7 @@ def test_a_hanging_check_is_shrunk_in_log_calls_and_its_archive_reproduces_the_t
 
     archive = tmp_path / "out" / "report.tar.gz"
     with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "x", filter="data")
+        extract_data(tar, tmp_path / "x")
     top = next((tmp_path / "x").iterdir())
     assert json.loads((top / "verdict.json").read_text())["timeout"] == 2.0
     repro = subprocess.run([PY, str(top / "repro.py")], cwd=top, capture_output=True, text=True, timeout=120)
@@ -85,7 +85,7 @@ def test_a_crashing_checks_archive_reproduces_the_crash(tmp_path):
     assert summary["signature"] == {"kind": "crash", "outputs": [], "detail": "SIGSEGV"}
     assert "did not reproduce" not in proc.stdout + proc.stderr
     with tarfile.open(tmp_path / "out" / "report.tar.gz") as tar:
-        tar.extractall(tmp_path / "x", filter="data")
+        extract_data(tar, tmp_path / "x")
     top = next((tmp_path / "x").iterdir())
     repro = subprocess.run([PY, str(top / "repro.py")], cwd=top, capture_output=True, text=True, timeout=120)
     assert repro.returncode == 1, repro.stdout + repro.stderr

@@ -22,7 +22,7 @@ import tarfile
 import numpy as np
 import onnx
 import pytest
-from conftest import run_cli
+from conftest import extract_data, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from reprokit.engine.session import RunOptions
@@ -122,7 +122,7 @@ def test_the_bundled_repro_py_records_its_engine_runs_only_when_asked(files, tmp
     folder, path = files
     packed = pack(path, "emulate:fp16", str(folder / "c.tar.gz"), options=RunOptions(inputs=str(folder / "x.npz")))
     with tarfile.open(packed.archive) as tar:
-        tar.extractall(tmp_path, filter="data")
+        extract_data(tar, tmp_path)
     stage = next(p for p in tmp_path.iterdir() if p.is_dir())
     times = tmp_path / "times.txt"
     env = {**os.environ, "REPROKIT_ENGINE_TIMES": str(times)}

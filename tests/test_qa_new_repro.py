@@ -18,7 +18,7 @@ import tarfile
 import numpy as np
 import onnx
 import pytest
-from conftest import run_cli
+from conftest import extract_data, run_cli
 from onnx import TensorProto, helper
 
 from tests.models import matmul_overflow_softmax, save
@@ -53,7 +53,7 @@ def unpacked(tmp_path):
     packed = run_cli("pack", "model.onnx", "--target", "emulate:fp16", "--seed", "3", cwd=tmp_path)
     assert packed.returncode == 0, packed.stdout + packed.stderr
     with tarfile.open(tmp_path / "report.tar.gz") as tar:
-        tar.extractall(tmp_path / "x", filter="data")
+        extract_data(tar, tmp_path / "x")
     return next((tmp_path / "x").iterdir())
 
 

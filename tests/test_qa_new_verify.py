@@ -18,7 +18,7 @@ import sys
 import tarfile
 
 import pytest
-from conftest import run_cli
+from conftest import extract_data, run_cli
 
 from tests.models import matmul_overflow_softmax, save
 
@@ -77,7 +77,7 @@ def test_verify_a_failure_that_misses_the_recorded_regex_diverges_differently(pa
     )
     # the archive's own repro.py says the same of the same check
     with tarfile.open(packed / "report.tar.gz") as tar:
-        tar.extractall(packed / "x", filter="data")
+        extract_data(tar, packed / "x")
     top = next((packed / "x").iterdir())
     repro = subprocess.run(
         [PY, "repro.py", "--target", f"cmd:{PY} {packed / 'other.py'} {{model}}"],
@@ -164,7 +164,7 @@ def test_an_archive_cannot_make_verify_wait_past_its_default(tmp_path):
     archive = pack_matmul_softmax(tmp_path / "p").archive
     top = tmp_path / "x"
     with tarfile.open(archive) as tar:
-        tar.extractall(top, filter="data")
+        extract_data(tar, top)
     verdict = json.loads(next(top.iterdir()).joinpath("verdict.json").read_text())
     verdict["signature"] = {"kind": "timeout", "outputs": [], "detail": ""}
     verdict["timeout"] = 1e300

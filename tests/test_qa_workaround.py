@@ -17,7 +17,7 @@ import tarfile
 import numpy as np
 import onnx
 import pytest
-from conftest import run_cli
+from conftest import extract_data, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 
@@ -47,7 +47,7 @@ def packed(tmp_path_factory):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     with tarfile.open(root / "t.tar.gz") as tar:
-        tar.extractall(root / "x", filter="data")
+        extract_data(tar, root / "x")
     folder = next(p for p in (root / "x").iterdir() if p.is_dir())
     assert not any(n.name for n in onnx.load(str(folder / "model.onnx")).graph.node)
     return root, folder
@@ -114,7 +114,7 @@ def test_the_printed_tensorrt_commands_pin_the_layer_tensorrt_names(packed):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     with tarfile.open(root / "kept.tar.gz") as tar:
-        tar.extractall(root / "kept", filter="data")
+        extract_data(tar, root / "kept")
     folder = next(p for p in (root / "kept").iterdir() if p.is_dir())
     commands = (folder / "commands.sh").read_text()
     weak = [line for line in polygraphy_lines(commands) if "--strongly-typed" not in line]

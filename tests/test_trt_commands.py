@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import extract_data, run_cli
 
 from reprokit.engine.backends.trt_versions import Typing
 from reprokit.engine.oracle import Kind, Signature, Verdict
@@ -56,7 +56,7 @@ def archives(tmp_path_factory):
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         with tarfile.open(root / f"{key}.tar.gz") as tar:
-            tar.extractall(root / key, filter="data")
+            extract_data(tar, root / key)
         out[key] = root / key / key
     return out
 
