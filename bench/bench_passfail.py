@@ -395,7 +395,9 @@ def _s(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-FIXED_STEPS = ("confirm", "calibrate", "replay", "final")  # issue 39: at most 4 calls; the rest is the search
+# issue 39: at most 4 calls; the rest is the search. The calls column counts the Identity probe with
+# the search (it is polygraphy-comparable work), the est. split (cost_split) with the fixed calls
+FIXED_STEPS = tuple(s for s in cost_split.FIXED_STEPS if s not in ("probe", "attribution"))
 
 
 def _parts(row: dict) -> tuple[float, float, float] | None:

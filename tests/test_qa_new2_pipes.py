@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
-from conftest import extract_data, reprokit_exe
+from conftest import extract_data, reprokit_exe, run_cli
 from models import make, matmul_overflow, save, vi
 from onnx import helper
 
@@ -112,15 +112,7 @@ def test_an_archives_repro_py_whose_output_is_closed_keeps_its_verdict(tmp_path)
     model = save(
         matmul_overflow(), tmp_path / "m.onnx"
     )  # x[1,16] -> MatMul(3e4) -> y : inf in fp16
-    env = {k: v for k, v in os.environ.items() if k != "REPROKIT_DEBUG"}
-    packed = subprocess.run(
-        [reprokit_exe(), "pack", model, "--target", "emulate:fp16", "-o", "r.tar.gz"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    packed = run_cli("pack", str(model), "--target", "emulate:fp16", "-o", "r.tar.gz", cwd=tmp_path, timeout=600)
     assert packed.returncode == 0, packed.stderr
     with tarfile.open(tmp_path / "r.tar.gz") as archive:
         extract_data(archive, tmp_path / "x")
